@@ -1,0 +1,33 @@
+#!/bin/sh
+# Installs what airlock needs from Debian's packages. Idempotent: runs
+# apt-get only for packages that are missing. Needs root (or sudo).
+set -eu
+
+PACKAGES="
+  build-essential cmake ninja-build pkg-config git
+  qemu-system-x86 qemu-utils
+  busybox-static debootstrap e2fsprogs cpio kmod zstd
+  libslirp-dev libboost-dev nlohmann-json3-dev libspdlog-dev libcli11-dev
+  libsqlite3-dev libseccomp-dev libcap-dev libarchive-dev
+  libgtest-dev libgmock-dev libbenchmark-dev
+  clang libclang-rt-14-dev
+  python3 iproute2 procps curl
+"
+
+missing=""
+for p in $PACKAGES; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing="$missing $p"
+  fi
+done
+
+if [ -z "$missing" ]; then
+  echo "setup: all packages present"
+  exit 0
+fi
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+echo "setup: installing:$missing"
+$SUDO apt-get update -q
+DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends $missing

@@ -1,0 +1,140 @@
+// libairlock: the sandbox engine. airlockd is a thin HTTP layer over this.
+//
+// Thread-safe; every call blocks until done. Actions that do not fit a
+// sandbox's state are refused with Error(conflict), never half-done; bad
+// specs are refused with Error(invalid_argument, ..., field) before anything
+// is created.
+//
+//   Engine engine(Config{.data_dir = "/var/lib/airlock"});
+//   SandboxInfo sb = engine.create({.image = "minimal"});
+//   ExecResult r = engine.exec(sb.id, {.argv = {"sh", "-c", "echo hi"}},
+//                              {.on_output = [](int ch, std::string_view b) { ...; return true; }});
+//   engine.destroy(sb.id);
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "engine/storage/image_store.h"
+
+namespace airlock::engine {
+
+struct Config {
+  std::filesystem::path data_dir;   // registry.db, sandboxes/, audit/
+  std::filesystem::path image_dir;  // default: data_dir / "images"
+  std::filesystem::path share_dir;  // default: <exe dir>/../share/airlock
+  std::filesystem::path guest_agent;  // default: <exe dir>/airlock-guest
+  int boot_timeout_s = 60;          // agent must answer within this, else retry once
+  std::string accel;                // "", "kvm" or "tcg": "" = probe (cached)
+};
+
+enum class State { starting, running, stopping, deleted, timed_out, failed };
+const char* to_string(State state);
+
+struct SandboxSpec {
+  std::string image = "minimal";
+  int cpus = 1;              // 1 .. 16
+  int memory_mb = 256;       // 64 .. 65536
+  int disk_mb = 1024;        // >= image size, <= 1048576
+  int timeout_s = 600;       // life; 1 .. 604800
+  std::map<std::string, std::string> env;       // defaults for every exec
+  std::map<std::string, std::string> metadata;  // free-form labels, list filter
+};
+
+struct SandboxInfo {
+  std::string id;
+  SandboxSpec spec;
+  State state = State::starting;
+  std::string reason;  // why it is failed/timed_out/deleted, if it is
+  std::string accel;   // "kvm" | "tcg"
+  std::string start;   // how it started: "boot"
+  int64_t created_at_ms = 0;
+  int64_t expires_at_ms = 0;
+  int64_t boot_ms = 0;  // create call -> agent ready
+  int pid = 0;          // QEMU's pid while running
+};
+nlohmann::json to_json(const SandboxInfo& info);
+
+struct ExecRequest {
+  std::vector<std::string> argv;  // either argv ...
+  std::string cmd;                // ... or a shell string (run with /bin/sh -c)
+  std::map<std::string, std::string> env;
+  std::string cwd;     // default "/"
+  std::string user;    // name or numeric uid; default root
+  std::optional<std::string> stdin_data;  // bytes fed to stdin, then EOF
+  double timeout_s = 0;                   // 0 = none (the sandbox's life still applies)
+};
+
+struct ExecResult {
+  std::string exec_id;
+  std::optional<int> exit_code;  // set if it exited
+  std::optional<int> signal;     // set if a signal ended it
+  bool timed_out = false;
+  int64_t duration_ms = 0;
+  uint64_t stdin_bytes = 0, stdout_bytes = 0, stderr_bytes = 0;
+};
+nlohmann::json to_json(const ExecResult& result);
+
+struct ExecCallbacks {
+  // Called once the process runs.
+  std::function<void(const std::string& exec_id, int pid)> on_start;
+  // Called for every chunk of output, in order; channel 1 = stdout, 2 = stderr.
+  // Returning false kills the process (e.g. the client went away).
+  std::function<bool(int channel, std::string_view bytes)> on_output;
+};
+
+// Next chunk of an upload; std::nullopt = end.
+using ChunkSource = std::function<std::optional<std::string>()>;
+// Receives a download chunk by chunk; returning false aborts.
+using ChunkSink = std::function<bool(std::string_view)>;
+
+class Engine {
+ public:
+  explicit Engine(Config config);
+  ~Engine();  // stops background threads; running sandboxes are left running
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  SandboxInfo create(const SandboxSpec& spec);
+  // Live sandboxes whose metadata contains every pair in `filter`
+  // (all = also deleted/failed/timed-out ones still in the registry).
+  std::vector<SandboxInfo> list(const std::map<std::string, std::string>& filter = {},
+                                bool all = false);
+  SandboxInfo get(const std::string& id);
+  void destroy(const std::string& id);
+
+  ExecResult exec(const std::string& id, const ExecRequest& request,
+                  const ExecCallbacks& callbacks);
+  // Sends `signal` to a running exec's process (tree).
+  void kill_exec(const std::string& id, const std::string& exec_id, int signal = 9);
+
+  uint64_t write_file(const std::string& id, const std::string& path, uint32_t mode,
+                      const ChunkSource& source);
+  uint64_t read_file(const std::string& id, const std::string& path, const ChunkSink& sink);
+  nlohmann::json list_files(const std::string& id, const std::string& path);
+  nlohmann::json stat_file(const std::string& id, const std::string& path);
+  void make_dir(const std::string& id, const std::string& path, bool parents);
+  void remove_file(const std::string& id, const std::string& path, bool recursive);
+  nlohmann::json guest_info(const std::string& id);  // kernel, uptime, memory, disk
+
+  // The sandbox's audit journal (kept after delete), oldest first.
+  std::vector<nlohmann::json> audit(const std::string& id);
+
+  // version, accelerator + why, images.
+  nlohmann::json info();
+  storage::ImageStore& images();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace airlock::engine
