@@ -70,6 +70,12 @@ void encode_to(std::string& out, const Frame& frame);
 Frame make_credit(uint32_t stream, uint8_t channel, uint32_t bytes);
 uint32_t parse_credit(const Frame& frame);  // throws Error(protocol_error) if malformed
 
+// Resynchronisation (api/guest-protocol.md §6): the offset in `bytes` of the
+// first 12 bytes that form a valid hello header (payload_len <= kMaxPayload,
+// type hello, channel 0, flags 0, stream 0), or npos. A header cut off at the
+// end of `bytes` is not reported: keep the last kHeaderSize-1 bytes and retry.
+size_t find_hello_header(std::string_view bytes);
+
 // Incremental decoder; bytes may arrive split anywhere. After a protocol error
 // the decoder is poisoned: every later call throws the same error.
 class Decoder {
@@ -78,6 +84,15 @@ class Decoder {
   void feed(std::string_view bytes) { feed(bytes.data(), bytes.size()); }
   std::optional<Frame> next();
   size_t buffered() const { return buffer_.size() - offset_; }
+  // True once next()/feed() threw: the byte stream has lost its framing.
+  bool poisoned() const { return !error_.empty(); }
+  // Forgets every buffered byte and the poison (new connection, or after
+  // resynchronising on a hello header found with find_hello_header()).
+  void reset() {
+    buffer_.clear();
+    offset_ = 0;
+    error_.clear();
+  }
 
  private:
   std::string buffer_;

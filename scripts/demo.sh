@@ -1,0 +1,48 @@
+#!/bin/sh
+# `make run`: a real sandbox session, as a user would type it.
+# The CLI starts a daemon on first use (data under /var/lib/airlock as root,
+# else under the user's data directory).
+set -eu
+AIRLOCK=${AIRLOCK:-build/bin/airlock}
+IMAGE=${IMAGE:-debian}
+
+say() { printf '\n\033[1m$ %s\033[0m\n' "$*"; }
+
+say airlock image build "$IMAGE"
+$AIRLOCK image build "$IMAGE"
+
+say airlock info
+$AIRLOCK info
+
+say airlock create --image "$IMAGE" --memory 512 --timeout 600
+ID=$($AIRLOCK create --image "$IMAGE" --memory 512 --timeout 600)
+echo "$ID"
+trap '$AIRLOCK rm "$ID" >/dev/null 2>&1 || true' EXIT
+
+say airlock exec "$ID" -- python3 -c "import platform, sys; print('python', sys.version.split()[0], 'on kernel', platform.release())"
+$AIRLOCK exec "$ID" -- python3 -c "import platform, sys; print('python', sys.version.split()[0], 'on kernel', platform.release())"
+
+say "echo 'hello from the host' | airlock cp - $ID:/root/hello.txt"
+echo 'hello from the host' | $AIRLOCK cp - "$ID:/root/hello.txt"
+
+say airlock exec "$ID" -- sh -c "cat /root/hello.txt; echo written in the guest > /root/reply.txt"
+$AIRLOCK exec "$ID" -- sh -c "cat /root/hello.txt; echo written in the guest > /root/reply.txt"
+
+say airlock cp "$ID:/root/reply.txt" -
+$AIRLOCK cp "$ID:/root/reply.txt" -
+
+say airlock exec "$ID" -- sh -c "echo failing on purpose >&2; exit 7"
+set +e
+$AIRLOCK exec "$ID" -- sh -c "echo failing on purpose >&2; exit 7"
+echo "exit code: $?"
+set -e
+
+say airlock ls
+$AIRLOCK ls
+
+say airlock rm "$ID"
+$AIRLOCK rm "$ID"
+trap - EXIT
+
+say airlock logs "$ID"
+$AIRLOCK logs "$ID"

@@ -1,0 +1,79 @@
+#include "daemon/router.h"
+
+namespace airlock::daemon {
+namespace {
+
+std::vector<std::string_view> split(std::string_view path) {
+  std::vector<std::string_view> parts;
+  if (path.empty() || path[0] != '/') return parts;
+  path.remove_prefix(1);
+  while (true) {
+    auto slash = path.find('/');
+    parts.push_back(path.substr(0, slash));
+    if (slash == std::string_view::npos) break;
+    path.remove_prefix(slash + 1);
+  }
+  return parts;
+}
+
+// Matches path segments against a template; fills {id} / {exec_id}.
+bool match_template(const std::vector<std::string_view>& segs, std::string_view tmpl,
+                    RouteMatch& out) {
+  auto t = split(tmpl);
+  if (t.size() != segs.size()) return false;
+  RouteMatch m;
+  for (size_t i = 0; i < t.size(); ++i) {
+    if (t[i] == "{id}" || t[i] == "{exec_id}") {
+      if (segs[i].empty()) return false;
+      (t[i] == "{id}" ? m.id : m.exec_id) = std::string(segs[i]);
+    } else if (t[i] != segs[i]) {
+      return false;
+    }
+  }
+  out.id = std::move(m.id);
+  out.exec_id = std::move(m.exec_id);
+  return true;
+}
+
+}  // namespace
+
+const std::vector<RouteSpec>& routes() {
+  static const std::vector<RouteSpec> table = {
+      {"GET", "/v1/info", Route::info},
+      {"POST", "/v1/sandboxes", Route::create_sandbox},
+      {"GET", "/v1/sandboxes", Route::list_sandboxes},
+      {"GET", "/v1/sandboxes/{id}", Route::get_sandbox},
+      {"DELETE", "/v1/sandboxes/{id}", Route::delete_sandbox},
+      {"POST", "/v1/sandboxes/{id}/exec", Route::exec},
+      {"DELETE", "/v1/sandboxes/{id}/exec/{exec_id}", Route::kill_exec},
+      {"PUT", "/v1/sandboxes/{id}/files", Route::put_file},
+      {"GET", "/v1/sandboxes/{id}/files", Route::get_file},
+      {"DELETE", "/v1/sandboxes/{id}/files", Route::delete_file},
+      {"GET", "/v1/sandboxes/{id}/files/list", Route::list_files},
+      {"GET", "/v1/sandboxes/{id}/files/stat", Route::stat_file},
+      {"POST", "/v1/sandboxes/{id}/files/mkdir", Route::make_dir},
+      {"GET", "/v1/sandboxes/{id}/logs", Route::logs},
+      {"GET", "/v1/sandboxes/{id}/info", Route::guest_info},
+  };
+  return table;
+}
+
+RouteMatch match_route(std::string_view method, std::string_view path) {
+  auto segs = split(path);
+  RouteMatch result;
+  for (const auto& spec : routes()) {
+    RouteMatch m;
+    if (!match_template(segs, spec.path, m)) continue;
+    if (method == spec.method) {
+      m.status = RouteStatus::ok;
+      m.route = spec.route;
+      return m;
+    }
+    result.status = RouteStatus::method_not_allowed;
+    if (!result.allow.empty()) result.allow += ", ";
+    result.allow += spec.method;
+  }
+  return result;
+}
+
+}  // namespace airlock::daemon

@@ -1,0 +1,59 @@
+// The route table of airlockd's HTTP API: (method, path template) -> Route.
+// Matching only; the handlers live in server.cc. The table is also the list
+// the OpenAPI test checks against api/openapi.yaml, so spec and code cannot
+// drift apart.
+//
+//   RouteMatch m = match_route("DELETE", "/v1/sandboxes/sb-1/exec/e-2");
+//   // m.status == RouteStatus::ok, m.route == Route::kill_exec,
+//   // m.id == "sb-1", m.exec_id == "e-2"
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace airlock::daemon {
+
+enum class Route {
+  create_sandbox,
+  list_sandboxes,
+  get_sandbox,
+  delete_sandbox,
+  exec,
+  kill_exec,
+  put_file,
+  get_file,
+  delete_file,
+  list_files,
+  stat_file,
+  make_dir,
+  logs,
+  guest_info,
+  info,
+};
+
+struct RouteSpec {
+  const char* method;  // "GET", "POST", "PUT", "DELETE"
+  const char* path;    // OpenAPI-style template: "/v1/sandboxes/{id}/exec/{exec_id}"
+  Route route;
+};
+
+// Every route airlockd serves.
+const std::vector<RouteSpec>& routes();
+
+enum class RouteStatus { ok, not_found, method_not_allowed };
+
+struct RouteMatch {
+  RouteStatus status = RouteStatus::not_found;
+  Route route = Route::info;
+  std::string id;       // {id}, if the template has one
+  std::string exec_id;  // {exec_id}, if the template has one
+  std::string allow;    // for method_not_allowed: the Allow header value
+};
+
+// Matches `path` (no query string). A path that exists under another method
+// gives method_not_allowed with `allow` set. A trailing slash is not
+// accepted, and empty segments never match a parameter.
+RouteMatch match_route(std::string_view method, std::string_view path);
+
+}  // namespace airlock::daemon

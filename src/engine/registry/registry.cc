@@ -1,0 +1,206 @@
+#include "engine/registry/registry.h"
+
+#include <sqlite3.h>
+
+#include "common/error.h"
+#include "engine/types_json.h"
+
+namespace airlock::engine {
+namespace {
+
+[[noreturn]] void fail(sqlite3* db, const std::string& what) {
+  throw Error(Errc::internal, "registry: " + what + ": " + (db ? sqlite3_errmsg(db) : "no db"));
+}
+
+// RAII prepared statement with typed binders; keeps registry.cc free of
+// manual finalize calls on every error path.
+class Stmt {
+ public:
+  Stmt(sqlite3* db, const char* sql, const std::string& what) : db_(db), what_(what) {
+    if (sqlite3_prepare_v2(db, sql, -1, &stmt_, nullptr) != SQLITE_OK) fail(db, what);
+  }
+  ~Stmt() { sqlite3_finalize(stmt_); }
+  Stmt& bind(int i, const std::string& v) {
+    check(sqlite3_bind_text(stmt_, i, v.data(), static_cast<int>(v.size()), SQLITE_TRANSIENT));
+    return *this;
+  }
+  Stmt& bind(int i, int64_t v) {
+    check(sqlite3_bind_int64(stmt_, i, v));
+    return *this;
+  }
+  // Returns true while there is a row.
+  bool step() {
+    int rc = sqlite3_step(stmt_);
+    if (rc == SQLITE_ROW) return true;
+    if (rc == SQLITE_DONE) return false;
+    fail(db_, what_);
+  }
+  std::string text(int col) const {
+    auto* p = reinterpret_cast<const char*>(sqlite3_column_text(stmt_, col));
+    return p ? std::string(p, sqlite3_column_bytes(stmt_, col)) : std::string();
+  }
+  int64_t integer(int col) const { return sqlite3_column_int64(stmt_, col); }
+
+ private:
+  void check(int rc) {
+    if (rc != SQLITE_OK) fail(db_, what_);
+  }
+  sqlite3* db_;
+  sqlite3_stmt* stmt_ = nullptr;
+  std::string what_;
+};
+
+void exec_sql(sqlite3* db, const char* sql, const std::string& what) {
+  char* err = nullptr;
+  if (sqlite3_exec(db, sql, nullptr, nullptr, &err) != SQLITE_OK) {
+    std::string msg = err ? err : "unknown error";
+    sqlite3_free(err);
+    throw Error(Errc::internal, "registry: " + what + ": " + msg);
+  }
+}
+
+constexpr const char* kColumns =
+    "id, spec, state, reason, accel, start, created_at_ms, expires_at_ms, boot_ms, pid, run_dir";
+
+SandboxRecord read_row(const Stmt& s) {
+  SandboxRecord r;
+  r.info.id = s.text(0);
+  try {
+    r.info.spec = spec_from_json(nlohmann::json::parse(s.text(1)));
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(Errc::internal, "registry: spec of " + r.info.id + " is not JSON: " + e.what());
+  }
+  r.info.state = state_from_string(s.text(2));
+  r.info.reason = s.text(3);
+  r.info.accel = s.text(4);
+  r.info.start = s.text(5);
+  r.info.created_at_ms = s.integer(6);
+  r.info.expires_at_ms = s.integer(7);
+  r.info.boot_ms = s.integer(8);
+  r.info.pid = static_cast<int>(s.integer(9));
+  r.run_dir = s.text(10);
+  return r;
+}
+
+// Binds the 10 non-id columns starting at parameter `first`, in kColumns order.
+void bind_fields(Stmt& s, int first, const SandboxRecord& r) {
+  s.bind(first, spec_to_json(r.info.spec).dump())
+      .bind(first + 1, std::string(to_string(r.info.state)))
+      .bind(first + 2, r.info.reason)
+      .bind(first + 3, r.info.accel)
+      .bind(first + 4, r.info.start)
+      .bind(first + 5, r.info.created_at_ms)
+      .bind(first + 6, r.info.expires_at_ms)
+      .bind(first + 7, r.info.boot_ms)
+      .bind(first + 8, static_cast<int64_t>(r.info.pid))
+      .bind(first + 9, r.run_dir.string());
+}
+
+}  // namespace
+
+Registry::Registry(const std::filesystem::path& db_path) {
+  int flags = SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX;
+  if (sqlite3_open_v2(db_path.c_str(), &db_, flags, nullptr) != SQLITE_OK) {
+    std::string msg = db_ ? sqlite3_errmsg(db_) : "out of memory";
+    sqlite3_close(db_);
+    db_ = nullptr;
+    throw Error(Errc::internal, "registry: cannot open " + db_path.string() + ": " + msg);
+  }
+  try {
+    // Another process (a CLI reading the db, a daemon being replaced) may
+    // hold the lock briefly; wait instead of failing.
+    sqlite3_busy_timeout(db_, 5000);
+    exec_sql(db_, "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;", "enable WAL");
+    exec_sql(db_,
+             "CREATE TABLE IF NOT EXISTS sandboxes ("
+             " id TEXT PRIMARY KEY,"
+             " spec TEXT NOT NULL,"
+             " state TEXT NOT NULL,"
+             " reason TEXT NOT NULL DEFAULT '',"
+             " accel TEXT NOT NULL DEFAULT '',"
+             " start TEXT NOT NULL DEFAULT 'boot',"
+             " created_at_ms INTEGER NOT NULL,"
+             " expires_at_ms INTEGER NOT NULL,"
+             " boot_ms INTEGER NOT NULL DEFAULT 0,"
+             " pid INTEGER NOT NULL DEFAULT 0,"
+             " run_dir TEXT NOT NULL DEFAULT '');"
+             "CREATE INDEX IF NOT EXISTS sandboxes_state ON sandboxes(state);",
+             "create schema");
+  } catch (...) {
+    sqlite3_close(db_);
+    throw;
+  }
+}
+
+Registry::~Registry() { sqlite3_close(db_); }
+
+void Registry::insert(const SandboxRecord& r) {
+  std::lock_guard lock(mu_);
+  {
+    Stmt q(db_, "SELECT 1 FROM sandboxes WHERE id = ?1", "look up " + r.info.id);
+    q.bind(1, r.info.id);
+    if (q.step()) throw Error(Errc::conflict, "sandbox " + r.info.id + " already exists");
+  }
+  Stmt s(db_,
+         "INSERT INTO sandboxes (id, spec, state, reason, accel, start, created_at_ms,"
+         " expires_at_ms, boot_ms, pid, run_dir) VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11)",
+         "insert " + r.info.id);
+  s.bind(1, r.info.id);
+  bind_fields(s, 2, r);
+  s.step();
+}
+
+void Registry::update(const SandboxRecord& r) {
+  std::lock_guard lock(mu_);
+  Stmt s(db_,
+         "UPDATE sandboxes SET spec=?2, state=?3, reason=?4, accel=?5, start=?6,"
+         " created_at_ms=?7, expires_at_ms=?8, boot_ms=?9, pid=?10, run_dir=?11 WHERE id=?1",
+         "update " + r.info.id);
+  s.bind(1, r.info.id);
+  bind_fields(s, 2, r);
+  s.step();
+  if (sqlite3_changes(db_) == 0) throw Error(Errc::not_found, "no sandbox " + r.info.id);
+}
+
+void Registry::set_state(const std::string& id, State state, const std::string& reason) {
+  std::lock_guard lock(mu_);
+  Stmt s(db_,
+         "UPDATE sandboxes SET state=?2, reason=?3,"
+         " pid = CASE WHEN ?4 THEN 0 ELSE pid END WHERE id=?1",
+         "set state of " + id);
+  s.bind(1, id).bind(2, std::string(to_string(state))).bind(3, reason);
+  s.bind(4, static_cast<int64_t>(is_terminal(state)));
+  s.step();
+  if (sqlite3_changes(db_) == 0) throw Error(Errc::not_found, "no sandbox " + id);
+}
+
+void Registry::set_running(const std::string& id, int pid, int64_t boot_ms) {
+  std::lock_guard lock(mu_);
+  Stmt s(db_, "UPDATE sandboxes SET state='running', reason='', pid=?2, boot_ms=?3 WHERE id=?1",
+         "mark " + id + " running");
+  s.bind(1, id).bind(2, static_cast<int64_t>(pid)).bind(3, boot_ms);
+  s.step();
+  if (sqlite3_changes(db_) == 0) throw Error(Errc::not_found, "no sandbox " + id);
+}
+
+std::optional<SandboxRecord> Registry::get(const std::string& id) const {
+  std::lock_guard lock(mu_);
+  Stmt s(db_, (std::string("SELECT ") + kColumns + " FROM sandboxes WHERE id = ?1").c_str(),
+         "get " + id);
+  s.bind(1, id);
+  if (!s.step()) return std::nullopt;
+  return read_row(s);
+}
+
+std::vector<SandboxRecord> Registry::list(bool all) const {
+  std::lock_guard lock(mu_);
+  std::string sql = std::string("SELECT ") + kColumns + " FROM sandboxes";
+  if (!all) sql += " WHERE state IN ('starting','running','stopping')";
+  sql += " ORDER BY created_at_ms, id";
+  Stmt s(db_, sql.c_str(), "list sandboxes");
+  std::vector<SandboxRecord> out;
+  while (s.step()) out.push_back(read_row(s));
+  return out;
+}
+
+}  // namespace airlock::engine

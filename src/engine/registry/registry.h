@@ -1,0 +1,60 @@
+// The sandbox registry: one SQLite database (<data_dir>/registry.db, WAL) that
+// records every sandbox the engine ever made, so a restarted daemon knows
+// what to re-adopt and what to clean up, and list(all) can show history.
+//
+//   Registry reg(data_dir / "registry.db");
+//   reg.insert({.info = info, .run_dir = dir});       // state starting
+//   reg.set_running(id, pid, boot_ms);
+//   reg.set_state(id, State::deleted, "deleted by caller");
+//   for (auto& r : reg.list(/*all=*/false)) ...;
+//
+// Thread-safe (one connection behind a mutex). Every failure of SQLite is an
+// Error(internal) naming the statement's purpose and SQLite's message.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "engine/engine.h"
+
+struct sqlite3;
+
+namespace airlock::engine {
+
+struct SandboxRecord {
+  SandboxInfo info;
+  std::filesystem::path run_dir;  // <data_dir>/sandboxes/<id>
+};
+
+class Registry {
+ public:
+  // Opens (creating if needed) the database and its schema.
+  explicit Registry(const std::filesystem::path& db_path);
+  ~Registry();
+  Registry(const Registry&) = delete;
+  Registry& operator=(const Registry&) = delete;
+
+  // Adds a new row. Throws Error(conflict) if the id exists.
+  void insert(const SandboxRecord& record);
+  // Overwrites every column of an existing row. Throws Error(not_found).
+  void update(const SandboxRecord& record);
+  // Changes state and reason; clears pid when the state is terminal.
+  // Throws Error(not_found) for an unknown id.
+  void set_state(const std::string& id, State state, const std::string& reason = {});
+  // starting -> running with the QEMU pid and measured boot time.
+  void set_running(const std::string& id, int pid, int64_t boot_ms);
+
+  std::optional<SandboxRecord> get(const std::string& id) const;
+  // Oldest first. all=false: only starting/running/stopping rows.
+  std::vector<SandboxRecord> list(bool all) const;
+
+ private:
+  sqlite3* db_ = nullptr;
+  mutable std::mutex mu_;
+};
+
+}  // namespace airlock::engine

@@ -1,0 +1,93 @@
+#include "engine/types_json.h"
+
+#include "common/error.h"
+
+namespace airlock::engine {
+
+const char* to_string(State state) {
+  switch (state) {
+    case State::starting:
+      return "starting";
+    case State::running:
+      return "running";
+    case State::stopping:
+      return "stopping";
+    case State::deleted:
+      return "deleted";
+    case State::timed_out:
+      return "timed_out";
+    case State::failed:
+      return "failed";
+  }
+  return "unknown";
+}
+
+State state_from_string(std::string_view name) {
+  for (State s : {State::starting, State::running, State::stopping, State::deleted,
+                  State::timed_out, State::failed}) {
+    if (name == to_string(s)) return s;
+  }
+  throw Error(Errc::internal, "unknown sandbox state '" + std::string(name) + "' in registry");
+}
+
+bool is_terminal(State state) {
+  return state == State::deleted || state == State::timed_out || state == State::failed;
+}
+
+nlohmann::json spec_to_json(const SandboxSpec& spec) {
+  return {{"image", spec.image},         {"cpus", spec.cpus},
+          {"memory_mb", spec.memory_mb}, {"disk_mb", spec.disk_mb},
+          {"timeout", spec.timeout_s},   {"env", spec.env},
+          {"metadata", spec.metadata}};
+}
+
+SandboxSpec spec_from_json(const nlohmann::json& j) {
+  SandboxSpec spec;
+  if (!j.is_object()) throw Error(Errc::internal, "stored sandbox spec is not a JSON object");
+  try {
+    spec.image = j.value("image", spec.image);
+    spec.cpus = j.value("cpus", spec.cpus);
+    spec.memory_mb = j.value("memory_mb", spec.memory_mb);
+    spec.disk_mb = j.value("disk_mb", spec.disk_mb);
+    spec.timeout_s = j.value("timeout", spec.timeout_s);
+    if (j.contains("env")) spec.env = j.at("env").get<std::map<std::string, std::string>>();
+    if (j.contains("metadata"))
+      spec.metadata = j.at("metadata").get<std::map<std::string, std::string>>();
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(Errc::internal, std::string("stored sandbox spec is malformed: ") + e.what());
+  }
+  return spec;
+}
+
+nlohmann::json to_json(const SandboxInfo& info) {
+  nlohmann::json j = spec_to_json(info.spec);
+  j["id"] = info.id;
+  j["state"] = to_string(info.state);
+  if (!info.reason.empty()) j["reason"] = info.reason;
+  j["accel"] = info.accel;
+  // The isolation boundary the API promises: TCG is not a security boundary
+  // by itself, so callers are told which one they got.
+  j["isolation"] = info.accel;
+  j["start"] = info.start;
+  j["created_at_ms"] = info.created_at_ms;
+  j["expires_at_ms"] = info.expires_at_ms;
+  j["boot_ms"] = info.boot_ms;
+  if (info.pid > 0) j["pid"] = info.pid;
+  return j;
+}
+
+nlohmann::json to_json(const ExecResult& r) {
+  nlohmann::json j{{"exec_id", r.exec_id},
+                   {"exit_code", nullptr},
+                   {"signal", nullptr},
+                   {"timed_out", r.timed_out},
+                   {"duration_ms", r.duration_ms},
+                   {"stdin_bytes", r.stdin_bytes},
+                   {"stdout_bytes", r.stdout_bytes},
+                   {"stderr_bytes", r.stderr_bytes}};
+  if (r.exit_code) j["exit_code"] = *r.exit_code;
+  if (r.signal) j["signal"] = *r.signal;
+  return j;
+}
+
+}  // namespace airlock::engine

@@ -1,0 +1,212 @@
+"""Integration-test harness: a real airlockd on a real unix socket.
+
+Each test class gets its own daemon with a fresh data directory (so registry,
+audit and sandboxes are private) and the shared, input-keyed image directory
+from AIRLOCK_IMAGE_DIR (built by `make image`). Only the standard library is
+used; traffic goes over the daemon's unix socket, nothing else.
+"""
+
+import base64
+import http.client
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import unittest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BIN = os.environ.get("AIRLOCK_BIN", os.path.join(ROOT, "build", "bin"))
+IMAGE_DIR = os.environ.get("AIRLOCK_IMAGE_DIR", os.path.join(ROOT, "build", "images"))
+
+
+class UnixHTTPConnection(http.client.HTTPConnection):
+    def __init__(self, path, timeout=300):
+        super().__init__("localhost", timeout=timeout)
+        self.unix_path = path
+
+    def connect(self):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(self.timeout)
+        s.connect(self.unix_path)
+        self.sock = s
+
+
+class ApiError(Exception):
+    def __init__(self, status, body):
+        super().__init__(f"HTTP {status}: {body}")
+        self.status = status
+        self.body = body
+        err = body.get("error", {}) if isinstance(body, dict) else {}
+        self.code = err.get("code")
+        self.field = err.get("field")
+        self.message = err.get("message")
+
+
+class Client:
+    def __init__(self, sock_path):
+        self.sock_path = sock_path
+
+    def raw(self, method, path, body=None, headers=None, timeout=300):
+        conn = UnixHTTPConnection(self.sock_path, timeout=timeout)
+        conn.request(method, path, body=body, headers=headers or {})
+        resp = conn.getresponse()
+        data = resp.read()
+        conn.close()
+        return resp.status, resp.getheaders(), data
+
+    def call(self, method, path, body=None, timeout=300):
+        payload = None if body is None else (body if isinstance(body, (bytes, str)) else json.dumps(body))
+        headers = {"Content-Type": "application/json"} if payload is not None else {}
+        status, _, data = self.raw(method, path, payload, headers, timeout)
+        try:
+            parsed = json.loads(data) if data else None
+        except ValueError:
+            parsed = data
+        if status >= 400:
+            raise ApiError(status, parsed)
+        return parsed
+
+    def create(self, **spec):
+        spec.setdefault("image", "minimal")
+        return self.call("POST", "/v1/sandboxes", spec)
+
+    def delete(self, sid):
+        return self.call("DELETE", f"/v1/sandboxes/{sid}")
+
+    def exec_events(self, sid, timeout=300, **req):
+        """Runs an exec and returns the list of NDJSON events, in order."""
+        conn = UnixHTTPConnection(self.sock_path, timeout=timeout)
+        conn.request("POST", f"/v1/sandboxes/{sid}/exec", body=json.dumps(req),
+                     headers={"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        if resp.status >= 400:
+            body = resp.read()
+            conn.close()
+            raise ApiError(resp.status, json.loads(body))
+        events = []
+        for line in resp:
+            line = line.strip()
+            if line:
+                events.append(json.loads(line))
+        conn.close()
+        return events
+
+    def exec(self, sid, **req):
+        """Runs an exec; returns (stdout bytes, stderr bytes, exit event)."""
+        out, err, exit_event = bytearray(), bytearray(), None
+        for ev in self.exec_events(sid, **req):
+            if ev["type"] == "stdout":
+                out += base64.b64decode(ev["data"])
+            elif ev["type"] == "stderr":
+                err += base64.b64decode(ev["data"])
+            elif ev["type"] == "exit":
+                exit_event = ev
+            elif ev["type"] == "error":
+                raise ApiError(500, ev)
+        return bytes(out), bytes(err), exit_event
+
+    def put_file(self, sid, path, data, mode=None):
+        q = f"path={path}" + (f"&mode={mode}" if mode else "")
+        status, _, body = self.raw("PUT", f"/v1/sandboxes/{sid}/files?{q}", data,
+                                   {"Content-Type": "application/octet-stream"})
+        if status >= 400:
+            raise ApiError(status, json.loads(body))
+        return json.loads(body) if body else None
+
+    def get_file(self, sid, path):
+        status, _, body = self.raw("GET", f"/v1/sandboxes/{sid}/files?path={path}")
+        if status >= 400:
+            raise ApiError(status, json.loads(body))
+        return body
+
+
+def qemu_pids_for(marker):
+    """PIDs of live QEMU processes whose command line mentions `marker`."""
+    pids = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().decode(errors="replace")
+        except OSError:
+            continue
+        if "qemu-system" in cmd and marker in cmd:
+            pids.append(int(pid))
+    return pids
+
+
+class DaemonTestCase(unittest.TestCase):
+    """Starts one airlockd per test class; checks nothing is left behind."""
+
+    daemon_args = []
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="airlock-it-")
+        cls.data_dir = os.path.join(cls.tmp, "data")
+        cls.sock = os.path.join(cls.tmp, "airlockd.sock")
+        cls.log = open(os.path.join(cls.tmp, "airlockd.log"), "wb")
+        cls.daemon = subprocess.Popen(
+            [os.path.join(BIN, "airlockd"), "--data-dir", cls.data_dir, "--socket", cls.sock,
+             "--image-dir", IMAGE_DIR] + cls.daemon_args,
+            stdout=cls.log, stderr=subprocess.STDOUT)
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            if os.path.exists(cls.sock):
+                try:
+                    Client(cls.sock).call("GET", "/v1/info", timeout=5)
+                    break
+                except (OSError, ApiError):
+                    pass
+            if cls.daemon.poll() is not None:
+                raise RuntimeError("airlockd exited: " + cls.daemon_log())
+            time.sleep(0.1)
+        else:
+            raise RuntimeError("airlockd did not answer: " + cls.daemon_log())
+        cls.api = Client(cls.sock)
+
+    @classmethod
+    def daemon_log(cls):
+        cls.log.flush()
+        with open(os.path.join(cls.tmp, "airlockd.log"), "rb") as f:
+            return f.read().decode(errors="replace")[-4000:]
+
+    @classmethod
+    def tearDownClass(cls):
+        # Delete whatever a failed test left, then stop the daemon.
+        try:
+            for sb in cls.api.call("GET", "/v1/sandboxes"):
+                try:
+                    cls.api.delete(sb["id"])
+                except ApiError:
+                    pass
+        except (OSError, ApiError):
+            pass
+        cls.daemon.send_signal(signal.SIGTERM)
+        try:
+            cls.daemon.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            cls.daemon.kill()
+        cls.log.close()
+        for pid in qemu_pids_for(cls.data_dir):  # never leak a VM, even on failure
+            os.kill(pid, signal.SIGKILL)
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def assertNothingLeft(self, sid):
+        """No QEMU, socket, overlay or temp file of sandbox `sid` remains."""
+        run_dir = os.path.join(self.data_dir, "sandboxes", sid)
+        deadline = time.time() + 10
+        while time.time() < deadline and (qemu_pids_for(sid) or os.path.exists(run_dir)):
+            time.sleep(0.1)
+        self.assertEqual(qemu_pids_for(sid), [], f"QEMU of {sid} still running")
+        self.assertFalse(os.path.exists(run_dir), f"{run_dir} still exists: "
+                         + (str(os.listdir(run_dir)) if os.path.isdir(run_dir) else ""))
+        leftovers = []
+        for base, _, files in os.walk(self.data_dir):
+            leftovers += [os.path.join(base, f) for f in files if sid in f and not f.endswith(".jsonl")]
+        self.assertEqual(leftovers, [], "files of the deleted sandbox remain")

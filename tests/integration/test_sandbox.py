@@ -1,0 +1,236 @@
+"""End to end through the real daemon: one real VM (minimal image) per class."""
+
+import base64
+import hashlib
+import os
+import threading
+import time
+import unittest
+
+from harness import ApiError, DaemonTestCase
+
+
+class ExecTest(DaemonTestCase):
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.sb = cls.api.create(image="minimal", timeout=900, env={"SANDBOX_VAR": "from-create"})
+        cls.sid = cls.sb["id"]
+
+    def test_sandbox_is_running_and_listed(self):
+        self.assertEqual(self.sb["state"], "running")
+        self.assertIn(self.sb["accel"], ("kvm", "tcg"))
+        ids = [s["id"] for s in self.api.call("GET", "/v1/sandboxes")]
+        self.assertIn(self.sid, ids)
+        self.assertEqual(self.api.call("GET", f"/v1/sandboxes/{self.sid}")["id"], self.sid)
+
+    def test_binary_output_all_256_byte_values(self):
+        # printf with octal escapes for every byte value, written by the guest's shell.
+        script = "printf '" + "".join("\\%03o" % b for b in range(256)) + "'"
+        out, err, ex = self.api.exec(self.sid, argv=["sh", "-c", script])
+        self.assertEqual(ex["exit_code"], 0, err)
+        self.assertEqual(out, bytes(range(256)))
+
+    def test_stdout_and_stderr_kept_apart_and_exit_code(self):
+        out, err, ex = self.api.exec(self.sid, cmd="echo out; echo err >&2; exit 7")
+        self.assertEqual(out, b"out\n")
+        self.assertEqual(err, b"err\n")
+        self.assertEqual(ex["exit_code"], 7)
+
+    def test_one_mib_of_stdout(self):
+        out, _, ex = self.api.exec(self.sid, argv=["head", "-c", "1048576", "/dev/urandom"])
+        self.assertEqual(ex["exit_code"], 0)
+        self.assertEqual(len(out), 1048576)
+        self.assertEqual(ex["stdout_bytes"], 1048576)
+
+    def test_stdin(self):
+        data = os.urandom(100_000)
+        out, _, ex = self.api.exec(self.sid, argv=["cat"], stdin_b64=base64.b64encode(data).decode())
+        self.assertEqual(ex["exit_code"], 0)
+        self.assertEqual(out, data)
+        out, _, _ = self.api.exec(self.sid, argv=["wc", "-c"], stdin="hello")
+        self.assertEqual(out.strip(), b"5")
+
+    def test_env_merges_create_env(self):
+        out, _, _ = self.api.exec(self.sid, cmd='echo "$SANDBOX_VAR $EXEC_VAR"', env={"EXEC_VAR": "x y"})
+        self.assertEqual(out, b"from-create x y\n")
+
+    def test_cwd(self):
+        out, _, _ = self.api.exec(self.sid, argv=["pwd"], cwd="/tmp")
+        self.assertEqual(out, b"/tmp\n")
+        with self.assertRaises(ApiError):
+            self.api.exec(self.sid, argv=["pwd"], cwd="/does/not/exist")
+
+    def test_non_root_user(self):
+        out, _, _ = self.api.exec(self.sid, argv=["id", "-u"], user="user")
+        self.assertEqual(out, b"1000\n")
+        out, _, _ = self.api.exec(self.sid, argv=["id", "-u"], user="1000")
+        self.assertEqual(out, b"1000\n")
+        out, _, ex = self.api.exec(self.sid, cmd="touch /root/x", user="user")
+        self.assertNotEqual(ex["exit_code"], 0)
+
+    def test_concurrent_execs(self):
+        results = {}
+
+        def run(i):
+            results[i] = self.api.exec(self.sid, cmd=f"sleep 1; echo {i}")
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
+        start = time.time()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for i in range(4):
+            self.assertEqual(results[i][0], f"{i}\n".encode())
+        # Run at once, not one after another (4 x 1 s sleeps).
+        self.assertLess(time.time() - start, 3.9)
+
+    def test_exec_timeout_kills_process_tree(self):
+        out, _, ex = self.api.exec(self.sid, cmd="(sleep 300 &) ; sleep 300", timeout=1)
+        self.assertTrue(ex["timed_out"])
+        self.assertIsNone(ex["exit_code"])
+        out, _, _ = self.api.exec(self.sid, cmd="ps | grep -c '[s]leep 300' || true")
+        self.assertEqual(out.strip(), b"0")
+
+    def test_unknown_binary_is_an_error_naming_it(self):
+        with self.assertRaises(ApiError) as cm:
+            self.api.exec(self.sid, argv=["/no/such/binary"])
+        self.assertIn("/no/such/binary", str(cm.exception))
+
+    def test_files_round_trip_10_mib_binary(self):
+        data = os.urandom(10 * 1024 * 1024)
+        self.api.put_file(self.sid, "/tmp/big.bin", data)
+        out, _, _ = self.api.exec(self.sid, argv=["sha256sum", "/tmp/big.bin"])
+        self.assertEqual(out.split()[0].decode(), hashlib.sha256(data).hexdigest())
+        self.assertEqual(self.api.get_file(self.sid, "/tmp/big.bin"), data)
+
+    def test_file_ops(self):
+        self.api.call("POST", f"/v1/sandboxes/{self.sid}/files/mkdir", {"path": "/tmp/d/e", "parents": True})
+        self.api.put_file(self.sid, "/tmp/d/e/f.txt", b"abc")
+        st = self.api.call("GET", f"/v1/sandboxes/{self.sid}/files/stat?path=/tmp/d/e/f.txt")
+        self.assertEqual(st["size"], 3)
+        self.assertEqual(st["type"], "file")
+        names = [e["name"] for e in self.api.call("GET", f"/v1/sandboxes/{self.sid}/files/list?path=/tmp/d/e")["entries"]]
+        self.assertEqual(names, ["f.txt"])
+        self.api.call("DELETE", f"/v1/sandboxes/{self.sid}/files?path=/tmp/d&recursive=true")
+        with self.assertRaises(ApiError) as cm:
+            self.api.get_file(self.sid, "/tmp/d/e/f.txt")
+        self.assertEqual(cm.exception.status, 404)
+
+    def test_bad_exec_input(self):
+        for body, field in ((dict(argv="ls"), "argv"), (dict(argv=[]), "argv"),
+                            (dict(argv=["ls"], bogus=1), "bogus"),
+                            (dict(argv=["ls"], timeout=-1), "timeout"),
+                            (dict(argv=["ls"], cmd="ls"), "cmd")):
+            with self.assertRaises(ApiError, msg=str(body)) as cm:
+                self.api.exec(self.sid, **body)
+            self.assertEqual(cm.exception.status, 400, cm.exception.body)
+            self.assertEqual(cm.exception.field, field, cm.exception.body)
+        # The sandbox still works after bad input.
+        self.assertEqual(self.api.exec(self.sid, argv=["true"])[2]["exit_code"], 0)
+
+    def test_guest_info(self):
+        info = self.api.call("GET", f"/v1/sandboxes/{self.sid}/info")
+        self.assertTrue(info["kernel"])
+        self.assertGreater(info["mem_total_kb"], 0)
+        self.assertGreater(info["disk_total_bytes"], 0)
+
+    def test_audit_records_execs(self):
+        self.api.exec(self.sid, argv=["echo", "audited"])
+        events = self.api.call("GET", f"/v1/sandboxes/{self.sid}/logs")
+        kinds = [e["event"] for e in events]
+        self.assertEqual(kinds[0], "created")
+        execs = [e for e in events if e["event"] == "exec" and e.get("argv") == ["echo", "audited"]]
+        self.assertEqual(len(execs), 1)
+        self.assertEqual(execs[0]["exit_code"], 0)
+        self.assertEqual(execs[0]["stdout_bytes"], 8)
+
+
+class LifecycleTest(DaemonTestCase):
+    def test_delete_leaves_nothing_behind(self):
+        sb = self.api.create(image="minimal")
+        self.assertTrue(self.api.exec(sb["id"], argv=["true"])[2]["exit_code"] == 0)
+        self.api.delete(sb["id"])
+        self.assertNothingLeft(sb["id"])
+        self.assertEqual(self.api.call("GET", f"/v1/sandboxes/{sb['id']}")["state"], "deleted")
+        with self.assertRaises(ApiError) as cm:
+            self.api.exec(sb["id"], argv=["true"])
+        self.assertEqual(cm.exception.status, 409)
+        events = [e["event"] for e in self.api.call("GET", f"/v1/sandboxes/{sb['id']}/logs")]
+        self.assertEqual(events[-1], "deleted")
+
+    def test_lifetime_timeout_enforced_by_host(self):
+        sb = self.api.create(image="minimal", timeout=20)
+        # Wedge the guest's agent as far as user code can: it still must die on time.
+        deadline = time.time() + 90
+        while time.time() < deadline:
+            if self.api.call("GET", f"/v1/sandboxes/{sb['id']}")["state"] == "timed_out":
+                break
+            time.sleep(1)
+        self.assertEqual(self.api.call("GET", f"/v1/sandboxes/{sb['id']}")["state"], "timed_out")
+        self.assertNothingLeft(sb["id"])
+        events = [e["event"] for e in self.api.call("GET", f"/v1/sandboxes/{sb['id']}/logs")]
+        self.assertIn("timed_out", events)
+
+    def test_metadata_filter(self):
+        a = self.api.create(image="minimal", metadata={"team": "a"})
+        try:
+            listed = self.api.call("GET", "/v1/sandboxes?metadata.team=a")
+            self.assertEqual([s["id"] for s in listed], [a["id"]])
+            self.assertEqual(self.api.call("GET", "/v1/sandboxes?metadata.team=b"), [])
+        finally:
+            self.api.delete(a["id"])
+        self.assertNothingLeft(a["id"])
+
+
+class BadInputTest(DaemonTestCase):
+    def assertRejected(self, body, field, status=400):
+        before = set(os.listdir(os.path.join(self.data_dir, "sandboxes"))) \
+            if os.path.isdir(os.path.join(self.data_dir, "sandboxes")) else set()
+        with self.assertRaises(ApiError) as cm:
+            self.api.call("POST", "/v1/sandboxes", body)
+        self.assertEqual(cm.exception.status, status, cm.exception.body)
+        self.assertEqual(cm.exception.field, field, cm.exception.body)
+        self.assertTrue(cm.exception.message)
+        after = set(os.listdir(os.path.join(self.data_dir, "sandboxes"))) \
+            if os.path.isdir(os.path.join(self.data_dir, "sandboxes")) else set()
+        self.assertEqual(before, after, "a rejected create left something behind")
+
+    def test_bad_create_specs(self):
+        self.assertRejected({"image": "minimal", "bogus": 1}, "bogus")
+        self.assertRejected({"image": "minimal", "cpus": "two"}, "cpus")
+        self.assertRejected({"image": "minimal", "cpus": -1}, "cpus")
+        self.assertRejected({"image": "minimal", "memory_mb": 10**9}, "memory_mb")
+        self.assertRejected({"image": "minimal", "disk_mb": -5}, "disk_mb")
+        self.assertRejected({"image": "minimal", "timeout": 0}, "timeout")
+        self.assertRejected({"image": "minimal", "env": {"A": 1}}, "env")
+        self.assertRejected({"image": "no-such-image"}, "image", status=404)
+        self.assertEqual(self.api.call("GET", "/v1/sandboxes"), [])
+
+    def test_malformed_json(self):
+        with self.assertRaises(ApiError) as cm:
+            self.api.call("POST", "/v1/sandboxes", "{not json")
+        self.assertEqual(cm.exception.status, 400)
+
+    def test_bad_ids_and_routes(self):
+        for path in ("/v1/sandboxes/sb-000000000000", "/v1/sandboxes/..%2Fetc"):
+            with self.assertRaises(ApiError) as cm:
+                self.api.call("GET", path)
+            self.assertIn(cm.exception.status, (400, 404))
+        with self.assertRaises(ApiError) as cm:
+            self.api.call("GET", "/v1/nope")
+        self.assertEqual(cm.exception.status, 404)
+        with self.assertRaises(ApiError) as cm:
+            self.api.exec("sb-000000000000", argv=["true"])
+        self.assertEqual(cm.exception.status, 404)
+
+    def test_daemon_info(self):
+        info = self.api.call("GET", "/v1/info")
+        self.assertIn(info["accelerator"], ("kvm", "tcg"))
+        self.assertTrue(info["accelerator_reason"])
+        self.assertIn("minimal", [i["name"] for i in info["images"]])
+
+
+if __name__ == "__main__":
+    unittest.main()
