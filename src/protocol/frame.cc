@@ -95,8 +95,8 @@ std::optional<Frame> Decoder::next() {
   const uint32_t len = get_u32(h);
   const auto type = static_cast<uint8_t>(h[4]);
   const auto channel = static_cast<uint8_t>(h[5]);
-  const uint16_t flags =
-      static_cast<uint16_t>(static_cast<unsigned char>(h[6]) | static_cast<unsigned char>(h[7]) << 8);
+  const uint16_t flags = static_cast<uint16_t>(static_cast<unsigned char>(h[6]) |
+                                               static_cast<unsigned char>(h[7]) << 8);
   const uint32_t stream = get_u32(h + 8);
   // Validate the header before waiting for the payload: an oversized length
   // is refused without buffering anything more.

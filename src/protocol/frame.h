@@ -84,6 +84,9 @@ class Decoder {
   void feed(std::string_view bytes) { feed(bytes.data(), bytes.size()); }
   std::optional<Frame> next();
   size_t buffered() const { return buffer_.size() - offset_; }
+  // The bytes fed but not yet returned as frames (for resynchronisation
+  // after an error: the bad header is at the front).
+  std::string_view pending() const { return {buffer_.data() + offset_, buffered()}; }
   // True once next()/feed() threw: the byte stream has lost its framing.
   bool poisoned() const { return !error_.empty(); }
   // Forgets every buffered byte and the poison (new connection, or after

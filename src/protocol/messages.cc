@@ -10,26 +10,35 @@ using nlohmann::json;
 
 const char* code_for_errno(int err) {
   switch (err) {
-    case ENOENT: return code::not_found;
+    case ENOENT:
+      return code::not_found;
     case EACCES:
     case EPERM:
-    case EROFS: return code::permission_denied;
-    case EEXIST: return code::exists;
-    case ENOTDIR: return code::not_a_directory;
-    case EISDIR: return code::is_a_directory;
-    case ENOTEMPTY: return code::not_empty;
+    case EROFS:
+      return code::permission_denied;
+    case EEXIST:
+      return code::exists;
+    case ENOTDIR:
+      return code::not_a_directory;
+    case EISDIR:
+      return code::is_a_directory;
+    case ENOTEMPTY:
+      return code::not_empty;
     case ENOSPC:
-    case EDQUOT: return code::no_space;
+    case EDQUOT:
+      return code::no_space;
     case EINVAL:
     case ENAMETOOLONG:
-    case ELOOP: return code::invalid_argument;
-    default: return code::io_error;
+    case ELOOP:
+      return code::invalid_argument;
+    default:
+      return code::io_error;
   }
 }
 
 Errc errc_from_guest_code(std::string_view c) {
-  if (c == code::invalid_argument || c == code::permission_denied ||
-      c == code::not_a_directory || c == code::is_a_directory)
+  if (c == code::invalid_argument || c == code::permission_denied || c == code::not_a_directory ||
+      c == code::is_a_directory)
     return Errc::invalid_argument;
   if (c == code::not_found) return Errc::not_found;
   if (c == code::exists || c == code::not_empty) return Errc::conflict;
@@ -42,9 +51,7 @@ json error_json(std::string_view c, std::string_view message) {
   return json{{"error", {{"code", std::string(c)}, {"message", std::string(message)}}}};
 }
 
-bool is_error(const json& response) {
-  return response.is_object() && response.contains("error");
-}
+bool is_error(const json& response) { return response.is_object() && response.contains("error"); }
 
 void throw_if_error(const json& response) {
   if (!is_error(response)) return;
@@ -102,8 +109,7 @@ bool optional_bool(const json& j, const char* field, bool fallback) {
   return it->get<bool>();
 }
 
-int64_t optional_int(const json& j, const char* field, int64_t fallback, int64_t min,
-                     int64_t max) {
+int64_t optional_int(const json& j, const char* field, int64_t fallback, int64_t min, int64_t max) {
   auto it = j.find(field);
   if (it == j.end() || it->is_null()) return fallback;
   int64_t v = 0;
@@ -140,8 +146,7 @@ std::string to_hex(std::string_view bytes) {
 }
 
 std::string from_hex(std::string_view hex) {
-  if (hex.size() % 2)
-    throw Error(Errc::invalid_argument, "hex string has an odd number of digits");
+  if (hex.size() % 2) throw Error(Errc::invalid_argument, "hex string has an odd number of digits");
   auto digit = [](char c) -> int {
     if (c >= '0' && c <= '9') return c - '0';
     if (c >= 'a' && c <= 'f') return c - 'a' + 10;

@@ -7,7 +7,8 @@
 //   ...
 //   nlohmann::json j = protocol::parse_json(frame);      // object or Error(protocol_error)
 //   protocol::throw_if_error(j);                          // host: {"error":...} -> airlock::Error
-//   std::string path = protocol::require_string(j, "path");  // guest: Error(invalid_argument, field)
+//   std::string path = protocol::require_string(j, "path");  // guest: Error(invalid_argument,
+//   field)
 #pragma once
 
 #include <cstdint>

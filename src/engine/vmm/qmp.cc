@@ -58,16 +58,16 @@ int connect_unix(const std::filesystem::path& path, Clock::time_point deadline,
   }
 }
 
-QmpClient QmpClient::connect(const std::filesystem::path& socket,
-                             std::chrono::milliseconds timeout) {
+QmpClient QmpClient::connect(const std::filesystem::path& socket, std::chrono::milliseconds timeout,
+                             const std::function<std::string()>& give_up) {
   auto deadline = Clock::now() + timeout;
-  QmpClient client(connect_unix(socket, deadline));
+  QmpClient client(connect_unix(socket, deadline, give_up));
   client.greeting_ = client.read_message(deadline, "QMP greeting");
   if (!client.greeting_.contains("QMP"))
-    throw Error(Errc::internal, "unexpected QMP greeting on " + socket.string() + ": " +
-                                    client.greeting_.dump());
-  client.execute("qmp_capabilities", json(), std::chrono::duration_cast<std::chrono::milliseconds>(
-                                                 deadline - Clock::now()));
+    throw Error(Errc::internal,
+                "unexpected QMP greeting on " + socket.string() + ": " + client.greeting_.dump());
+  client.execute("qmp_capabilities", json(),
+                 std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()));
   return client;
 }
 

@@ -29,7 +29,9 @@ class QmpClient {
  public:
   // Connects (retrying while the socket does not exist yet or refuses, until
   // `timeout`), reads the greeting and negotiates capabilities.
-  static QmpClient connect(const std::filesystem::path& socket, std::chrono::milliseconds timeout);
+  // `give_up` as for connect_unix below (e.g. stop early if QEMU exited).
+  static QmpClient connect(const std::filesystem::path& socket, std::chrono::milliseconds timeout,
+                           const std::function<std::string()>& give_up = {});
 
   QmpClient(QmpClient&& other) noexcept;
   QmpClient& operator=(QmpClient&& other) noexcept;

@@ -1,0 +1,425 @@
+#include "engine/vmm/vm.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "common/error.h"
+#include "engine/vmm/console.h"
+#include "engine/vmm/qmp.h"
+
+namespace airlock::vmm {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+const char* to_string(Accel accel) { return accel == Accel::kvm ? "kvm" : "tcg"; }
+
+namespace {
+
+constexpr auto kQmpTimeout = std::chrono::seconds(10);
+constexpr auto kKillTimeout = std::chrono::seconds(5);
+constexpr size_t kQemuLogCap = 64 * 1024;
+
+fs::path pid_file(const fs::path& run_dir) { return run_dir / "qemu.pid"; }
+fs::path qemu_log(const fs::path& run_dir) { return run_dir / "qemu.log"; }
+
+// QEMU's option parser splits on ','; a literal comma is written ",,".
+std::string opt_escape(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    out += c;
+    if (c == ',') out += ',';
+  }
+  return out;
+}
+
+std::string read_file_capped(const fs::path& p, size_t cap) {
+  std::ifstream in(p, std::ios::binary);
+  std::string s(cap, '\0');
+  in.read(s.data(), static_cast<std::streamsize>(cap));
+  s.resize(static_cast<size_t>(in.gcount()));
+  return s;
+}
+
+// QEMU's stderr, trimmed to something fit for an error message.
+std::string qemu_stderr(const fs::path& run_dir) {
+  std::string s = read_file_capped(qemu_log(run_dir), 4096);
+  while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
+  std::string out;
+  for (char c : s) out += c == '\n' ? std::string("; ") : std::string(1, c);
+  return out;
+}
+
+// State letter from /proc/<pid>/stat ('Z' zombie, 'R', 'S', ...); 0 if gone.
+char proc_state(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat;
+  if (!std::getline(in, stat)) return 0;
+  // comm may contain spaces and ')': the state follows the last ')'.
+  auto close = stat.rfind(')');
+  if (close == std::string::npos || close + 2 >= stat.size()) return 0;
+  return stat[close + 2];
+}
+
+std::vector<std::string> proc_cmdline(pid_t pid) {
+  std::string raw = read_file_capped("/proc/" + std::to_string(pid) + "/cmdline", 1 << 16);
+  std::vector<std::string> args;
+  std::string cur;
+  for (char c : raw) {
+    if (c == '\0') {
+      args.push_back(cur);
+      cur.clear();
+    } else {
+      cur += c;
+    }
+  }
+  if (!cur.empty()) args.push_back(cur);
+  return args;
+}
+
+// True if `pid` is a live (not zombie) QEMU whose command line names this
+// run_dir's pid file: guards against pid reuse by an unrelated process.
+bool is_our_qemu(pid_t pid, const fs::path& run_dir) {
+  if (pid <= 0 || ::kill(pid, 0) != 0) return false;
+  char st = proc_state(pid);
+  if (st == 0 || st == 'Z' || st == 'X') return false;
+  const std::string want = pid_file(run_dir).string();
+  for (const auto& a : proc_cmdline(pid))
+    if (a == want) return true;
+  return false;
+}
+
+// Waits until `pid` has exited. QEMU is not our child unless this process is
+// a child subreaper (then it is re-parented to us and we must reap it);
+// otherwise init reaps it, and a zombie owned by someone else already holds
+// no resources, so it counts as gone.
+bool wait_gone(pid_t pid, std::chrono::milliseconds timeout) {
+  auto deadline = Clock::now() + timeout;
+  for (;;) {
+    if (::waitpid(pid, nullptr, WNOHANG) == pid) return true;
+    char st = proc_state(pid);
+    if (st == 0 || st == 'X') return true;
+    if (st == 'Z') {
+      // Ours to reap? waitpid fails with ECHILD if not.
+      if (::waitpid(pid, nullptr, WNOHANG) == pid) return true;
+      if (errno == ECHILD) return true;
+    }
+    if (Clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
+void remove_runtime_files(const fs::path& run_dir) {
+  std::error_code ec;
+  for (const char* name : {"agent.sock", "console.sock", "qmp.sock", "qemu.pid"})
+    fs::remove(run_dir / name, ec);
+}
+
+// Absolute path of `binary` searched in PATH (done before fork: execvp's
+// search allocates, which is not safe in the child of a threaded process).
+std::string resolve_binary(const std::string& binary) {
+  if (binary.find('/') != std::string::npos) return binary;
+  const char* path = std::getenv("PATH");
+  std::stringstream ss(path ? path : "/usr/local/bin:/usr/bin:/bin");
+  std::string dir;
+  while (std::getline(ss, dir, ':')) {
+    fs::path cand = fs::path(dir.empty() ? "." : dir) / binary;
+    if (::access(cand.c_str(), X_OK) == 0) return cand.string();
+  }
+  throw Error(Errc::unavailable, "QEMU binary not found in PATH: " + binary, "qemu_binary");
+}
+
+void require_file(const fs::path& p, const char* field) {
+  std::error_code ec;
+  if (!fs::is_regular_file(p, ec))
+    throw Error(Errc::not_found, std::string(field) + " not found: " + p.string(), field);
+}
+
+void validate(const VmConfig& c) {
+  if (c.id.empty()) throw Error(Errc::invalid_argument, "VM id is empty", "id");
+  std::error_code ec;
+  if (!fs::is_directory(c.run_dir, ec))
+    throw Error(Errc::not_found, "run_dir is not a directory: " + c.run_dir.string(), "run_dir");
+  require_file(c.kernel, "kernel");
+  if (!c.initrd.empty()) require_file(c.initrd, "initrd");
+  require_file(c.disk, "disk");
+  if (c.cpus < 1 || c.cpus > 64)
+    throw Error(Errc::invalid_argument, "cpus must be 1..64, got " + std::to_string(c.cpus),
+                "cpus");
+  if (c.memory_mb < 64 || c.memory_mb > 1024 * 1024)
+    throw Error(Errc::invalid_argument,
+                "memory_mb must be at least 64, got " + std::to_string(c.memory_mb), "memory_mb");
+  if (c.console_cap_bytes < 4096)
+    throw Error(Errc::invalid_argument, "console_cap_bytes must be at least 4096",
+                "console_cap_bytes");
+  // sun_path is 108 bytes; fail now rather than with an obscure QEMU error.
+  if ((c.run_dir / "console.sock").string().size() > 107)
+    throw Error(Errc::invalid_argument, "run_dir path too long for unix sockets", "run_dir");
+}
+
+// Forks QEMU detached: fork, setsid, fork again, so QEMU is re-parented to
+// init (or the nearest subreaper) and survives the daemon. Returns its pid.
+pid_t spawn_detached(const std::vector<std::string>& argv, const fs::path& run_dir) {
+  std::string exe = resolve_binary(argv[0]);
+  std::vector<char*> cargv;
+  for (const auto& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
+  cargv.push_back(nullptr);
+
+  int devnull = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  if (devnull < 0) throw_errno("open /dev/null");
+  int log = ::open(qemu_log(run_dir).c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);
+  if (log < 0) {
+    ::close(devnull);
+    throw_errno("open " + qemu_log(run_dir).string());
+  }
+  int report[2];
+  if (::pipe2(report, O_CLOEXEC) != 0) {
+    ::close(devnull);
+    ::close(log);
+    throw_errno("pipe2");
+  }
+
+  pid_t child = ::fork();
+  if (child < 0) {
+    for (int fd : {devnull, log, report[0], report[1]}) ::close(fd);
+    throw_errno("fork");
+  }
+  if (child == 0) {
+    // Only async-signal-safe calls from here on.
+    ::setsid();
+    pid_t grandchild = ::fork();
+    if (grandchild != 0) ::_exit(grandchild < 0 ? 1 : 0);
+    sigset_t all;
+    sigemptyset(&all);
+    ::sigprocmask(SIG_SETMASK, &all, nullptr);
+    struct sigaction dfl {};
+    dfl.sa_handler = SIG_DFL;
+    for (int s = 1; s < NSIG; ++s) ::sigaction(s, &dfl, nullptr);  // e.g. SIGPIPE ignored
+    ::dup2(devnull, 0);
+    ::dup2(log, 1);
+    ::dup2(log, 2);
+    ::dup2(report[1], 3);
+    ::fcntl(3, F_SETFD, FD_CLOEXEC);
+    ::close_range(4, ~0U, 0);  // nothing of the daemon leaks into QEMU
+    pid_t self = ::getpid();
+    (void)!::write(3, &self, sizeof(self));
+    ::execv(exe.c_str(), cargv.data());
+    int err = errno;
+    (void)!::write(3, &err, sizeof(err));
+    ::_exit(127);
+  }
+  ::close(devnull);
+  ::close(log);
+  ::close(report[1]);
+  int status = 0;
+  while (::waitpid(child, &status, 0) < 0 && errno == EINTR) {
+  }
+  pid_t pid = -1;
+  int exec_errno = 0;
+  char buf[sizeof(pid_t) + sizeof(int)];
+  size_t got = 0;
+  for (;;) {
+    ssize_t n = ::read(report[0], buf + got, sizeof(buf) - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    got += static_cast<size_t>(n);
+    if (got == sizeof(buf)) break;
+  }
+  ::close(report[0]);
+  if (got >= sizeof(pid_t)) std::memcpy(&pid, buf, sizeof(pid_t));
+  if (got == sizeof(buf)) std::memcpy(&exec_errno, buf + sizeof(pid_t), sizeof(int));
+  if (pid <= 0) throw Error(Errc::internal, "could not fork QEMU (double fork failed)");
+  if (exec_errno != 0) {
+    wait_gone(pid, kKillTimeout);
+    throw Error(Errc::unavailable, "cannot execute " + exe + ": " + std::strerror(exec_errno),
+                "qemu_binary");
+  }
+  return pid;
+}
+
+}  // namespace
+
+std::vector<std::string> qemu_argv(const VmConfig& c) {
+  const fs::path& d = c.run_dir;
+  auto sock = [&](const char* id, const char* file) {
+    return std::string("socket,id=") + id + ",path=" + opt_escape((d / file).string()) +
+           ",server=on,wait=off";
+  };
+  std::string append = "console=ttyS0 panic=-1 reboot=t quiet";
+  if (!c.extra_kernel_args.empty()) append += " " + c.extra_kernel_args;
+  std::vector<std::string> a = {
+      c.qemu_binary,
+      "-name",
+      "airlock-" + opt_escape(c.id),
+      // `pc`, not `microvm`: under TCG microvm hung in some boots (TSC
+      // calibration against the PIT) and gained little (see vm_test / report).
+      "-machine",
+      "pc",
+      "-accel",
+      c.accel == Accel::kvm ? "kvm" : "tcg",
+      "-cpu",
+      c.accel == Accel::kvm ? "host" : "max",
+      "-smp",
+      std::to_string(c.cpus),
+      "-m",
+      std::to_string(c.memory_mb),
+      "-nodefaults",
+      "-no-user-config",
+      "-display",
+      "none",
+      "-S",          // paused until the console is attached: no output lost
+      "-no-reboot",  // guest reboot/panic (panic=-1) ends QEMU instead of looping
+      "-kernel",
+      c.kernel.string(),
+  };
+  if (!c.initrd.empty()) a.insert(a.end(), {"-initrd", c.initrd.string()});
+  a.insert(a.end(), {
+                        "-append",
+                        append,
+                        // cache=unsafe: the overlay is disposable; flushes would only cost time.
+                        "-drive",
+                        "if=none,id=root,file=" + opt_escape(c.disk.string()) +
+                            ",format=qcow2,cache=unsafe,discard=unmap",
+                        "-device",
+                        "virtio-blk-pci,drive=root",
+                        "-device",
+                        "virtio-serial-pci,id=vser",
+                        "-chardev",
+                        sock("agent", "agent.sock"),
+                        "-device",
+                        "virtserialport,bus=vser.0,chardev=agent,name=airlock.0",
+                        "-object",
+                        "rng-random,id=rng0,filename=/dev/urandom",
+                        "-device",
+                        "virtio-rng-pci,rng=rng0",
+                        "-chardev",
+                        sock("console", "console.sock"),
+                        "-serial",
+                        "chardev:console",
+                        "-chardev",
+                        sock("qmp", "qmp.sock"),
+                        "-mon",
+                        "chardev=qmp,mode=control",
+                        "-pidfile",
+                        pid_file(d).string(),
+                        // QEMU's own seccomp filter: one layer of the jail, cheap to have.
+                        "-sandbox",
+                        "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny",
+                    });
+  return a;
+}
+
+struct Vm::Impl {
+  VmConfig config;
+  std::vector<std::string> argv;
+  pid_t pid = -1;
+  std::unique_ptr<ConsoleCapture> console;
+};
+
+Vm::Vm(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Vm::~Vm() {
+  if (impl_ && impl_->console) impl_->console->stop();
+}
+
+std::unique_ptr<Vm> Vm::start(const VmConfig& config) {
+  validate(config);
+  auto impl = std::make_unique<Impl>();
+  impl->config = config;
+  impl->argv = qemu_argv(config);
+  const fs::path& dir = config.run_dir;
+  remove_runtime_files(dir);  // stale sockets of an earlier run would confuse connect
+
+  pid_t pid = spawn_detached(impl->argv, dir);
+  impl->pid = pid;
+  auto cleanup = [&](const std::string& why) -> Error {
+    if (impl->console) impl->console->stop();
+    impl->console.reset();
+    // If QEMU itself gave up (its sockets closing is then only a symptom),
+    // say so: its stderr below is the real cause.
+    bool exited = wait_gone(pid, std::chrono::milliseconds(500));
+    ::kill(pid, SIGKILL);
+    wait_gone(pid, kKillTimeout);
+    std::string err = qemu_stderr(dir);
+    remove_runtime_files(dir);
+    std::error_code ec;
+    for (const char* f : {"qemu.log", "console.log", "console.log.old"}) fs::remove(dir / f, ec);
+    std::string msg = exited ? "QEMU exited during start-up" : "QEMU failed to start: " + why;
+    return Error(Errc::internal, msg + (err.empty() ? std::string() : " (QEMU: " + err + ")"));
+  };
+  try {
+    // A QEMU that exits during start-up (bad option, unreadable kernel) is
+    // noticed at once instead of after the whole deadline.
+    auto exited = [&]() -> std::string {
+      if (::kill(pid, 0) != 0 || proc_state(pid) == 'Z') return "QEMU exited during start-up";
+      return {};
+    };
+    QmpClient qmp = QmpClient::connect(dir / "qmp.sock", kQmpTimeout, exited);
+    impl->console = std::make_unique<ConsoleCapture>(dir / "console.sock", dir / "console.log",
+                                                     config.console_cap_bytes, true,
+                                                     Clock::now() + std::chrono::seconds(5));
+    qmp.execute("cont");
+  } catch (const Error& e) {
+    throw cleanup(e.what());
+  } catch (const std::exception& e) {
+    throw cleanup(e.what());
+  }
+  // qemu.log stays (bounded below) for diagnostics of later QEMU errors.
+  std::error_code ec;
+  if (fs::file_size(qemu_log(dir), ec) > kQemuLogCap) fs::resize_file(qemu_log(dir), 0, ec);
+  return std::unique_ptr<Vm>(new Vm(std::move(impl)));
+}
+
+std::unique_ptr<Vm> Vm::adopt(const VmConfig& config, pid_t pid) {
+  if (!is_our_qemu(pid, config.run_dir)) return nullptr;
+  auto impl = std::make_unique<Impl>();
+  impl->config = config;
+  impl->pid = pid;
+  impl->argv = proc_cmdline(pid);
+  try {
+    impl->console = std::make_unique<ConsoleCapture>(
+        config.run_dir / "console.sock", config.run_dir / "console.log", config.console_cap_bytes,
+        false, Clock::now() + std::chrono::seconds(2));
+  } catch (const Error&) {
+    // The VM is alive and usable; losing console capture is the lesser evil
+    // than abandoning a running sandbox. console_tail still shows older output.
+  }
+  return std::unique_ptr<Vm>(new Vm(std::move(impl)));
+}
+
+pid_t Vm::pid() const { return impl_->pid; }
+
+bool Vm::alive() const { return is_our_qemu(impl_->pid, impl_->config.run_dir); }
+
+fs::path Vm::agent_socket() const { return impl_->config.run_dir / "agent.sock"; }
+
+fs::path Vm::console_log() const { return impl_->config.run_dir / "console.log"; }
+
+std::string Vm::console_tail(size_t lines) const { return vmm::console_tail(console_log(), lines); }
+
+const std::vector<std::string>& Vm::argv() const { return impl_->argv; }
+
+void Vm::kill() {
+  pid_t pid = impl_->pid;
+  if (pid > 0) {
+    // Only signal the pid while it is still provably ours (pid reuse).
+    if (is_our_qemu(pid, impl_->config.run_dir)) ::kill(pid, SIGKILL);
+    if (!wait_gone(pid, kKillTimeout))
+      throw Error(Errc::internal,
+                  "QEMU (pid " + std::to_string(pid) + ") did not exit within 5 s of SIGKILL");
+    impl_->pid = -1;
+  }
+  if (impl_->console) impl_->console->stop();
+  remove_runtime_files(impl_->config.run_dir);
+}
+
+}  // namespace airlock::vmm

@@ -1,0 +1,224 @@
+// Boots real QEMU (TCG) with a Debian cloud kernel and busybox initramfs.
+#include "engine/vmm/vm.h"
+
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <fstream>
+#include <thread>
+
+#include "common/error.h"
+#include "engine/vmm/test_support.h"
+
+namespace airlock::vmm {
+namespace {
+
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+
+bool contains(const std::vector<std::string>& v, const std::string& s) {
+  return std::find(v.begin(), v.end(), s) != v.end();
+}
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), {}};
+}
+
+template <typename F>
+bool wait_for(F pred, std::chrono::milliseconds timeout) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(20ms);
+  }
+  return pred();
+}
+
+class VmTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = testing::make_temp_dir("alvm");
+    cfg_.id = "t1";
+    cfg_.run_dir = dir_;
+    cfg_.kernel = testing::test_kernel();
+    cfg_.disk = testing::test_disk(dir_);
+    cfg_.memory_mb = 128;
+    cfg_.cpus = 1;
+  }
+  void TearDown() override {
+    if (vm_) vm_->kill();
+    fs::remove_all(dir_);
+  }
+  // Files in run_dir other than the disk.
+  std::vector<std::string> leftovers() {
+    std::vector<std::string> out;
+    for (auto& e : fs::directory_iterator(dir_))
+      if (e.path().filename() != "disk.qcow2") out.push_back(e.path().filename());
+    return out;
+  }
+  fs::path dir_;
+  VmConfig cfg_;
+  std::unique_ptr<Vm> vm_;
+};
+
+TEST(QemuArgv, HasTheDevicesAndSocketsOfTheContract) {
+  VmConfig c{.id = "abc",
+             .run_dir = "/run/x",
+             .kernel = "/k/vmlinuz",
+             .initrd = "/k/initrd",
+             .disk = "/d/over,lay.qcow2",
+             .extra_kernel_args = "init=/sbin/airlock-guest",
+             .cpus = 2,
+             .memory_mb = 512};
+  auto a = qemu_argv(c);
+  EXPECT_EQ(a[0], "qemu-system-x86_64");
+  auto after = [&](const std::string& flag) {
+    auto it = std::find(a.begin(), a.end(), flag);
+    return it == a.end() || it + 1 == a.end() ? std::string("<missing>") : *(it + 1);
+  };
+  EXPECT_EQ(after("-machine"), "pc");
+  EXPECT_EQ(after("-accel"), "tcg");
+  EXPECT_EQ(after("-cpu"), "max");
+  EXPECT_EQ(after("-smp"), "2");
+  EXPECT_EQ(after("-m"), "512");
+  EXPECT_EQ(after("-kernel"), "/k/vmlinuz");
+  EXPECT_EQ(after("-initrd"), "/k/initrd");
+  EXPECT_EQ(after("-pidfile"), "/run/x/qemu.pid");
+  EXPECT_EQ(after("-append"), "console=ttyS0 panic=-1 reboot=t quiet init=/sbin/airlock-guest");
+  for (const char* f : {"-S", "-no-reboot", "-nodefaults", "-no-user-config"})
+    EXPECT_TRUE(contains(a, f)) << f;
+  EXPECT_EQ(after("-display"), "none");
+  // Commas in paths are doubled so QEMU's option parser keeps them.
+  EXPECT_TRUE(contains(a,
+                       "if=none,id=root,file=/d/over,,lay.qcow2,format=qcow2,cache=unsafe,"
+                       "discard=unmap"));
+  EXPECT_TRUE(contains(a, "virtio-blk-pci,drive=root"));
+  EXPECT_TRUE(contains(a, "socket,id=agent,path=/run/x/agent.sock,server=on,wait=off"));
+  EXPECT_TRUE(contains(a, "virtserialport,bus=vser.0,chardev=agent,name=airlock.0"));
+  EXPECT_TRUE(contains(a, "virtio-rng-pci,rng=rng0"));
+  EXPECT_TRUE(contains(a, "socket,id=console,path=/run/x/console.sock,server=on,wait=off"));
+  EXPECT_EQ(after("-serial"), "chardev:console");
+  EXPECT_TRUE(contains(a, "socket,id=qmp,path=/run/x/qmp.sock,server=on,wait=off"));
+  EXPECT_EQ(after("-mon"), "chardev=qmp,mode=control");
+
+  c.accel = Accel::kvm;
+  c.initrd.clear();
+  a = qemu_argv(c);
+  EXPECT_EQ(after("-accel"), "kvm");
+  EXPECT_EQ(after("-cpu"), "host");
+  EXPECT_FALSE(contains(a, "-initrd"));
+}
+
+TEST_F(VmTest, StartCapturesConsoleFromTheFirstByte) {
+  cfg_.initrd = testing::test_initramfs("echo AIRLOCK-MARKER-1; poweroff -f");
+  vm_ = Vm::start(cfg_);
+  EXPECT_GT(vm_->pid(), 0);
+  EXPECT_EQ(vm_->agent_socket(), dir_ / "agent.sock");
+  EXPECT_TRUE(fs::exists(dir_ / "qmp.sock"));
+  ASSERT_TRUE(wait_for(
+      [&] { return slurp(vm_->console_log()).find("AIRLOCK-MARKER-1") != std::string::npos; }, 60s))
+      << vm_->console_tail();
+  // The guest powered off: with -no-reboot QEMU exits by itself.
+  EXPECT_TRUE(wait_for([&] { return !vm_->alive(); }, 30s));
+  EXPECT_NE(vm_->console_tail(5).find("AIRLOCK-MARKER-1"), std::string::npos);
+}
+
+TEST_F(VmTest, KillLeavesNoProcessNoSocketsAndNoZombie) {
+  // As the daemon may be: a child subreaper. Then QEMU is re-parented to us
+  // and kill() must reap it, or a zombie would remain.
+  ASSERT_EQ(::prctl(PR_SET_CHILD_SUBREAPER, 1), 0);
+  cfg_.initrd = testing::test_initramfs("while true; do sleep 100; done");
+  vm_ = Vm::start(cfg_);
+  pid_t pid = vm_->pid();
+  EXPECT_TRUE(vm_->alive());
+  EXPECT_EQ(::getppid() == pid, false);
+  vm_->kill();
+  EXPECT_FALSE(vm_->alive());
+  EXPECT_FALSE(fs::exists("/proc/" + std::to_string(pid)));  // reaped, not a zombie
+  for (const char* f : {"agent.sock", "console.sock", "qmp.sock", "qemu.pid"})
+    EXPECT_FALSE(fs::exists(dir_ / f)) << f;
+  vm_->kill();  // idempotent
+  ::prctl(PR_SET_CHILD_SUBREAPER, 0);
+}
+
+TEST_F(VmTest, ConsoleLogStaysWithinItsCap) {
+  cfg_.console_cap_bytes = 8 * 1024;
+  cfg_.initrd = testing::test_initramfs(
+      "i=0; while [ $i -lt 600 ]; do echo \"chatty line $i ..............................\"; "
+      "i=$((i+1)); done; echo CHATTY-DONE; poweroff -f");
+  vm_ = Vm::start(cfg_);
+  ASSERT_TRUE(wait_for([&] { return !vm_->alive(); }, 120s)) << vm_->console_tail();
+  std::this_thread::sleep_for(200ms);  // let the capture thread drain
+  size_t total = fs::file_size(dir_ / "console.log");
+  if (fs::exists(dir_ / "console.log.old")) total += fs::file_size(dir_ / "console.log.old");
+  EXPECT_LE(total, cfg_.console_cap_bytes);
+  EXPECT_GT(total, cfg_.console_cap_bytes / 2);  // it did rotate: output > cap
+  std::string tail = vm_->console_tail(3);
+  EXPECT_NE(tail.find("CHATTY-DONE"), std::string::npos) << tail;
+  EXPECT_EQ(slurp(vm_->console_log()).find("chatty line 0 "), std::string::npos);
+}
+
+TEST_F(VmTest, BadKernelPathIsNamedAndNothingIsLeft) {
+  cfg_.kernel = dir_ / "no-such-vmlinuz";
+  try {
+    Vm::start(cfg_);
+    FAIL() << "started without a kernel";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Errc::not_found);
+    EXPECT_EQ(e.field(), "kernel");
+    EXPECT_NE(std::string(e.what()).find("no-such-vmlinuz"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(leftovers().empty());
+}
+
+TEST_F(VmTest, QemuStartupFailureCarriesQemusMessageAndCleansUp) {
+  // A kernel file QEMU cannot load: passes our checks, fails in QEMU.
+  cfg_.kernel = dir_ / "garbage-kernel";
+  std::ofstream(cfg_.kernel) << "not a kernel";
+  cfg_.initrd = testing::test_initramfs("poweroff -f");
+  try {
+    Vm::start(cfg_);
+    FAIL() << "started with a garbage kernel";
+  } catch (const Error& e) {
+    std::string msg = e.what();
+    EXPECT_NE(msg.find("QEMU"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("kernel"), std::string::npos) << msg;  // QEMU's own stderr line
+  }
+  fs::remove(cfg_.kernel);
+  EXPECT_TRUE(leftovers().empty()) << leftovers().front();
+}
+
+TEST_F(VmTest, AdoptReattachesToALiveVmAndRefusesOthers) {
+  cfg_.initrd = testing::test_initramfs(
+      "echo FIRST; sleep 4; echo AFTER-ADOPT; "
+      "while true; do sleep 100; done");
+  vm_ = Vm::start(cfg_);
+  pid_t pid = vm_->pid();
+  vm_.reset();  // the "daemon" goes away; QEMU must not
+  ASSERT_EQ(::kill(pid, 0), 0);
+
+  // Not ours: an unrelated live process and a pid that does not exist.
+  EXPECT_EQ(Vm::adopt(cfg_, ::getpid()), nullptr);
+  VmConfig other = cfg_;
+  other.run_dir = "/tmp/some-other-run-dir";
+  EXPECT_EQ(Vm::adopt(other, pid), nullptr);
+
+  vm_ = Vm::adopt(cfg_, pid);
+  ASSERT_NE(vm_, nullptr);
+  EXPECT_TRUE(vm_->alive());
+  EXPECT_EQ(vm_->pid(), pid);
+  EXPECT_TRUE(contains(vm_->argv(), (dir_ / "qemu.pid").string()));
+  ASSERT_TRUE(
+      wait_for([&] { return vm_->console_tail().find("AFTER-ADOPT") != std::string::npos; }, 90s))
+      << vm_->console_tail();
+  vm_->kill();
+  EXPECT_EQ(Vm::adopt(cfg_, pid), nullptr);  // dead
+}
+
+}  // namespace
+}  // namespace airlock::vmm

@@ -1,0 +1,463 @@
+// Drives the real airlock-guest binary over a socketpair with the real
+// protocol (api/guest-protocol.md), as the host engine would.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/vfs.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "protocol/frame.h"
+#include "protocol/messages.h"
+
+namespace airlock::guest {
+namespace {
+
+using nlohmann::json;
+using protocol::Frame;
+using protocol::Type;
+namespace fs = std::filesystem;
+
+struct StreamResult {
+  std::string out, err;
+  std::vector<json> events;
+  json response;
+  bool done = false;
+  bool eof[3] = {false, false, false};
+  uint64_t in_credit = protocol::kInitialCredit;
+};
+
+// A writable cgroup2 directory for exec cgroups, or "" (then tree-kill
+// falls back to process groups and the setsid case is not asserted).
+std::string test_cgroup_root() {
+  for (const char* m : {"/sys/fs/cgroup/unified", "/sys/fs/cgroup"}) {
+    struct statfs f {};
+    if (statfs(m, &f) != 0 || f.f_type != 0x63677270) continue;
+    std::string dir = std::string(m) + "/airlock-test-" + std::to_string(getpid());
+    if (mkdir(dir.c_str(), 0755) == 0 || errno == EEXIST) return dir;
+  }
+  return "";
+}
+
+class Agent {
+ public:
+  explicit Agent(std::string cgroup_root = "") : cgroup_root_(std::move(cgroup_root)) {
+    int sv[2];
+    EXPECT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+    pid_ = fork();
+    if (pid_ == 0) {
+      dup2(sv[1], 3);
+      std::vector<const char*> args = {AIRLOCK_GUEST_BIN, "--listen-fd", "3"};
+      if (!cgroup_root_.empty()) {
+        args.push_back("--cgroup-root");
+        args.push_back(cgroup_root_.c_str());
+      }
+      args.push_back(nullptr);
+      execv(args[0], const_cast<char**>(args.data()));
+      _exit(127);
+    }
+    close(sv[1]);
+    fd_ = sv[0];
+  }
+  ~Agent() {
+    close(fd_);
+    int status = 0;
+    for (int i = 0; i < 100 && waitpid(pid_, &status, WNOHANG) == 0; ++i) usleep(20000);
+    if (waitpid(pid_, &status, WNOHANG) == 0) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, &status, 0);
+      ADD_FAILURE() << "agent did not exit after the socket closed";
+    }
+  }
+
+  void raw(const std::string& bytes) {
+    size_t off = 0;
+    while (off < bytes.size()) {
+      ssize_t n = write(fd_, bytes.data() + off, bytes.size() - off);
+      if (n < 0 && errno == EINTR) continue;
+      ASSERT_GT(n, 0);
+      off += n;
+    }
+  }
+  void send(const Frame& f) { raw(protocol::encode(f)); }
+  void send_json(Type t, uint32_t stream, const json& j) {
+    send(protocol::json_frame(t, stream, j));
+  }
+  void send_eof(uint32_t stream) {
+    Frame f;
+    f.type = Type::eof;
+    f.stream = stream;
+    send(f);
+  }
+
+  // Reads one frame (or nullopt after timeout_ms).
+  std::optional<Frame> recv(int timeout_ms = 20000) {
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+    for (;;) {
+      if (auto f = dec_.next()) return f;
+      int left = std::chrono::duration_cast<std::chrono::milliseconds>(
+                     deadline - std::chrono::steady_clock::now())
+                     .count();
+      if (left <= 0) return std::nullopt;
+      pollfd p{fd_, POLLIN, 0};
+      if (poll(&p, 1, left) <= 0) continue;
+      char buf[65536];
+      ssize_t n = read(fd_, buf, sizeof buf);
+      if (n <= 0) return std::nullopt;
+      dec_.feed(buf, n);
+    }
+  }
+
+  json hello() {
+    send_json(Type::hello, 0, {{"version", 1}, {"hostname", "sb-test"}});
+    for (;;) {
+      auto f = recv();
+      if (!f) return json();
+      if (f->type == Type::hello) return protocol::parse_json(*f);
+    }
+  }
+
+  // Routes one received frame to its stream; grants credit as data is
+  // "consumed" unless hold_credit.
+  void dispatch(const Frame& f) {
+    StreamResult& r = streams_[f.stream];
+    switch (f.type) {
+      case Type::data:
+        (f.channel == 2 ? r.err : r.out) += f.payload;
+        if (!hold_credit) send(protocol::make_credit(f.stream, f.channel, f.payload.size()));
+        break;
+      case Type::eof:
+        r.eof[f.channel] = true;
+        break;
+      case Type::event:
+        r.events.push_back(protocol::parse_json(f));
+        break;
+      case Type::credit:
+        r.in_credit += protocol::parse_credit(f);
+        break;
+      case Type::response:
+        r.response = protocol::parse_json(f);
+        r.done = true;
+        break;
+      default:
+        ADD_FAILURE() << "unexpected frame type " << int(f.type);
+    }
+  }
+
+  StreamResult& wait(uint32_t stream, int timeout_ms = 30000) {
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+    while (!streams_[stream].done && std::chrono::steady_clock::now() < deadline) {
+      auto f = recv(200);
+      if (f) dispatch(*f);
+    }
+    EXPECT_TRUE(streams_[stream].done) << "stream " << stream << " got no response";
+    return streams_[stream];
+  }
+
+  // Sends `data` on channel 0 obeying the guest's credit, then eof.
+  void send_input(uint32_t stream, const std::string& data) {
+    size_t off = 0;
+    while (off < data.size()) {
+      StreamResult& r = streams_[stream];
+      if (r.done) return;
+      if (r.in_credit == 0) {
+        if (auto f = recv(1000)) dispatch(*f);
+        continue;
+      }
+      size_t n = std::min<size_t>({data.size() - off, protocol::kMaxPayload, r.in_credit});
+      Frame f;
+      f.type = Type::data;
+      f.stream = stream;
+      f.payload = data.substr(off, n);
+      send(f);
+      r.in_credit -= n;
+      off += n;
+    }
+    send_eof(stream);
+  }
+
+  StreamResult& exec(json req, const std::string* input = nullptr) {
+    uint32_t id = next_id_++;
+    req["op"] = "exec";
+    if (input) req["stdin"] = true;
+    send_json(Type::request, id, req);
+    if (input) send_input(id, *input);
+    return wait(id);
+  }
+
+  json call(json req) {
+    uint32_t id = next_id_++;
+    send_json(Type::request, id, req);
+    return wait(id).response;
+  }
+
+  uint32_t next_id_ = 1;
+  bool hold_credit = false;
+  std::map<uint32_t, StreamResult> streams_;
+
+ private:
+  std::string cgroup_root_;
+  pid_t pid_ = -1;
+  int fd_ = -1;
+  protocol::Decoder dec_;
+};
+
+fs::path temp_dir() {
+  auto p = fs::temp_directory_path() / ("airlock-guest-test-" + std::to_string(getpid()));
+  fs::create_directories(p);
+  return p;
+}
+
+TEST(Agent, Hello) {
+  Agent a;
+  json h = a.hello();
+  EXPECT_EQ(h["version"], 1);
+  EXPECT_EQ(h["agent_version"], "0.1.0");
+  EXPECT_FALSE(h["kernel"].get<std::string>().empty());
+  EXPECT_EQ(a.call({{"op", "ping"}}), json::object());
+  // Version mismatch: an error, and the agent waits for a good hello.
+  a.send_json(Type::hello, 0, {{"version", 99}});
+  auto f = a.recv();
+  ASSERT_TRUE(f);
+  EXPECT_EQ(protocol::parse_json(*f)["error"]["code"], "unsupported_version");
+  EXPECT_EQ(a.hello()["version"], 1);
+  EXPECT_EQ(a.call({{"op", "ping"}}), json::object());
+}
+
+TEST(Agent, ExecAllByteValuesStdoutStderrApart) {
+  Agent a;
+  a.hello();
+  auto& r = a.exec({{"argv",
+                     {"sh", "-c",
+                      "i=0; while [ $i -lt 256 ]; do printf \"\\\\$(printf %o $i)\"; "
+                      "i=$((i+1)); done; echo oops >&2; exit 3"}}});
+  std::string all;
+  for (int i = 0; i < 256; ++i) all.push_back(static_cast<char>(i));
+  EXPECT_EQ(r.out, all);
+  EXPECT_EQ(r.err, "oops\n");
+  EXPECT_EQ(r.response["exit_code"], 3);
+  EXPECT_TRUE(r.response["signal"].is_null());
+  EXPECT_EQ(r.response["stdout_bytes"], 256);
+  EXPECT_EQ(r.response["stderr_bytes"], 5);
+  EXPECT_EQ(r.response["timed_out"], false);
+  ASSERT_EQ(r.events.size(), 1u);
+  EXPECT_EQ(r.events[0]["started"], true);
+  EXPECT_TRUE(r.eof[1] && r.eof[2]);
+}
+
+TEST(Agent, ExecEnvCwdStdinSignal) {
+  Agent a;
+  a.hello();
+  auto d = temp_dir();
+  auto& r = a.exec({{"argv", {"sh", "-c", "echo $FOO; pwd; echo $PATH"}},
+                    {"env", {{"FOO", "bar baz"}}},
+                    {"cwd", d.string()}});
+  EXPECT_EQ(r.out, "bar baz\n" + d.string() +
+                       "\n/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n");
+  std::string input(300000, 'q');
+  input += "end";
+  auto& s = a.exec({{"argv", {"sh", "-c", "wc -c; tail -c 3"}}}, &input);
+  EXPECT_EQ(s.response["stdin_bytes"], input.size());
+  EXPECT_NE(s.out.find("300003"), std::string::npos) << s.out;
+  auto& k = a.exec({{"argv", {"sh", "-c", "kill -TERM $$"}}});
+  EXPECT_TRUE(k.response["exit_code"].is_null());
+  EXPECT_EQ(k.response["signal"], SIGTERM);
+  // A signal frame from the host.
+  uint32_t id = a.next_id_++;
+  a.send_json(Type::request, id, {{"op", "exec"}, {"argv", {"sleep", "30"}}});
+  while (a.streams_[id].events.empty()) {
+    auto f = a.recv();
+    ASSERT_TRUE(f);
+    a.dispatch(*f);
+  }
+  a.send_json(Type::signal, id, {{"signal", 9}});
+  EXPECT_EQ(a.wait(id).response["signal"], 9);
+  fs::remove_all(d);
+}
+
+TEST(Agent, ExecFailuresNameTheProblem) {
+  Agent a;
+  a.hello();
+  auto& r = a.exec({{"argv", {"/no/such/binary"}}});
+  EXPECT_EQ(r.response["error"]["code"], "not_found");
+  EXPECT_NE(r.response["error"]["message"].get<std::string>().find("/no/such/binary"),
+            std::string::npos);
+  EXPECT_TRUE(r.events.empty());
+  auto& c = a.exec({{"argv", {"true"}}, {"cwd", "/no/such/dir"}});
+  EXPECT_NE(c.response["error"]["message"].get<std::string>().find("cwd /no/such/dir"),
+            std::string::npos);
+  auto& u = a.exec({{"argv", {"true"}}, {"user", "no-such-user-xyz"}});
+  EXPECT_EQ(u.response["error"]["code"], "not_found");
+  auto& e = a.exec({{"argv", json::array()}});
+  EXPECT_EQ(e.response["error"]["code"], "invalid_argument");
+  auto& t = a.exec({{"argv", {"true"}}, {"timeout_ms", "soon"}});
+  EXPECT_NE(t.response["error"]["message"].get<std::string>().find("timeout_ms"),
+            std::string::npos);
+  // Non-root user by uid.
+  auto& n = a.exec({{"argv", {"id", "-u"}}, {"user", 65534}});
+  EXPECT_EQ(n.out, "65534\n");
+}
+
+TEST(Agent, TimeoutKillsWholeTree) {
+  std::string cg = test_cgroup_root();
+  {
+    Agent a(cg);
+    a.hello();
+    auto d = temp_dir();
+    std::string marker = (d / "escaped").string();
+    // A grandchild in its own session: only the cgroup reaches it.
+    std::string script = cg.empty() ? "sleep 30 & sleep 30"
+                                    : "setsid sh -c 'sleep 2; touch " + marker + "' & sleep 30";
+    auto t0 = std::chrono::steady_clock::now();
+    auto& r = a.exec({{"argv", {"sh", "-c", script}}, {"timeout_ms", 500}});
+    auto ms =
+        std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0)
+            .count();
+    EXPECT_EQ(r.response["timed_out"], true);
+    EXPECT_EQ(r.response["signal"], SIGKILL);
+    EXPECT_LT(ms, 5000);
+    if (!cg.empty()) {
+      sleep(3);
+      EXPECT_FALSE(fs::exists(marker)) << "setsid grandchild survived the timeout";
+    }
+    fs::remove_all(d);
+  }
+  if (!cg.empty()) {
+    // The agent removed its exec cgroups.
+    int left = 0;
+    for (auto& e : fs::directory_iterator(cg))
+      if (e.is_directory()) ++left;
+    EXPECT_EQ(left, 0);
+    rmdir(cg.c_str());
+  }
+}
+
+TEST(Agent, ConcurrentExecs) {
+  Agent a;
+  a.hello();
+  for (uint32_t id = 1; id <= 6; ++id)
+    a.send_json(
+        Type::request, id,
+        {{"op", "exec"}, {"argv", {"sh", "-c", "sleep 0.3; echo stream" + std::to_string(id)}}});
+  a.next_id_ = 7;
+  auto t0 = std::chrono::steady_clock::now();
+  for (uint32_t id = 1; id <= 6; ++id)
+    EXPECT_EQ(a.wait(id).out, "stream" + std::to_string(id) + "\n");
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(1500));
+}
+
+TEST(Agent, OneMiBStdoutUnderCreditFlowControl) {
+  Agent a;
+  a.hello();
+  a.hold_credit = true;
+  uint32_t id = a.next_id_++;
+  a.send_json(Type::request, id,
+              {{"op", "exec"}, {"argv", {"head", "-c", "1048576", "/dev/zero"}}});
+  // Without credit the guest stops at the initial window and the process blocks.
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(1500);
+  while (std::chrono::steady_clock::now() < deadline)
+    if (auto f = a.recv(100)) a.dispatch(*f);
+  EXPECT_EQ(a.streams_[id].out.size(), protocol::kInitialCredit);
+  EXPECT_FALSE(a.streams_[id].done);
+  // Grant credit for what we "consumed"; the rest flows.
+  a.hold_credit = false;
+  a.send(protocol::make_credit(id, 1, a.streams_[id].out.size()));
+  auto& r = a.wait(id);
+  EXPECT_EQ(r.out.size(), 1048576u);
+  EXPECT_EQ(r.out, std::string(1048576, '\0'));
+  EXPECT_EQ(r.response["exit_code"], 0);
+}
+
+TEST(Agent, FilesRoundTripBinary) {
+  Agent a;
+  a.hello();
+  auto d = temp_dir();
+  std::string content;
+  for (int i = 0; i < 3 * 1024 * 1024 + 7; ++i)
+    content.push_back(static_cast<char>(i * 7 + i / 256));
+  std::string path = (d / "sub/dir/blob.bin").string();
+  uint32_t w = a.next_id_++;
+  a.send_json(Type::request, w,
+              {{"op", "write_file"}, {"path", path}, {"mode", 0600}, {"parents", true}});
+  a.send_input(w, content);
+  EXPECT_EQ(a.wait(w).response["size"], content.size());
+  uint32_t r = a.next_id_++;
+  a.send_json(Type::request, r, {{"op", "read_file"}, {"path", path}});
+  auto& rr = a.wait(r);
+  EXPECT_EQ(rr.response["size"], content.size());
+  EXPECT_TRUE(rr.out == content);
+  EXPECT_TRUE(rr.eof[1]);
+
+  json st = a.call({{"op", "stat"}, {"path", path}});
+  EXPECT_EQ(st["type"], "file");
+  EXPECT_EQ(st["mode"], 0600);
+  EXPECT_EQ(st["size"], content.size());
+  EXPECT_EQ(st["name"], "blob.bin");
+
+  EXPECT_EQ(a.call({{"op", "mkdir"}, {"path", (d / "m").string()}}), json::object());
+  EXPECT_EQ(a.call({{"op", "mkdir"}, {"path", (d / "m").string()}})["error"]["code"], "exists");
+  EXPECT_EQ(a.call({{"op", "mkdir"}, {"path", (d / "m/x/y").string()}, {"parents", true}}),
+            json::object());
+  json ls = a.call({{"op", "list"}, {"path", d.string()}});
+  ASSERT_EQ(ls["entries"].size(), 2u);
+  EXPECT_EQ(ls["entries"][0]["name"], "m");
+  EXPECT_EQ(ls["entries"][0]["type"], "dir");
+  EXPECT_EQ(ls["entries"][1]["name"], "sub");
+  // No temp files left beside the written file.
+  EXPECT_EQ(a.call({{"op", "list"}, {"path", (d / "sub/dir").string()}})["entries"].size(), 1u);
+
+  EXPECT_EQ(a.call({{"op", "remove"}, {"path", (d / "m").string()}})["error"]["code"], "not_empty");
+  EXPECT_EQ(a.call({{"op", "remove"}, {"path", (d / "m").string()}, {"recursive", true}}),
+            json::object());
+  EXPECT_FALSE(fs::exists(d / "m"));
+  EXPECT_EQ(a.call({{"op", "stat"}, {"path", (d / "m").string()}})["error"]["code"], "not_found");
+
+  uint32_t bad = a.next_id_++;
+  a.send_json(Type::request, bad, {{"op", "read_file"}, {"path", d.string()}});
+  EXPECT_EQ(a.wait(bad).response["error"]["code"], "is_a_directory");
+  EXPECT_EQ(a.call({{"op", "list"}, {"path", "relative"}})["error"]["code"], "invalid_argument");
+  json info = a.call({{"op", "info"}});
+  EXPECT_GT(info["mem_total_kb"], 0);
+  EXPECT_GT(info["disk_total_bytes"], 0);
+  EXPECT_GE(info["cpus"], 1);
+  fs::remove_all(d);
+}
+
+TEST(Agent, SurvivesMalformedInput) {
+  Agent a;
+  a.hello();
+  // Bad JSON, non-object, unknown op, missing and ill-typed fields.
+  for (const char* p : {"{", "[1]", R"({"op":"frobnicate"})", R"({"op":"stat"})",
+                        R"({"op":"stat","path":5})", R"({"nop":1})"}) {
+    uint32_t id = a.next_id_++;
+    Frame f;
+    f.type = Type::request;
+    f.stream = id;
+    f.payload = p;
+    a.send(f);
+    json r = a.wait(id).response;
+    EXPECT_EQ(r["error"]["code"], "invalid_argument") << p << " -> " << r;
+  }
+  // Frames for unknown streams are ignored; the agent keeps serving.
+  a.send(protocol::make_credit(999, 1, 10));
+  a.send_eof(998);
+  EXPECT_EQ(a.call({{"op", "ping"}}), json::object());
+  // Undecodable bytes: the agent resynchronises on the next hello.
+  a.raw(std::string("\xff\xff\xff\xff garbage that is not a frame", 36));
+  a.raw(std::string(protocol::kHeaderSize + protocol::kMaxPayload, '\0'));
+  EXPECT_EQ(a.hello()["version"], 1);
+  EXPECT_EQ(a.call({{"op", "ping"}}), json::object());
+  auto& r = a.exec({{"argv", {"echo", "still here"}}});
+  EXPECT_EQ(r.out, "still here\n");
+}
+
+}  // namespace
+}  // namespace airlock::guest

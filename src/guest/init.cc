@@ -1,0 +1,227 @@
+#include "guest/init.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/fs.h>
+#include <linux/random.h>
+#include <linux/types.h>
+#include <net/if.h>
+#include <sys/ioctl.h>
+#include <sys/mount.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/statfs.h>
+#include <sys/sysmacros.h>
+#include <sys/vfs.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "guest/log.h"
+#include "protocol/messages.h"
+
+#ifndef EXT4_IOC_RESIZE_FS
+#define EXT4_IOC_RESIZE_FS _IOW('f', 16, __u64)
+#endif
+
+namespace airlock::guest {
+namespace {
+
+constexpr unsigned long kExt4Magic = 0xEF53;
+constexpr unsigned long kCgroup2Magic = 0x63677270;
+
+bool is_mounted(const char* path, long magic = 0) {
+  struct statfs fs {};
+  if (statfs(path, &fs) != 0) return false;
+  // A directory on the root fs has the same device as "/"; a mount point not.
+  struct stat a {
+  }, b{};
+  if (stat(path, &a) != 0 || stat("/", &b) != 0) return false;
+  if (magic && fs.f_type != static_cast<decltype(fs.f_type)>(magic)) return false;
+  return a.st_dev != b.st_dev;
+}
+
+void mount_if_missing(const char* src, const char* target, const char* type, unsigned long flags,
+                      const char* data, long magic = 0) {
+  mkdir(target, 0755);
+  if (is_mounted(target, magic)) return;
+  if (mount(src, target, type, flags, data) != 0 && errno != EBUSY)
+    logf("mount %s on %s: %s", type, target, strerror(errno));
+}
+
+bool write_file(const std::string& path, const std::string& value) {
+  int fd = open(path.c_str(), O_WRONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  bool ok = write(fd, value.data(), value.size()) == static_cast<ssize_t>(value.size());
+  close(fd);
+  return ok;
+}
+
+std::string read_small(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+void loopback_up() {
+  int s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (s < 0) return;
+  ifreq ifr{};
+  std::strncpy(ifr.ifr_name, "lo", IFNAMSIZ - 1);
+  if (ioctl(s, SIOCGIFFLAGS, &ifr) == 0) {
+    ifr.ifr_flags |= IFF_UP | IFF_RUNNING;
+    if (ioctl(s, SIOCSIFFLAGS, &ifr) != 0) logf("loopback up: %s", strerror(errno));
+  }
+  close(s);
+}
+
+// disk_mb of a sandbox may exceed the base image's filesystem: grow ext4
+// online to the size of the block device under "/".
+void grow_root_fs() {
+  struct statfs fs {};
+  if (statfs("/", &fs) != 0 || fs.f_type != static_cast<decltype(fs.f_type)>(kExt4Magic)) return;
+  struct stat st {};
+  if (stat("/", &st) != 0) return;
+  // /dev/block/MAJ:MIN names the device under "/" whatever its name.
+  std::string dev =
+      "/dev/block/" + std::to_string(major(st.st_dev)) + ":" + std::to_string(minor(st.st_dev));
+  int bfd = open(dev.c_str(), O_RDONLY | O_CLOEXEC);
+  if (bfd < 0) bfd = open("/dev/vda", O_RDONLY | O_CLOEXEC);
+  if (bfd < 0) return;
+  uint64_t dev_bytes = 0;
+  bool ok = ioctl(bfd, BLKGETSIZE64, &dev_bytes) == 0;
+  close(bfd);
+  if (!ok || fs.f_bsize == 0) return;
+  uint64_t fs_blocks = fs.f_blocks;  // excludes metadata overhead: compare loosely
+  uint64_t dev_blocks = dev_bytes / fs.f_bsize;
+  if (dev_blocks <= fs_blocks + dev_blocks / 20 + 1024) return;  // within ~5%: nothing to do
+  int rfd = open("/", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (rfd < 0) return;
+  __u64 target = dev_blocks;
+  if (ioctl(rfd, EXT4_IOC_RESIZE_FS, &target) != 0)
+    logf("growing / to %llu blocks failed: %s", static_cast<unsigned long long>(target),
+         strerror(errno));
+  else
+    logf("grew / to %llu MiB", static_cast<unsigned long long>(dev_bytes >> 20));
+  close(rfd);
+}
+
+}  // namespace
+
+void pid1_setup() {
+  mount_if_missing("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, nullptr);
+  mount_if_missing("sysfs", "/sys", "sysfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, nullptr);
+  mount_if_missing("devtmpfs", "/dev", "devtmpfs", MS_NOSUID, "mode=0755");
+  log_to_console();
+  mount_if_missing("devpts", "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC,
+                   "mode=0620,ptmxmode=0666");
+  mount_if_missing("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777");
+  mount_if_missing("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777");
+  mount_if_missing("tmpfs", "/run", "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755");
+  mount_if_missing("cgroup2", "/sys/fs/cgroup", "cgroup2", MS_NOSUID | MS_NODEV | MS_NOEXEC,
+                   nullptr, kCgroup2Magic);
+  if (symlink("/proc/self/fd", "/dev/fd") != 0 && errno != EEXIST)
+    logf("/dev/fd: %s", strerror(errno));
+  symlink("/proc/self/fd/0", "/dev/stdin");
+  symlink("/proc/self/fd/1", "/dev/stdout");
+  symlink("/proc/self/fd/2", "/dev/stderr");
+  if (sethostname("airlock", 7) != 0) logf("sethostname: %s", strerror(errno));
+  loopback_up();
+  grow_root_fs();
+  // Leave our own file limit generous: many concurrent execs mean many pipes.
+  rlimit rl{65536, 65536};
+  setrlimit(RLIMIT_NOFILE, &rl);
+}
+
+std::string setup_cgroups(const std::string& mount_point) {
+  struct statfs fs {};
+  if (statfs(mount_point.c_str(), &fs) != 0 ||
+      fs.f_type != static_cast<decltype(fs.f_type)>(kCgroup2Magic))
+    return "";
+  const std::string root = mount_point + "/airlock";
+  if (mkdir(root.c_str(), 0755) != 0 && errno != EEXIST) {
+    logf("mkdir %s: %s", root.c_str(), strerror(errno));
+    return "";
+  }
+  const std::string agent = root + "/agent";
+  mkdir(agent.c_str(), 0755);
+  // No internal processes: move ourselves to a leaf before enabling
+  // controllers for the subtree.
+  if (!write_file(agent + "/cgroup.procs", "0"))
+    logf("moving the agent into %s: %s", agent.c_str(), strerror(errno));
+  std::istringstream ctrls(read_small(mount_point + "/cgroup.controllers"));
+  std::string c;
+  while (ctrls >> c) {
+    write_file(mount_point + "/cgroup.subtree_control", "+" + c);
+    write_file(root + "/cgroup.subtree_control", "+" + c);
+  }
+  if (!write_file("/proc/self/oom_score_adj", "-1000")) logf("oom_score_adj: %s", strerror(errno));
+  return root;
+}
+
+int open_virtio_port(const std::string& name) {
+  DIR* d = opendir("/sys/class/virtio-ports");
+  if (!d) return -1;
+  int fd = -1;
+  while (dirent* e = readdir(d)) {
+    if (e->d_name[0] == '.') continue;
+    std::string n = read_small(std::string("/sys/class/virtio-ports/") + e->d_name + "/name");
+    while (!n.empty() && (n.back() == '\n' || n.back() == ' ')) n.pop_back();
+    if (n != name) continue;
+    std::string dev = std::string("/dev/") + e->d_name;
+    fd = open(dev.c_str(), O_RDWR | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+    if (fd < 0) logf("open %s: %s", dev.c_str(), strerror(errno));
+    break;
+  }
+  closedir(d);
+  return fd;
+}
+
+void apply_hello(const nlohmann::json& hello) {
+  try {
+    auto t = hello.find("time_ns");
+    if (t != hello.end() && t->is_number_integer()) {
+      int64_t ns = t->get<int64_t>();
+      timespec ts{static_cast<time_t>(ns / 1000000000), static_cast<long>(ns % 1000000000)};
+      if (ns > 0 && clock_settime(CLOCK_REALTIME, &ts) != 0)
+        logf("clock_settime: %s", strerror(errno));
+    }
+    auto h = hello.find("hostname");
+    if (h != hello.end() && h->is_string()) {
+      std::string name = h->get<std::string>();
+      bool ok = !name.empty() && name.size() <= 64;
+      for (char ch : name)
+        if (!(isalnum(static_cast<unsigned char>(ch)) || ch == '-' || ch == '.')) ok = false;
+      if (!ok)
+        logf("hello: hostname ignored (want 1..64 of [A-Za-z0-9.-])");
+      else if (sethostname(name.data(), name.size()) != 0)
+        logf("sethostname: %s", strerror(errno));
+    }
+    auto e = hello.find("entropy");
+    if (e != hello.end() && e->is_string()) {
+      std::string bytes = protocol::from_hex(e->get<std::string>());
+      if (!bytes.empty() && bytes.size() <= 512) {
+        // rand_pool_info with a flexible buffer; entropy is credited in bits.
+        alignas(rand_pool_info) char buf[sizeof(rand_pool_info) + 512];
+        auto* info = reinterpret_cast<rand_pool_info*>(buf);
+        info->entropy_count = static_cast<int>(bytes.size() * 8);
+        info->buf_size = static_cast<int>(bytes.size());
+        std::memcpy(info->buf, bytes.data(), bytes.size());
+        int fd = open("/dev/random", O_WRONLY | O_CLOEXEC);
+        if (fd < 0 || ioctl(fd, RNDADDENTROPY, info) != 0)
+          logf("RNDADDENTROPY: %s", strerror(errno));
+        if (fd >= 0) close(fd);
+      }
+    }
+  } catch (const std::exception& ex) {
+    logf("hello: %s", ex.what());
+  }
+}
+
+}  // namespace airlock::guest

@@ -1,0 +1,125 @@
+// The guest agent's single-threaded epoll loop: reads frames from the port,
+// dispatches requests to operation streams (exec.h, files.h), writes frames
+// back, reaps children (it may be init) and resynchronises after garbage.
+// Protocol: api/guest-protocol.md.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "protocol/frame.h"
+
+namespace airlock::guest {
+
+class Server;
+
+// One open operation. Created by a `request`, ended by Server::finish().
+class Stream {
+ public:
+  Stream(Server& server, uint32_t id) : server_(server), id_(id) {}
+  virtual ~Stream() = default;
+  uint32_t id() const { return id_; }
+
+  // Host->guest frames on this stream. The defaults fail the stream with
+  // protocol_error (the operation does not take that frame).
+  virtual void on_data(uint8_t channel, const std::string& bytes);
+  virtual void on_eof(uint8_t channel);
+  virtual void on_credit(uint8_t /*channel*/, uint32_t /*bytes*/) {}
+  virtual void on_signal(int signo);
+  // Streams that produce output without an fd event (read_file) ask to be
+  // pumped whenever the port has room.
+  virtual bool wants_pump() const { return false; }
+  virtual void pump() {}
+  // The connection is gone or reset: release everything, send nothing.
+  virtual void abort() = 0;
+
+ protected:
+  // Sends {"error":{code,message}} as the response and closes the stream.
+  void fail(const char* code, const std::string& message);
+  Server& server_;
+  uint32_t id_;
+};
+
+struct ServerOptions {
+  int fd = -1;               // the port / socket, O_NONBLOCK
+  bool system = false;       // PID 1 in the VM: hello sets clock, hostname, RNG
+  bool exit_on_eof = false;  // test mode: peer closed -> return from run()
+  std::string cgroup_root;   // e.g. /sys/fs/cgroup/airlock; empty = no cgroups
+};
+
+class Server {
+ public:
+  explicit Server(ServerOptions options);
+  ~Server();
+  // Serves until exit_on_eof and the peer closed. Never throws.
+  void run();
+
+  // fd readiness callbacks (level-triggered unless events has EPOLLET).
+  using Handler = std::function<void(uint32_t events)>;
+  void watch(int fd, uint32_t events, Handler handler);
+  void unwatch(int fd);
+
+  // Outgoing frames; queued and written as the port allows.
+  void send(const protocol::Frame& frame);
+  void send_json(protocol::Type type, uint32_t stream, const nlohmann::json& body);
+  void send_data(uint32_t stream, uint8_t channel, const char* data, size_t size);
+  void send_credit(uint32_t stream, uint8_t channel, uint32_t bytes);
+  // Sends the response and closes the stream (destroyed after the callback).
+  void finish(uint32_t stream, const nlohmann::json& response);
+  // True while so much output is queued that producers should wait.
+  bool congested() const { return out_.size() - out_off_ > kCongested; }
+
+  // Children: `on_exit` runs when `pid` is reaped. Every child is reaped
+  // (as init, orphans of the whole system end up here).
+  void on_child_exit(pid_t pid, std::function<void(int status)> on_exit);
+  // The stream is going away: reap `pid` silently.
+  void forget_child(pid_t pid) { children_.erase(pid); }
+  // A cgroup that still had processes when its exec ended: removed once empty.
+  void linger_cgroup(std::string path) { lingering_.push_back(std::move(path)); }
+  const std::string& cgroup_root() const { return opts_.cgroup_root; }
+  uint64_t next_serial() { return ++serial_; }
+
+ private:
+  static constexpr size_t kCongested = 1 << 20;
+  void on_port(uint32_t events);
+  void on_input(const char* data, size_t size);
+  void resync_scan();
+  void handle(protocol::Frame& frame);
+  void handle_hello(const protocol::Frame& frame);
+  void handle_request(protocol::Frame& frame);
+  void connection_reset(const char* why, bool reset_decoder = true);
+  void flush();
+  void on_sigchld();
+  void collect_garbage();
+
+  ServerOptions opts_;
+  int epoll_ = -1;
+  int sigfd_ = -1;
+  bool stop_ = false;
+  uint64_t next_token_ = 1;
+  uint64_t serial_ = 0;
+  std::unordered_map<uint64_t, Handler> handlers_;
+  std::unordered_map<int, uint64_t> tokens_;
+
+  enum class State { awaiting_hello, serving, resyncing } state_ = State::awaiting_hello;
+  protocol::Decoder decoder_;
+  std::string scan_;  // bytes being searched for a hello header while resyncing
+  std::string out_;
+  size_t out_off_ = 0;
+  bool port_writable_ = true;
+
+  std::map<uint32_t, std::unique_ptr<Stream>> streams_;
+  std::vector<std::unique_ptr<Stream>> graveyard_;
+  std::unordered_map<pid_t, std::function<void(int)>> children_;
+  std::vector<std::string> lingering_;
+};
+
+}  // namespace airlock::guest

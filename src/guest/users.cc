@@ -1,0 +1,68 @@
+#include "guest/users.h"
+
+#include <fstream>
+#include <sstream>
+
+namespace airlock::guest {
+namespace {
+
+std::vector<std::string> split(const std::string& line, char sep) {
+  std::vector<std::string> out;
+  std::string cur;
+  for (char c : line) {
+    if (c == sep) {
+      out.push_back(cur);
+      cur.clear();
+    } else {
+      cur.push_back(c);
+    }
+  }
+  out.push_back(cur);
+  return out;
+}
+
+std::optional<unsigned long> number(const std::string& s) {
+  if (s.empty() || s.size() > 10) return std::nullopt;
+  for (char c : s)
+    if (c < '0' || c > '9') return std::nullopt;
+  return std::stoul(s);
+}
+
+}  // namespace
+
+std::optional<User> lookup_user(const std::string& spec, const std::string& passwd,
+                                const std::string& group) {
+  auto as_uid = number(spec);
+  std::optional<User> found;
+  std::ifstream pw(passwd);
+  std::string line;
+  while (std::getline(pw, line)) {
+    auto f = split(line, ':');
+    if (f.size() < 7) continue;
+    auto uid = number(f[2]), gid = number(f[3]);
+    if (!uid || !gid) continue;
+    if (as_uid ? *uid != *as_uid : f[0] != spec) continue;
+    found = User{static_cast<uid_t>(*uid),  static_cast<gid_t>(*gid),        f[0],
+                 f[5].empty() ? "/" : f[5], f[6].empty() ? "/bin/sh" : f[6], {}};
+    break;
+  }
+  if (!found) {
+    if (!as_uid) return std::nullopt;
+    found =
+        User{static_cast<uid_t>(*as_uid), static_cast<gid_t>(*as_uid), spec, "/", "/bin/sh", {}};
+  }
+  found->groups.push_back(found->gid);
+  std::ifstream gr(group);
+  while (std::getline(gr, line)) {
+    auto f = split(line, ':');
+    if (f.size() < 4) continue;
+    auto gid = number(f[2]);
+    if (!gid) continue;
+    for (const auto& member : split(f[3], ','))
+      if (member == found->name && static_cast<gid_t>(*gid) != found->gid)
+        found->groups.push_back(static_cast<gid_t>(*gid));
+  }
+  return found;
+}
+
+}  // namespace airlock::guest
