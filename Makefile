@@ -5,7 +5,7 @@
 BUILD ?= build
 BIN := $(BUILD)/bin
 # Images built for tests live in the build tree, keyed by their inputs.
-TEST_IMAGES := $(abspath $(BUILD))/images
+TEST_IMAGES := $(abspath $(BUILD))/guest-images
 
 .PHONY: all setup build run test image clean
 

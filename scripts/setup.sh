@@ -6,7 +6,7 @@ set -eu
 PACKAGES="
   build-essential cmake ninja-build pkg-config git
   qemu-system-x86 qemu-utils
-  busybox-static debootstrap e2fsprogs cpio kmod zstd
+  busybox-static debootstrap mmdebstrap e2fsprogs cpio kmod zstd libssl-dev
   libslirp-dev libboost-dev nlohmann-json3-dev libspdlog-dev libcli11-dev
   libsqlite3-dev libseccomp-dev libcap-dev libarchive-dev
   libgtest-dev libgmock-dev libbenchmark-dev

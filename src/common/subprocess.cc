@@ -238,8 +238,10 @@ SubprocessResult run_command(const std::vector<std::string>& argv,
   // the output pipes open.
   Fd pidfd(static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)));
 
-  Sink out_sink{OutputStream::out, &result.out, &result.out_truncated, options.max_output, &options};
-  Sink err_sink{OutputStream::err, &result.err, &result.err_truncated, options.max_output, &options};
+  Sink out_sink{OutputStream::out, &result.out, &result.out_truncated, options.max_output,
+                &options, {}};
+  Sink err_sink{OutputStream::err, &result.err, &result.err_truncated, options.max_output,
+                &options, {}};
   std::size_t input_off = 0;
   if (in_w.fd >= 0) ::fcntl(in_w.fd, F_SETFL, O_NONBLOCK);
 
@@ -303,8 +305,8 @@ SubprocessResult run_command(const std::vector<std::string>& argv,
       drain(i_out, out_r, out_sink);
       drain(i_err, err_r, err_sink);
       if (i_in >= 0 && (pfds[i_in].revents & (POLLOUT | POLLERR | POLLHUP))) {
-        ssize_t w = ::write(in_w.fd, options.input.data() + input_off,
-                            options.input.size() - input_off);
+        ssize_t w =
+            ::write(in_w.fd, options.input.data() + input_off, options.input.size() - input_off);
         if (w > 0) input_off += static_cast<std::size_t>(w);
         if ((w < 0 && errno != EAGAIN && errno != EINTR) || input_off >= options.input.size())
           in_w.reset();  // done, or the child closed its stdin (EPIPE)
@@ -320,7 +322,8 @@ SubprocessResult run_command(const std::vector<std::string>& argv,
           ::fcntl(fd->fd, F_SETFL, O_NONBLOCK);
           Sink& sink = fd == &out_r ? out_sink : err_sink;
           ssize_t r;
-          while ((r = ::read(fd->fd, buf, sizeof buf)) > 0) sink.feed(buf, static_cast<std::size_t>(r));
+          while ((r = ::read(fd->fd, buf, sizeof buf)) > 0)
+            sink.feed(buf, static_cast<std::size_t>(r));
           sink.flush();
           fd->reset();
         }

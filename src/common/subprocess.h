@@ -54,9 +54,9 @@ struct SubprocessOptions {
 };
 
 struct SubprocessResult {
-  std::string command;    // the argv, quoted for messages
-  int exit_code = -1;     // exit status if the child exited, else -1
-  int term_signal = 0;    // the signal that ended it, else 0
+  std::string command;     // the argv, quoted for messages
+  int exit_code = -1;      // exit status if the child exited, else -1
+  int term_signal = 0;     // the signal that ended it, else 0
   bool timed_out = false;  // we killed it because the deadline passed
   std::string out, err;    // captured output (bounded by max_output)
   bool out_truncated = false, err_truncated = false;

@@ -118,13 +118,15 @@ engine::SandboxSpec parse_create(std::string_view body) {
   engine::SandboxSpec spec;
   if (j.contains("image")) {
     spec.image = get_string(j["image"], "image");
-    if (spec.image.empty() || spec.image.size() > 64) bad("image must be 1..64 characters", "image");
+    if (spec.image.empty() || spec.image.size() > 64)
+      bad("image must be 1..64 characters", "image");
     for (char c : spec.image)
       if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.'))
         bad("image name may contain only letters, digits, '-', '_' and '.'", "image");
   }
   if (j.contains("cpus")) spec.cpus = int(get_int(j["cpus"], "cpus", 1, 16));
-  if (j.contains("memory_mb")) spec.memory_mb = int(get_int(j["memory_mb"], "memory_mb", 64, 65536));
+  if (j.contains("memory_mb"))
+    spec.memory_mb = int(get_int(j["memory_mb"], "memory_mb", 64, 65536));
   if (j.contains("disk_mb")) spec.disk_mb = int(get_int(j["disk_mb"], "disk_mb", 1, 1048576));
   if (j.contains("timeout")) spec.timeout_s = int(get_int(j["timeout"], "timeout", 1, 604800));
   if (j.contains("env")) spec.env = get_string_map(j["env"], "env", true);
@@ -222,7 +224,7 @@ Query parse_query(std::string_view query) {
 
 void check_query_keys(const Query& query, const std::set<std::string>& allowed) {
   for (const auto& [key, value] : query) {
-    bool ok = allowed.count(key) > 0;
+    bool ok = allowed.count(key) > 0 && key.back() != '.';
     for (const auto& a : allowed)
       if (!a.empty() && a.back() == '.' && key.size() > a.size() && key.rfind(a, 0) == 0) ok = true;
     if (!ok) bad("unknown query parameter '" + key + "'", key);

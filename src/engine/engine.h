@@ -103,14 +103,26 @@ class Engine {
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
+  // Validates, builds a built-in image on demand, boots (watchdog: one retry)
+  // and returns the running sandbox. Errors: invalid_argument + field (bad
+  // spec; unknown image -> field "image"; disk_mb below the image size),
+  // timeout (the agent never answered; message has the console tail),
+  // internal (QEMU failed). A failed create leaves no QEMU and no files; its
+  // registry row is `failed` with the reason.
   SandboxInfo create(const SandboxSpec& spec);
   // Live sandboxes whose metadata contains every pair in `filter`
   // (all = also deleted/failed/timed-out ones still in the registry).
   std::vector<SandboxInfo> list(const std::map<std::string, std::string>& filter = {},
                                 bool all = false);
+  // Any sandbox still in the registry (also deleted ones); not_found if none.
   SandboxInfo get(const std::string& id);
+  // Kills the VM, removes its files, state `deleted`. not_found for an
+  // unknown id; conflict if it is already deleted/timed_out/failed (nothing
+  // left to remove) or still starting.
   void destroy(const std::string& id);
 
+  // conflict unless running (also if the sandbox is stopped during the
+  // call); guest errors (no such binary/cwd/user) keep the guest's Errc.
   ExecResult exec(const std::string& id, const ExecRequest& request,
                   const ExecCallbacks& callbacks);
   // Sends `signal` to a running exec's process (tree).
@@ -119,6 +131,7 @@ class Engine {
   uint64_t write_file(const std::string& id, const std::string& path, uint32_t mode,
                       const ChunkSource& source);
   uint64_t read_file(const std::string& id, const std::string& path, const ChunkSink& sink);
+  // {"entries": [{"name","type","size","mode","mtime"}, ...]}
   nlohmann::json list_files(const std::string& id, const std::string& path);
   nlohmann::json stat_file(const std::string& id, const std::string& path);
   void make_dir(const std::string& id, const std::string& path, bool parents);

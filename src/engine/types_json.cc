@@ -35,9 +35,8 @@ bool is_terminal(State state) {
 }
 
 nlohmann::json spec_to_json(const SandboxSpec& spec) {
-  return {{"image", spec.image},         {"cpus", spec.cpus},
-          {"memory_mb", spec.memory_mb}, {"disk_mb", spec.disk_mb},
-          {"timeout", spec.timeout_s},   {"env", spec.env},
+  return {{"image", spec.image},      {"cpus", spec.cpus},         {"memory_mb", spec.memory_mb},
+          {"disk_mb", spec.disk_mb},  {"timeout", spec.timeout_s}, {"env", spec.env},
           {"metadata", spec.metadata}};
 }
 

@@ -20,7 +20,7 @@ import unittest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BIN = os.environ.get("AIRLOCK_BIN", os.path.join(ROOT, "build", "bin"))
-IMAGE_DIR = os.environ.get("AIRLOCK_IMAGE_DIR", os.path.join(ROOT, "build", "images"))
+IMAGE_DIR = os.environ.get("AIRLOCK_IMAGE_DIR", os.path.join(ROOT, "build", "guest-images"))
 
 
 class UnixHTTPConnection(http.client.HTTPConnection):
@@ -77,9 +77,9 @@ class Client:
     def delete(self, sid):
         return self.call("DELETE", f"/v1/sandboxes/{sid}")
 
-    def exec_events(self, sid, timeout=300, **req):
+    def exec_events(self, sid, http_timeout=300, **req):
         """Runs an exec and returns the list of NDJSON events, in order."""
-        conn = UnixHTTPConnection(self.sock_path, timeout=timeout)
+        conn = UnixHTTPConnection(self.sock_path, timeout=http_timeout)
         conn.request("POST", f"/v1/sandboxes/{sid}/exec", body=json.dumps(req),
                      headers={"Content-Type": "application/json"})
         resp = conn.getresponse()

@@ -34,9 +34,9 @@ std::string rfc3339_ms(int64_t unix_ms) {
   }
   struct tm tm {};
   gmtime_r(&secs, &tm);
-  char buf[40];
-  snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", tm.tm_year + 1900,
-           tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, ms);
+  char buf[64];
+  snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", tm.tm_year + 1900, tm.tm_mon + 1,
+           tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, ms);
   return buf;
 }
 
@@ -48,7 +48,8 @@ std::string rfc3339_now() {
 AuditJournal::AuditJournal(std::filesystem::path dir) : dir_(std::move(dir)) {
   std::error_code ec;
   std::filesystem::create_directories(dir_, ec);
-  if (ec) throw Error(Errc::internal, "cannot create audit dir " + dir_.string() + ": " + ec.message());
+  if (ec)
+    throw Error(Errc::internal, "cannot create audit dir " + dir_.string() + ": " + ec.message());
 }
 
 std::filesystem::path AuditJournal::path_of(const std::string& sandbox) const {

@@ -36,8 +36,8 @@ class AuditJournal {
   // Appends one record. `fields` must be a JSON object (or null); its keys
   // ts/sandbox/event are overwritten. Throws Error(invalid_argument) for an
   // id that is not a plain name, Error(internal) if the write fails.
-  void append(const std::string& sandbox, const std::string& event,
-              nlohmann::json fields = nullptr, Durability durability = Durability::buffered);
+  void append(const std::string& sandbox, const std::string& event, nlohmann::json fields = nullptr,
+              Durability durability = Durability::buffered);
 
   // Every record of `sandbox`, oldest first. A torn last line (crash during a
   // write) is skipped. Throws Error(not_found) if the sandbox has no journal.

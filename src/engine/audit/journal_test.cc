@@ -62,7 +62,8 @@ TEST_F(JournalTest, KeyOrderPutsCommonFieldsFirst) {
 
 TEST_F(JournalTest, RejectsPathLikeIds) {
   AuditJournal j(dir_);
-  for (std::string bad : {"", "../etc", "a/b", "sb 1", std::string(65, 'a')}) {
+  for (const std::string& bad :
+       std::vector<std::string>{"", "../etc", "a/b", "sb 1", std::string(65, 'a')}) {
     try {
       j.append(bad, "created");
       FAIL() << "accepted id " << bad;

@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -42,6 +43,8 @@ struct BuildProgress {
 };
 using ProgressFn = std::function<void(const BuildProgress&)>;
 
+struct KernelRef;  // the guest kernel package: name + Debian version
+
 class ImageStore {
  public:
   ImageStore(std::filesystem::path image_dir, std::filesystem::path recipe_dir,
@@ -61,8 +64,40 @@ class ImageStore {
   // Every current image.
   std::vector<Image> list() const;
 
+  // Layout (besides <image_dir>/<name>/<key>/):
+  //   <image_dir>/cache/kernel/<package>_<version>/  unpacked kernel package
+  //       (vmlinuz, config, release, modules/<release>/), shared by all images
+  //   <image_dir>/cache/rootfs/<name>-<rootfs key>/rootfs.ext4
+  // The root filesystem is keyed by the recipe alone, so a new guest agent or
+  // kernel only re-packs the small initramfs; the image directory hard-links
+  // vmlinuz and rootfs.ext4, so it stays complete on its own.
+  // The initramfs compression, "none" (default, boots faster under TCG) or
+  // "gzip", from $AIRLOCK_INITRD_COMPRESS; part of the key.
+  static std::string initrd_compression();
+
  private:
+  struct Keys {
+    std::string rootfs, image;
+  };
+  void check_recipe(const std::string& name) const;
+  KernelRef current_kernel() const;
+  Keys keys_for(const std::string& name, const KernelRef& kernel) const;
+  std::optional<Image> load(const std::string& name, const std::string& key) const;
+  std::filesystem::path kernel_cache_dir() const;
+  std::filesystem::path rootfs_cache_dir() const;
+  std::filesystem::path ensure_kernel(const KernelRef& k, const ProgressFn& progress) const;
+  std::filesystem::path ensure_rootfs(const std::string& name, const std::string& key,
+                                      const ProgressFn& progress) const;
+  void run_script(const std::string& what, const std::filesystem::path& script,
+                  const std::filesystem::path& out_dir, const std::filesystem::path& work,
+                  std::vector<std::pair<std::string, std::string>> env,
+                  std::chrono::minutes timeout, const ProgressFn& progress) const;
+
   std::filesystem::path image_dir_, recipe_dir_, guest_agent_;
+  // The resolved kernel package, re-asked from apt every few minutes
+  // (behind a pointer so the store stays movable).
+  struct KernelCache;
+  std::shared_ptr<KernelCache> kernel_cache_;
 };
 
 // Creates a qcow2 overlay at `overlay` whose read-only backing file is the raw

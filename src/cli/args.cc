@@ -1,0 +1,194 @@
+#include "cli/args.h"
+
+#include <cstdio>
+#include <sstream>
+
+#include "daemon/base64.h"
+
+namespace airlock::cli {
+
+namespace {
+bool is_id_char(char c) {
+  return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_';
+}
+}  // namespace
+
+std::pair<std::string, std::string> parse_kv(const std::string& text, const std::string& flag) {
+  auto eq = text.find('=');
+  if (eq == std::string::npos || eq == 0)
+    throw UsageError(flag + " expects KEY=VALUE, got '" + text + "'");
+  return {text.substr(0, eq), text.substr(eq + 1)};
+}
+
+std::map<std::string, std::string> parse_kvs(const std::vector<std::string>& items,
+                                             const std::string& flag) {
+  std::map<std::string, std::string> out;
+  for (const auto& item : items) {
+    auto [k, v] = parse_kv(item, flag);
+    out[k] = v;
+  }
+  return out;
+}
+
+nlohmann::json create_body(const CreateOptions& o) {
+  nlohmann::json j = nlohmann::json::object();
+  if (o.image) j["image"] = *o.image;
+  if (o.cpus) j["cpus"] = *o.cpus;
+  if (o.memory_mb) j["memory_mb"] = *o.memory_mb;
+  if (o.disk_mb) j["disk_mb"] = *o.disk_mb;
+  if (o.timeout_s) j["timeout"] = *o.timeout_s;
+  if (!o.env.empty()) j["env"] = parse_kvs(o.env, "--env");
+  if (!o.meta.empty()) j["metadata"] = parse_kvs(o.meta, "--meta");
+  return j;
+}
+
+nlohmann::json exec_body(const ExecOptions& o, const std::vector<std::string>& argv,
+                         const std::optional<std::string>& stdin_data) {
+  if (argv.empty()) throw UsageError("no command given (put it after --)");
+  nlohmann::json j = {{"argv", argv}};
+  if (!o.env.empty()) j["env"] = parse_kvs(o.env, "--env");
+  if (!o.cwd.empty()) j["cwd"] = o.cwd;
+  if (!o.user.empty()) j["user"] = o.user;
+  if (o.timeout_s) {
+    if (*o.timeout_s < 0) throw UsageError("--timeout must not be negative");
+    j["timeout"] = *o.timeout_s;
+  }
+  if (stdin_data) {
+    j["stdin_b64"] = daemon::base64_encode(*stdin_data);
+  }
+  return j;
+}
+
+int exit_code_of(const nlohmann::json& e) {
+  if (e.value("timed_out", false)) return 124;
+  if (e.contains("signal") && e["signal"].is_number_integer()) return 128 + e["signal"].get<int>();
+  if (e.contains("exit_code") && e["exit_code"].is_number_integer()) {
+    int code = e["exit_code"].get<int>();
+    return code >= 0 && code <= 255 ? code : 1;
+  }
+  return 1;  // neither exit nor signal: something went wrong
+}
+
+CpEndpoint parse_cp_endpoint(const std::string& text) {
+  CpEndpoint ep;
+  if (text.empty()) throw UsageError("cp: empty path");
+  if (text == "-") {
+    ep.stdio = true;
+    return ep;
+  }
+  auto colon = text.find(':');
+  bool id_prefix = colon != std::string::npos && colon > 0;
+  for (size_t i = 0; id_prefix && i < colon; ++i) id_prefix = is_id_char(text[i]);
+  if (!id_prefix) {
+    ep.path = text;
+    return ep;
+  }
+  ep.remote = true;
+  ep.id = text.substr(0, colon);
+  ep.path = text.substr(colon + 1);
+  if (ep.path.empty() || ep.path[0] != '/')
+    throw UsageError("cp: the path in a sandbox must be absolute: '" + text + "'");
+  return ep;
+}
+
+CpPlan plan_cp(const std::string& src, const std::string& dst) {
+  CpPlan p{parse_cp_endpoint(src), parse_cp_endpoint(dst)};
+  if (p.src.remote == p.dst.remote)
+    throw UsageError(p.src.remote ? "cp: copying between two sandboxes is not supported"
+                                  : "cp: one side must be ID:/path in a sandbox");
+  return p;
+}
+
+std::string url_encode(const std::string& text) {
+  static const char* hex = "0123456789ABCDEF";
+  std::string out;
+  for (unsigned char c : text) {
+    if (std::isalnum(c) || c == '-' || c == '_' || c == '.' || c == '~' || c == '/') {
+      out += static_cast<char>(c);
+    } else {
+      out += '%';
+      out += hex[c >> 4];
+      out += hex[c & 15];
+    }
+  }
+  return out;
+}
+
+std::string human_bytes(uint64_t bytes) {
+  char buf[32];
+  if (bytes < 1024) {
+    std::snprintf(buf, sizeof buf, "%llu B", static_cast<unsigned long long>(bytes));
+  } else if (bytes < (1ull << 20)) {
+    std::snprintf(buf, sizeof buf, "%.1f KiB", bytes / 1024.0);
+  } else if (bytes < (1ull << 30)) {
+    std::snprintf(buf, sizeof buf, "%.1f MiB", bytes / 1048576.0);
+  } else {
+    std::snprintf(buf, sizeof buf, "%.1f GiB", bytes / 1073741824.0);
+  }
+  return buf;
+}
+
+namespace {
+std::string duration(int64_t ms) {
+  if (ms < 0) ms = 0;
+  int64_t s = ms / 1000;
+  if (s < 60) return std::to_string(s) + "s";
+  if (s < 3600) return std::to_string(s / 60) + "m";
+  if (s < 86400) return std::to_string(s / 3600) + "h";
+  return std::to_string(s / 86400) + "d";
+}
+std::string str(const nlohmann::json& j, const char* key) {
+  if (!j.contains(key)) return "-";
+  const auto& v = j[key];
+  return v.is_string() ? v.get<std::string>() : v.dump();
+}
+}  // namespace
+
+std::string format_sandbox_table(const nlohmann::json& sandboxes, int64_t now_ms) {
+  std::vector<std::vector<std::string>> rows = {
+      {"ID", "IMAGE", "STATE", "CPUS", "MEMORY", "AGE", "EXPIRES", "METADATA"}};
+  for (const auto& sb : sandboxes) {
+    std::string meta;
+    if (sb.contains("metadata") && sb["metadata"].is_object())
+      for (const auto& [k, v] : sb["metadata"].items())
+        meta +=
+            (meta.empty() ? "" : ",") + k + "=" + (v.is_string() ? v.get<std::string>() : v.dump());
+    std::string state = str(sb, "state");
+    rows.push_back(
+        {str(sb, "id"), str(sb, "image"), state, str(sb, "cpus"), str(sb, "memory_mb") + "M",
+         duration(now_ms - sb.value("created_at_ms", now_ms)),
+         state == "running" ? "in " + duration(sb.value("expires_at_ms", now_ms) - now_ms) : "-",
+         meta.empty() ? "-" : meta});
+  }
+  std::vector<size_t> width(rows[0].size(), 0);
+  for (const auto& r : rows)
+    for (size_t i = 0; i < r.size(); ++i) width[i] = std::max(width[i], r[i].size());
+  std::string out;
+  for (const auto& r : rows) {
+    std::string line;
+    for (size_t i = 0; i < r.size(); ++i) {
+      line += r[i];
+      if (i + 1 < r.size()) line += std::string(width[i] - r[i].size() + 2, ' ');
+    }
+    out += line + "\n";
+  }
+  return out;
+}
+
+std::string format_audit_line(const nlohmann::json& rec) {
+  std::string line = str(rec, "ts") + " " + str(rec, "event");
+  for (const auto& [k, v] : rec.items()) {
+    if (k == "ts" || k == "event" || k == "sandbox") continue;
+    std::string value;
+    if (v.is_string()) {
+      value = v.get<std::string>();
+      if (value.find_first_of(" \t\n\"") != std::string::npos || value.empty()) value = v.dump();
+    } else {
+      value = v.dump();
+    }
+    line += " " + k + "=" + value;
+  }
+  return line;
+}
+
+}  // namespace airlock::cli

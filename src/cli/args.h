@@ -1,0 +1,79 @@
+// The airlock CLI's argument -> request mapping and output formatting, kept
+// free of I/O so each rule is unit-tested (args_test.cc).
+//
+//   auto body = create_body(opts);              // {"image":..,"env":{..}}
+//   CpPlan plan = plan_cp("sb-1:/etc/hosts", "-");
+//   int code = exit_code_of(exit_event);        // 128+signal, 124 on timeout
+#pragma once
+
+#include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace airlock::cli {
+
+// A mistake in the command line: printed as "airlock: <message>", exit 2.
+class UsageError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// "K=V" -> {K, V}; `flag` names the option in the error ("--env expects KEY=VALUE").
+std::pair<std::string, std::string> parse_kv(const std::string& text, const std::string& flag);
+std::map<std::string, std::string> parse_kvs(const std::vector<std::string>& items,
+                                             const std::string& flag);
+
+struct CreateOptions {
+  std::optional<std::string> image;
+  std::optional<int> cpus, memory_mb, disk_mb, timeout_s;
+  std::vector<std::string> env, meta;  // raw "K=V"
+};
+// Body for POST /v1/sandboxes: only the options given (the daemon has defaults).
+nlohmann::json create_body(const CreateOptions& opts);
+
+struct ExecOptions {
+  std::vector<std::string> env;  // raw "K=V"
+  std::string cwd, user;
+  std::optional<double> timeout_s;
+};
+// Body for POST /v1/sandboxes/{id}/exec. `stdin_data` (if any) is sent as
+// stdin_b64 so arbitrary bytes survive JSON.
+nlohmann::json exec_body(const ExecOptions& opts, const std::vector<std::string>& argv,
+                         const std::optional<std::string>& stdin_data);
+
+// The CLI's exit status for an exec's final event: the exit code, 128+signal
+// if a signal ended it, 124 on timeout (like timeout(1)).
+int exit_code_of(const nlohmann::json& exit_event);
+
+// One side of `airlock cp`: "ID:/abs/path" (in a sandbox), "-" (stdin or
+// stdout) or a local path. A local path containing ':' can be written "./a:b".
+struct CpEndpoint {
+  bool remote = false;
+  bool stdio = false;
+  std::string id;    // remote only
+  std::string path;  // guest path (absolute) or local path
+};
+CpEndpoint parse_cp_endpoint(const std::string& text);
+
+struct CpPlan {
+  CpEndpoint src, dst;
+  bool upload() const { return dst.remote; }
+};
+// Exactly one side must be in a sandbox; "-" only on the local side.
+CpPlan plan_cp(const std::string& src, const std::string& dst);
+
+// Percent-encodes a query value.
+std::string url_encode(const std::string& text);
+
+// `airlock ls` table: ID, IMAGE, STATE, CPUS, MEM, AGE/EXPIRES, METADATA.
+std::string format_sandbox_table(const nlohmann::json& sandboxes, int64_t now_ms);
+// `airlock logs` line: "<ts> <event> key=value ..." (argv shown as a shell-ish list).
+std::string format_audit_line(const nlohmann::json& record);
+// "12.3 MiB" style size.
+std::string human_bytes(uint64_t bytes);
+
+}  // namespace airlock::cli

@@ -1,0 +1,241 @@
+#include "cli/client.h"
+
+#include <unistd.h>
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/local/stream_protocol.hpp>
+#include <boost/asio/write.hpp>
+#include <boost/beast/core/flat_buffer.hpp>
+#include <boost/beast/http.hpp>
+#include <cerrno>
+#include <limits>
+
+#include "cli/args.h"
+#include "common/error.h"
+
+namespace airlock::cli {
+
+namespace net = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+using stream = net::local::stream_protocol;
+using nlohmann::json;
+
+namespace {
+
+constexpr Errc kCodes[] = {Errc::invalid_argument,  Errc::not_found,      Errc::conflict,
+                           Errc::payload_too_large, Errc::timeout,        Errc::unavailable,
+                           Errc::guest_error,       Errc::protocol_error, Errc::internal};
+
+Errc errc_of(const std::string& code) {
+  for (Errc c : kCodes)
+    if (to_string(c) == code) return c;
+  return code == "method_not_allowed" ? Errc::invalid_argument : Errc::internal;
+}
+
+// Error from an answer: the daemon's error JSON if it sent one, else the status.
+[[noreturn]] void throw_answer(int status, const std::string& body) {
+  json j = json::parse(body, nullptr, false);
+  if (j.is_object() && j.contains("error") && j["error"].is_object()) {
+    const json& e = j["error"];
+    throw Error(errc_of(e.value("code", "internal")), e.value("message", "error"),
+                e.value("field", ""));
+  }
+  throw Error(status >= 500 ? Errc::internal : Errc::invalid_argument,
+              "airlockd answered HTTP " + std::to_string(status) +
+                  (body.empty() ? "" : ": " + body.substr(0, 200)));
+}
+
+struct Conn {
+  net::io_context io;
+  stream::socket sock{io};
+  beast::flat_buffer buf;
+
+  explicit Conn(const std::filesystem::path& path) {
+    beast::error_code ec;
+    sock.connect(stream::endpoint(path.string()), ec);
+    if (ec)
+      throw Error(Errc::unavailable,
+                  "cannot connect to airlockd at " + path.string() + ": " + ec.message());
+  }
+
+  template <class Body>
+  void send(http::request<Body>& req) {
+    req.set(http::field::host, "localhost");
+    req.set(http::field::user_agent, "airlock/" AIRLOCK_VERSION);
+    req.prepare_payload();
+    beast::error_code ec;
+    http::write(sock, req, ec);
+    if (ec) throw Error(Errc::unavailable, "sending to airlockd failed: " + ec.message());
+  }
+
+  // Reads a whole (bounded) response.
+  http::response<http::string_body> read_all() {
+    http::response_parser<http::string_body> p;
+    p.body_limit(64ull << 20);
+    beast::error_code ec;
+    http::read(sock, buf, p, ec);
+    if (ec) throw Error(Errc::unavailable, "reading airlockd's answer failed: " + ec.message());
+    return p.release();
+  }
+
+  // Reads a streamed response, passing body bytes to `sink` as they come.
+  // Non-200 answers are read whole and thrown.
+  void read_stream(const std::function<void(std::string_view)>& sink) {
+    http::response_parser<http::buffer_body> p;
+    p.body_limit(std::numeric_limits<std::uint64_t>::max());
+    beast::error_code ec;
+    http::read_header(sock, buf, p, ec);
+    if (ec) throw Error(Errc::unavailable, "reading airlockd's answer failed: " + ec.message());
+    int status = p.get().result_int();
+    std::string error_text;
+    char chunk[64 * 1024];
+    while (!p.is_done()) {
+      p.get().body().data = chunk;
+      p.get().body().size = sizeof chunk;
+      http::read(sock, buf, p, ec);
+      if (ec == http::error::need_buffer) ec = {};
+      if (ec)
+        throw Error(Errc::unavailable, "airlockd's answer ended early (" + ec.message() + ")");
+      size_t n = sizeof chunk - p.get().body().size;
+      if (status == 200) {
+        sink(std::string_view(chunk, n));
+      } else if (error_text.size() < (1 << 20)) {
+        error_text.append(chunk, n);
+      }
+    }
+    if (status != 200) throw_answer(status, error_text);
+  }
+};
+
+}  // namespace
+
+int errc_from_string(const std::string& code) { return static_cast<int>(errc_of(code)); }
+
+Client::Client(std::filesystem::path socket) : socket_(std::move(socket)) {}
+
+bool Client::ping() const {
+  try {
+    call("GET", "/v1/info");
+    return true;
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
+json Client::call(const std::string& method, const std::string& target, const json& body) const {
+  Conn c(socket_);
+  http::request<http::string_body> req{http::string_to_verb(method), target, 11};
+  if (!body.is_null()) {
+    req.set(http::field::content_type, "application/json");
+    req.body() = body.dump();
+  }
+  req.keep_alive(false);
+  c.send(req);
+  auto res = c.read_all();
+  int status = res.result_int();
+  if (status < 200 || status >= 300) throw_answer(status, res.body());
+  if (res.body().empty()) return nullptr;
+  json j = json::parse(res.body(), nullptr, false);
+  if (j.is_discarded()) throw Error(Errc::internal, "airlockd sent malformed JSON");
+  return j;
+}
+
+json Client::exec(const std::string& id, const json& body,
+                  const std::function<void(const json&)>& on_event) const {
+  Conn c(socket_);
+  http::request<http::string_body> req{http::verb::post, "/v1/sandboxes/" + id + "/exec", 11};
+  req.set(http::field::content_type, "application/json");
+  req.body() = body.dump();
+  req.keep_alive(false);
+  c.send(req);
+  std::string pending;  // bytes of an unfinished line
+  json exit_event;
+  auto handle_line = [&](std::string_view line) {
+    if (line.empty()) return;
+    json ev = json::parse(line, nullptr, false);
+    if (ev.is_discarded() || !ev.is_object())
+      throw Error(Errc::internal, "airlockd sent a malformed exec event");
+    std::string type = ev.value("type", "");
+    if (type == "exit") {
+      exit_event = ev;
+    } else if (type == "error") {
+      const json& e = ev.value("error", json::object());
+      throw Error(errc_of(e.value("code", "internal")), e.value("message", "exec failed"),
+                  e.value("field", ""));
+    } else {
+      on_event(ev);
+    }
+  };
+  c.read_stream([&](std::string_view bytes) {
+    pending.append(bytes);
+    size_t start = 0;
+    for (size_t nl; (nl = pending.find('\n', start)) != std::string::npos; start = nl + 1)
+      handle_line(std::string_view(pending).substr(start, nl - start));
+    pending.erase(0, start);
+  });
+  handle_line(pending);
+  if (exit_event.is_null()) throw Error(Errc::internal, "exec stream ended without an exit event");
+  return exit_event;
+}
+
+uint64_t Client::upload(const std::string& id, const std::string& path, uint32_t mode,
+                        int fd) const {
+  Conn c(socket_);
+  char mode_text[16];
+  std::snprintf(mode_text, sizeof mode_text, "%04o", mode);
+  http::request<http::empty_body> req{
+      http::verb::put,
+      "/v1/sandboxes/" + id + "/files?path=" + url_encode(path) + "&mode=" + mode_text, 11};
+  req.set(http::field::host, "localhost");
+  req.set(http::field::content_type, "application/octet-stream");
+  req.keep_alive(false);
+  req.chunked(true);
+  http::request_serializer<http::empty_body> sr{req};
+  beast::error_code ec;
+  http::write_header(c.sock, sr, ec);
+  std::string buf(256 * 1024, '\0');
+  while (!ec) {
+    ssize_t n = ::read(fd, buf.data(), buf.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) throw_errno("reading the upload source");
+    if (n == 0) {
+      net::write(c.sock, http::make_chunk_last(), ec);
+      break;
+    }
+    net::write(c.sock, http::make_chunk(net::buffer(buf.data(), size_t(n))), ec);
+  }
+  // A write error usually means the daemon refused early and closed: its
+  // answer (e.g. 404) is still readable and says why.
+  http::response<http::string_body> res;
+  try {
+    res = c.read_all();
+  } catch (const Error&) {
+    if (ec) throw Error(Errc::unavailable, "upload to airlockd failed: " + ec.message());
+    throw;
+  }
+  if (res.result_int() < 200 || res.result_int() >= 300) throw_answer(res.result_int(), res.body());
+  json j = json::parse(res.body(), nullptr, false);
+  return j.is_object() ? j.value("bytes", uint64_t(0)) : 0;
+}
+
+uint64_t Client::download(const std::string& id, const std::string& path, int fd) const {
+  Conn c(socket_);
+  http::request<http::empty_body> req{
+      http::verb::get, "/v1/sandboxes/" + id + "/files?path=" + url_encode(path), 11};
+  req.keep_alive(false);
+  c.send(req);
+  uint64_t total = 0;
+  c.read_stream([&](std::string_view bytes) {
+    while (!bytes.empty()) {
+      ssize_t n = ::write(fd, bytes.data(), bytes.size());
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) throw_errno("writing the download");
+      bytes.remove_prefix(size_t(n));
+      total += size_t(n);
+    }
+  });
+  return total;
+}
+
+}  // namespace airlock::cli

@@ -1,0 +1,53 @@
+// A small HTTP/1.1 client for airlockd over its unix socket (Boost.Beast,
+// synchronous, one connection per call). Non-2xx answers become
+// airlock::Error rebuilt from the daemon's {"error": {code, message, field}}.
+//
+//   Client c("/home/me/.local/share/airlock/airlockd.sock");
+//   json sb = c.call("POST", "/v1/sandboxes", json{{"image", "minimal"}});
+//   json exit = c.exec(sb["id"], body, [](const json& ev) { ... });
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <string>
+
+namespace airlock::cli {
+
+class Client {
+ public:
+  explicit Client(std::filesystem::path socket);
+
+  const std::filesystem::path& socket() const { return socket_; }
+
+  // True if a daemon answers GET /v1/info on the socket.
+  bool ping() const;
+
+  // A JSON request (no body if `body` is null). Returns the parsed answer
+  // (null for 204). Throws Error for error answers and connection failures.
+  nlohmann::json call(const std::string& method, const std::string& target,
+                      const nlohmann::json& body = nullptr) const;
+
+  // POST /v1/sandboxes/{id}/exec; calls `on_event` for every NDJSON event as
+  // it arrives (start, stdout, stderr) and returns the final "exit" event.
+  // An "error" event, or a stream that ends without "exit", throws Error.
+  nlohmann::json exec(const std::string& id, const nlohmann::json& body,
+                      const std::function<void(const nlohmann::json&)>& on_event) const;
+
+  // PUT /v1/sandboxes/{id}/files: streams `fd` (to EOF) as a chunked body.
+  // Returns the bytes the daemon wrote.
+  uint64_t upload(const std::string& id, const std::string& path, uint32_t mode, int fd) const;
+
+  // GET /v1/sandboxes/{id}/files: streams the file into `fd`. Throws Error if
+  // the download is truncated. Returns the bytes written.
+  uint64_t download(const std::string& id, const std::string& path, int fd) const;
+
+ private:
+  std::filesystem::path socket_;
+};
+
+// Maps the daemon's error code string back to an Errc ("not_found" -> not_found).
+int errc_from_string(const std::string& code);
+
+}  // namespace airlock::cli

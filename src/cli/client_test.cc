@@ -1,0 +1,264 @@
+// The CLI's client against airlockd's real HTTP layer (server, router,
+// request parsing) over a real unix socket, with the fake engine of
+// fake_engine_test_support.cc: everything but the VM.
+#include "cli/client.h"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+#include "cli/args.h"
+#include "common/error.h"
+#include "daemon/base64.h"
+#include "daemon/server.h"
+
+namespace airlock::cli {
+namespace {
+
+using nlohmann::json;
+
+class ApiTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/airlock-api-XXXXXX";
+    dir_ = ::mkdtemp(tmpl);
+    socket_ = dir_ / "d.sock";
+    server_ = std::make_unique<daemon::Server>(socket_);
+    server_->bind();
+    engine_ = std::make_unique<engine::Engine>(engine::Config{});
+    thread_ = std::thread([this] { server_->run(*engine_); });
+  }
+  void TearDown() override {
+    server_->stop();
+    thread_.join();
+    std::filesystem::remove_all(dir_);
+  }
+
+  // Raw HTTP exchange, for what the client never sends.
+  std::string raw(const std::string& request) {
+    int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::strncpy(addr.sun_path, socket_.c_str(), sizeof addr.sun_path - 1);
+    EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+    EXPECT_EQ(::write(fd, request.data(), request.size()), ssize_t(request.size()));
+    std::string out;
+    char buf[4096];
+    for (ssize_t n; (n = ::read(fd, buf, sizeof buf)) > 0;) out.append(buf, size_t(n));
+    ::close(fd);
+    return out;
+  }
+
+  Error expect_error(const std::function<void()>& fn) {
+    try {
+      fn();
+    } catch (const Error& e) {
+      return e;
+    }
+    ADD_FAILURE() << "expected an error";
+    return Error(Errc::internal, "none");
+  }
+
+  std::filesystem::path dir_, socket_;
+  std::unique_ptr<daemon::Server> server_;
+  std::unique_ptr<engine::Engine> engine_;
+  std::thread thread_;
+};
+
+TEST_F(ApiTest, SocketIsPrivateAndSecondServerRefused) {
+  EXPECT_EQ(std::filesystem::status(socket_).permissions() & std::filesystem::perms::all,
+            std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
+  daemon::Server second(socket_);
+  Error e = expect_error([&] { second.bind(); });
+  EXPECT_EQ(e.code(), Errc::conflict);
+  EXPECT_NE(std::string(e.what()).find("another airlockd"), std::string::npos);
+}
+
+TEST_F(ApiTest, SandboxLifecycle) {
+  Client c(socket_);
+  EXPECT_TRUE(c.ping());
+  json info = c.call("GET", "/v1/info");
+  EXPECT_EQ(info["daemon"]["version"], AIRLOCK_VERSION);
+  json sb = c.call("POST", "/v1/sandboxes", {{"cpus", 2}, {"metadata", {{"team", "a"}}}});
+  std::string id = sb["id"];
+  EXPECT_EQ(sb["cpus"], 2);
+  EXPECT_EQ(sb["state"], "running");
+  c.call("POST", "/v1/sandboxes", json::object());
+  EXPECT_EQ(c.call("GET", "/v1/sandboxes").size(), 2u);
+  json filtered = c.call("GET", "/v1/sandboxes?metadata.team=a");
+  ASSERT_EQ(filtered.size(), 1u);
+  EXPECT_EQ(filtered[0]["id"], id);
+  EXPECT_EQ(c.call("GET", "/v1/sandboxes/" + id)["id"], id);
+  EXPECT_TRUE(c.call("DELETE", "/v1/sandboxes/" + id).is_null());
+  EXPECT_EQ(c.call("GET", "/v1/sandboxes").size(), 1u);
+  EXPECT_EQ(c.call("GET", "/v1/sandboxes?all=true").size(), 2u);
+  json logs = c.call("GET", "/v1/sandboxes/" + id + "/logs");
+  ASSERT_EQ(logs.size(), 2u);
+  EXPECT_EQ(logs[1]["event"], "deleted");
+  EXPECT_EQ(c.call("GET", "/v1/sandboxes/" + std::string(sb["id"]) + "/info")["kernel"],
+            "6.1.0-fake");
+}
+
+TEST_F(ApiTest, BadInputNamesTheField) {
+  Client c(socket_);
+  Error e = expect_error([&] { c.call("POST", "/v1/sandboxes", {{"cpus", "2"}}); });
+  EXPECT_EQ(e.code(), Errc::invalid_argument);
+  EXPECT_EQ(e.field(), "cpus");
+  e = expect_error([&] { c.call("POST", "/v1/sandboxes", {{"bogus", 1}}); });
+  EXPECT_EQ(e.field(), "bogus");
+  e = expect_error([&] { c.call("POST", "/v1/sandboxes", {{"image", "nope"}}); });
+  EXPECT_EQ(e.code(), Errc::not_found);
+  EXPECT_EQ(e.field(), "image");
+  e = expect_error([&] { c.call("GET", "/v1/sandboxes/sb-000000000999"); });
+  EXPECT_EQ(e.code(), Errc::not_found);
+  e = expect_error([&] { c.call("GET", "/v1/sandboxes/bad%20id"); });
+  EXPECT_EQ(e.field(), "id");
+  e = expect_error([&] { c.call("GET", "/v1/sandboxes?colour=red"); });
+  EXPECT_EQ(e.field(), "colour");
+  e = expect_error([&] { c.call("GET", "/v1/nothing"); });
+  EXPECT_EQ(e.code(), Errc::not_found);
+}
+
+TEST_F(ApiTest, RawHttpErrors) {
+  std::string r =
+      raw("POST /v1/sandboxes HTTP/1.1\r\nHost: x\r\nContent-Length: 9\r\n"
+          "Connection: close\r\n\r\n{\"cpus\":}");
+  EXPECT_NE(r.find("HTTP/1.1 400"), std::string::npos) << r;
+  EXPECT_NE(r.find("malformed JSON at byte 9"), std::string::npos) << r;
+  r = raw("PATCH /v1/sandboxes HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  EXPECT_NE(r.find("HTTP/1.1 405"), std::string::npos) << r;
+  EXPECT_NE(r.find("Allow: POST, GET"), std::string::npos) << r;
+  r = raw("POST /v1/sandboxes HTTP/1.1\r\nHost: x\r\nContent-Length: 999999999\r\n\r\n{");
+  EXPECT_NE(r.find("HTTP/1.1 413"), std::string::npos) << r;
+  r = raw("garbage\r\n\r\n");
+  EXPECT_NE(r.find("HTTP/1.1 400"), std::string::npos) << r;
+  // Keep-alive: two requests on one connection, both answered.
+  r =
+      raw("GET /v1/info HTTP/1.1\r\nHost: x\r\n\r\nGET /v1/info HTTP/1.1\r\nHost: x\r\n"
+          "Connection: close\r\n\r\n");
+  EXPECT_EQ(r.find("HTTP/1.1 200"), 0u);
+  EXPECT_NE(r.find("HTTP/1.1 200", 10), std::string::npos) << r;
+}
+
+TEST_F(ApiTest, ExecStreamsEventsAndExitCodes) {
+  Client c(socket_);
+  std::string id = c.call("POST", "/v1/sandboxes", json::object())["id"];
+  std::vector<json> events;
+  json exit = c.exec(id, exec_body({}, {"bytes"}, std::nullopt),
+                     [&](const json& ev) { events.push_back(ev); });
+  ASSERT_EQ(events.size(), 3u);
+  EXPECT_EQ(events[0]["type"], "start");
+  EXPECT_EQ(events[0]["pid"], 42);
+  EXPECT_EQ(events[1]["type"], "stdout");
+  std::string all;
+  for (int i = 0; i < 256; ++i) all += static_cast<char>(i);
+  EXPECT_EQ(daemon::base64_decode(events[1]["data"].get<std::string>()).value(), all);
+  EXPECT_EQ(events[2]["type"], "stderr");
+  EXPECT_EQ(exit["type"], "exit");
+  EXPECT_EQ(exit["stdout_bytes"], 256);
+  EXPECT_EQ(exit_code_of(exit), 0);
+
+  std::string echoed;
+  c.exec(id, exec_body({}, {"cat"}, std::string("in\0put", 6)), [&](const json& ev) {
+    if (ev["type"] == "stdout") echoed += *daemon::base64_decode(ev["data"].get<std::string>());
+  });
+  EXPECT_EQ(echoed, std::string("in\0put", 6));
+  auto noop = [](const json&) {};
+  EXPECT_EQ(exit_code_of(c.exec(id, exec_body({}, {"exit", "7"}, std::nullopt), noop)), 7);
+  EXPECT_EQ(exit_code_of(c.exec(id, exec_body({}, {"kill9"}, std::nullopt), noop)), 137);
+  EXPECT_EQ(exit_code_of(c.exec(id, exec_body({}, {"slow", "3"}, std::nullopt), noop)), 124);
+  // Refused before the process starts: a plain 4xx, not a stream.
+  Error e = expect_error([&] { c.exec(id, exec_body({}, {"fail-early"}, std::nullopt), noop); });
+  EXPECT_EQ(e.field(), "argv");
+  e = expect_error([&] { c.exec(id, {{"argv", {"x"}}, {"pty", true}}, noop); });
+  EXPECT_EQ(e.field(), "pty");
+  // Failing after the stream started: an error event.
+  e = expect_error([&] { c.exec(id, exec_body({}, {"fail-late"}, std::nullopt), noop); });
+  EXPECT_EQ(e.code(), Errc::guest_error);
+}
+
+TEST_F(ApiTest, ClientHangupKillsExec) {
+  Client c(socket_);
+  std::string id = c.call("POST", "/v1/sandboxes", json::object())["id"];
+  std::string req_body = R"({"argv":["hang"]})";
+  std::string request = "POST /v1/sandboxes/" + id +
+                        "/exec HTTP/1.1\r\nHost: x\r\n"
+                        "Content-Type: application/json\r\nContent-Length: " +
+                        std::to_string(req_body.size()) + "\r\n\r\n" + req_body;
+  int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, socket_.c_str(), sizeof addr.sun_path - 1);
+  ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  ASSERT_EQ(::write(fd, request.data(), request.size()), ssize_t(request.size()));
+  char buf[4096];
+  ASSERT_GT(::read(fd, buf, sizeof buf), 0);  // headers + start event
+  ::close(fd);
+  // The watcher notices the hangup and kills the exec, which is journaled.
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  bool killed = false;
+  while (!killed && std::chrono::steady_clock::now() < deadline) {
+    for (const auto& ev : c.call("GET", "/v1/sandboxes/" + id + "/logs"))
+      killed = killed || ev["event"] == "killed";
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_TRUE(killed);
+}
+
+TEST_F(ApiTest, FilesRoundTripStreamed) {
+  Client c(socket_);
+  std::string id = c.call("POST", "/v1/sandboxes", json::object())["id"];
+  std::string data;
+  for (int i = 0; i < (3 << 20); ++i) data += static_cast<char>((i * 7) ^ (i >> 9));
+  auto src = dir_ / "src.bin";
+  auto dst = dir_ / "dst.bin";
+  {
+    FILE* f = std::fopen(src.c_str(), "wb");
+    std::fwrite(data.data(), 1, data.size(), f);
+    std::fclose(f);
+  }
+  int in = ::open(src.c_str(), O_RDONLY);
+  EXPECT_EQ(c.upload(id, "/tmp/a b.bin", 0600, in), data.size());
+  ::close(in);
+  EXPECT_EQ(c.call("GET", "/v1/sandboxes/" + id +
+                              "/files/stat?path=" + url_encode("/tmp/a b.bin"))["size"],
+            data.size());
+  int out = ::open(dst.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  EXPECT_EQ(c.download(id, "/tmp/a b.bin", out), data.size());
+  ::close(out);
+  std::string back(data.size(), '\0');
+  FILE* f = std::fopen(dst.c_str(), "rb");
+  ASSERT_EQ(std::fread(back.data(), 1, back.size() + 1, f), data.size());
+  std::fclose(f);
+  EXPECT_TRUE(back == data);
+
+  Error e = expect_error([&] {
+    int o = ::open(dst.c_str(), O_WRONLY);
+    c.download(id, "/nope", o);
+  });
+  EXPECT_EQ(e.code(), Errc::not_found);
+  e = expect_error([&] { c.call("GET", "/v1/sandboxes/" + id + "/files?path=relative"); });
+  EXPECT_EQ(e.field(), "path");
+  EXPECT_EQ(c.call("POST", "/v1/sandboxes/" + id + "/files/mkdir",
+                   {{"path", "/d"}, {"parents", true}})["path"],
+            "/d");
+  EXPECT_TRUE(c.call("GET", "/v1/sandboxes/" + id + "/files/list?path=/").is_array());
+  c.call("DELETE", "/v1/sandboxes/" + id + "/files?path=" + url_encode("/tmp/a b.bin"));
+  e = expect_error(
+      [&] { c.call("DELETE", "/v1/sandboxes/" + id + "/files?path=/tmp/x&recursive=perhaps"); });
+  EXPECT_EQ(e.field(), "recursive");
+  // An upload to a sandbox that does not exist is refused with its error.
+  int in2 = ::open(src.c_str(), O_RDONLY);
+  e = expect_error([&] { c.upload("sb-nope", "/x", 0644, in2); });
+  ::close(in2);
+  EXPECT_EQ(e.code(), Errc::not_found);
+}
+
+}  // namespace
+}  // namespace airlock::cli

@@ -1,0 +1,194 @@
+// A fake engine::Engine for the HTTP tests: the same class and methods as
+// libairlock (engine.h), linked instead of it, keeping sandboxes and files in
+// memory. Commands understood by exec (argv[0]):
+//   echo ARGS...   stdout = ARGS joined by spaces
+//   bytes          stdout = all 256 byte values, stderr = "err"
+//   cat            stdout = stdin
+//   exit N         exit code N          kill9          ends by signal 9
+//   slow N         timed out after N chunks    fail-late  error after start
+//   hang           runs until kill_exec
+#include <condition_variable>
+#include <mutex>
+#include <set>
+#include <thread>
+
+#include "common/error.h"
+#include "engine/engine.h"
+
+namespace airlock::engine {
+
+struct Engine::Impl {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::map<std::string, SandboxInfo> boxes;
+  std::map<std::string, std::string> files;  // id + path -> content
+  std::map<std::string, std::vector<nlohmann::json>> audit;
+  std::set<std::string> killed;  // exec ids
+  int next = 1;
+};
+
+Engine::Engine(Config) : impl_(std::make_unique<Impl>()) {}
+Engine::~Engine() = default;
+
+SandboxInfo Engine::create(const SandboxSpec& spec) {
+  if (spec.image != "minimal")
+    throw Error(Errc::not_found, "no image named '" + spec.image + "'", "image");
+  std::lock_guard lock(impl_->mu);
+  SandboxInfo info;
+  char id[32];
+  std::snprintf(id, sizeof id, "sb-%012d", impl_->next++);
+  info.id = id;
+  info.spec = spec;
+  info.state = State::running;
+  info.accel = "tcg";
+  info.start = "boot";
+  impl_->boxes[info.id] = info;
+  impl_->audit[info.id].push_back({{"ts", "t0"}, {"sandbox", info.id}, {"event", "created"}});
+  return info;
+}
+
+std::vector<SandboxInfo> Engine::list(const std::map<std::string, std::string>& filter, bool all) {
+  std::lock_guard lock(impl_->mu);
+  std::vector<SandboxInfo> out;
+  for (auto& [id, sb] : impl_->boxes) {
+    if (!all && sb.state != State::running) continue;
+    bool match = true;
+    for (auto& [k, v] : filter) {
+      auto it = sb.spec.metadata.find(k);
+      match = match && it != sb.spec.metadata.end() && it->second == v;
+    }
+    if (match) out.push_back(sb);
+  }
+  return out;
+}
+
+SandboxInfo Engine::get(const std::string& id) {
+  std::lock_guard lock(impl_->mu);
+  auto it = impl_->boxes.find(id);
+  if (it == impl_->boxes.end()) throw Error(Errc::not_found, "no sandbox " + id, "id");
+  return it->second;
+}
+
+void Engine::destroy(const std::string& id) {
+  get(id);
+  std::lock_guard lock(impl_->mu);
+  if (impl_->boxes[id].state == State::deleted)
+    throw Error(Errc::not_found, "sandbox " + id + " is already deleted", "id");
+  impl_->boxes[id].state = State::deleted;
+  impl_->audit[id].push_back({{"ts", "t1"}, {"sandbox", id}, {"event", "deleted"}});
+}
+
+ExecResult Engine::exec(const std::string& id, const ExecRequest& req, const ExecCallbacks& cb) {
+  if (get(id).state != State::running) throw Error(Errc::conflict, "sandbox is not running");
+  std::vector<std::string> argv = req.argv;
+  if (argv.empty()) argv = {"sh", "-c", req.cmd};
+  ExecResult r;
+  r.exec_id = "ex-" + std::to_string(impl_->next++);
+  if (argv[0] == "fail-early") throw Error(Errc::invalid_argument, "no such program", "argv");
+  cb.on_start(r.exec_id, 42);
+  auto out = [&](int ch, std::string_view s) {
+    (ch == 1 ? r.stdout_bytes : r.stderr_bytes) += s.size();
+    return cb.on_output(ch, s);
+  };
+  const std::string& cmd = argv[0];
+  if (cmd == "echo") {
+    std::string s;
+    for (size_t i = 1; i < argv.size(); ++i) s += (i > 1 ? " " : "") + argv[i];
+    out(1, s + "\n");
+  } else if (cmd == "bytes") {
+    std::string all;
+    for (int i = 0; i < 256; ++i) all += static_cast<char>(i);
+    out(1, all);
+    out(2, "err");
+  } else if (cmd == "cat") {
+    r.stdin_bytes = req.stdin_data ? req.stdin_data->size() : 0;
+    if (req.stdin_data) out(1, *req.stdin_data);
+  } else if (cmd == "exit") {
+    r.exit_code = std::stoi(argv.at(1));
+    return r;
+  } else if (cmd == "kill9") {
+    r.signal = 9;
+    return r;
+  } else if (cmd == "slow") {
+    for (int i = 0; i < std::stoi(argv.at(1)); ++i) out(1, "tick\n");
+    r.timed_out = true;
+    r.signal = 9;
+    return r;
+  } else if (cmd == "fail-late") {
+    throw Error(Errc::guest_error, "guest went away");
+  } else if (cmd == "hang") {
+    std::unique_lock lock(impl_->mu);
+    impl_->cv.wait(lock, [&] { return impl_->killed.count(r.exec_id) > 0; });
+    r.signal = 9;
+    impl_->audit[id].push_back(
+        {{"ts", "t2"}, {"sandbox", id}, {"event", "killed"}, {"exec_id", r.exec_id}});
+    return r;
+  }
+  r.exit_code = 0;
+  return r;
+}
+
+void Engine::kill_exec(const std::string& id, const std::string& exec_id, int) {
+  get(id);
+  std::lock_guard lock(impl_->mu);
+  impl_->killed.insert(exec_id);
+  impl_->cv.notify_all();
+}
+
+uint64_t Engine::write_file(const std::string& id, const std::string& path, uint32_t,
+                            const ChunkSource& source) {
+  get(id);
+  std::string data;
+  while (auto chunk = source()) data += *chunk;
+  std::lock_guard lock(impl_->mu);
+  impl_->files[id + path] = data;
+  return data.size();
+}
+
+uint64_t Engine::read_file(const std::string& id, const std::string& path, const ChunkSink& sink) {
+  get(id);
+  std::string data;
+  {
+    std::lock_guard lock(impl_->mu);
+    auto it = impl_->files.find(id + path);
+    if (it == impl_->files.end()) throw Error(Errc::not_found, "no file " + path, "path");
+    data = it->second;
+  }
+  for (size_t i = 0; i < data.size(); i += 65536)
+    if (!sink(std::string_view(data).substr(i, 65536))) break;
+  return data.size();
+}
+
+nlohmann::json Engine::list_files(const std::string& id, const std::string& path) {
+  get(id);
+  return nlohmann::json::array({{{"name", "a"}, {"path", path}}});
+}
+nlohmann::json Engine::stat_file(const std::string& id, const std::string& path) {
+  get(id);
+  std::lock_guard lock(impl_->mu);
+  auto it = impl_->files.find(id + path);
+  if (it == impl_->files.end()) throw Error(Errc::not_found, "no file " + path, "path");
+  return {{"type", "file"}, {"size", it->second.size()}};
+}
+void Engine::make_dir(const std::string& id, const std::string&, bool) { get(id); }
+void Engine::remove_file(const std::string& id, const std::string& path, bool) {
+  get(id);
+  std::lock_guard lock(impl_->mu);
+  if (!impl_->files.erase(id + path)) throw Error(Errc::not_found, "no file " + path, "path");
+}
+nlohmann::json Engine::guest_info(const std::string& id) {
+  get(id);
+  return {{"kernel", "6.1.0-fake"}};
+}
+std::vector<nlohmann::json> Engine::audit(const std::string& id) {
+  std::lock_guard lock(impl_->mu);
+  auto it = impl_->audit.find(id);
+  if (it == impl_->audit.end()) throw Error(Errc::not_found, "no journal for " + id, "id");
+  return it->second;
+}
+nlohmann::json Engine::info() { return {{"version", "fake"}, {"accel", "tcg"}}; }
+storage::ImageStore& Engine::images() {
+  throw Error(Errc::internal, "the fake engine has no image store");
+}
+
+}  // namespace airlock::engine

@@ -1,0 +1,423 @@
+// airlock: docker-like verbs over airlockd (started on demand), plus image
+// build/ls run directly in this process.
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <mutex>
+#include <thread>
+
+#include "cli/args.h"
+#include "cli/client.h"
+#include "cli/spawn.h"
+#include "common/error.h"
+#include "daemon/base64.h"
+#include "daemon/paths.h"
+#include "engine/storage/image_store.h"
+
+namespace airlock::cli {
+namespace {
+
+using nlohmann::json;
+
+struct Globals {
+  std::string socket, data_dir, image_dir;
+  DaemonPaths paths() const {
+    DaemonPaths p;
+    p.data_dir = std::filesystem::absolute(data_dir.empty() ? daemon::default_data_dir()
+                                                            : std::filesystem::path(data_dir));
+    p.socket = std::filesystem::absolute(socket.empty() ? daemon::default_socket(p.data_dir)
+                                                        : std::filesystem::path(socket));
+    if (!image_dir.empty()) p.image_dir = std::filesystem::absolute(image_dir);
+    return p;
+  }
+};
+
+Client connect(const Globals& g) {
+  DaemonPaths p = g.paths();
+  Client c(p.socket);
+  ensure_daemon(c, p);
+  return c;
+}
+
+void write_all(int fd, std::string_view bytes) {
+  while (!bytes.empty()) {
+    ssize_t n = ::write(fd, bytes.data(), bytes.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) throw_errno(fd == 1 ? "writing stdout" : "writing stderr");
+    bytes.remove_prefix(size_t(n));
+  }
+}
+
+std::string read_all_fd(int fd) {
+  std::string out;
+  char buf[65536];
+  while (true) {
+    ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) throw_errno("reading stdin");
+    if (n == 0) return out;
+    out.append(buf, size_t(n));
+  }
+}
+
+int64_t now_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+// Runs an exec, writing its stdout/stderr as raw bytes as they arrive.
+int run_exec(const Client& c, const std::string& id, const ExecOptions& opts,
+             const std::vector<std::string>& argv, bool interactive) {
+  std::optional<std::string> in;
+  if (interactive || !::isatty(0)) in = read_all_fd(0);
+  json body = exec_body(opts, argv, in);
+  json exit = c.exec(id, body, [](const json& ev) {
+    std::string type = ev.value("type", "");
+    if (type != "stdout" && type != "stderr") return;
+    auto bytes = daemon::base64_decode(ev.value("data", ""));
+    if (!bytes) throw Error(Errc::internal, "airlockd sent invalid base64 output");
+    write_all(type == "stdout" ? 1 : 2, *bytes);
+  });
+  if (exit.value("timed_out", false))
+    std::fprintf(stderr, "airlock: command timed out after %.3g s\n",
+                 exit.value("duration_ms", 0) / 1000.0);
+  return exit_code_of(exit);
+}
+
+void add_create_flags(CLI::App* app, CreateOptions& o) {
+  app->add_option("--image", o.image, "guest image (default: minimal)");
+  app->add_option("--cpus", o.cpus, "virtual CPUs (1..16)");
+  app->add_option("--memory", o.memory_mb, "memory in MiB (64..65536)");
+  app->add_option("--disk", o.disk_mb, "disk size in MiB");
+  app->add_option("--lifetime", o.timeout_s, "seconds before the sandbox is destroyed");
+}
+
+void add_exec_flags(CLI::App* app, ExecOptions& o, bool& interactive) {
+  app->add_flag("-i,--interactive", interactive, "forward stdin even if it is a terminal");
+  app->add_option("--cwd", o.cwd, "working directory in the sandbox");
+  app->add_option("--user", o.user, "user name or uid (default root)");
+}
+
+void print_progress(const storage::BuildProgress& p, bool tty, std::string& last_step) {
+  if (tty) {
+    std::string line = "[" + p.step + "]";
+    if (p.bytes) line += " " + human_bytes(p.bytes);
+    std::fprintf(stdout, "\r%s\033[K", line.c_str());
+    std::fflush(stdout);
+  } else if (p.step != last_step) {
+    std::fprintf(stdout, "[%s]\n", p.step.c_str());
+    std::fflush(stdout);
+  }
+  last_step = p.step;
+}
+
+storage::ImageStore image_store(const Globals& g) {
+  DaemonPaths p = g.paths();
+  auto bin = daemon::exe_dir();
+  auto dir = p.image_dir.empty() ? daemon::default_image_dir(p.data_dir) : p.image_dir;
+  return storage::ImageStore(dir, bin.parent_path() / "share" / "airlock" / "images",
+                             bin / "airlock-guest");
+}
+
+// The sandbox `run` must destroy, shared with the signal thread.
+struct RunCleanup {
+  std::mutex mu;
+  std::string id;
+  bool interrupted = false;
+};
+
+int main_impl(int argc, char** argv) {
+  CLI::App app{"airlock: disposable microVM sandboxes"};
+  app.require_subcommand(1);
+  Globals g;
+  app.add_option("--socket", g.socket, "airlockd's socket (default <data-dir>/airlockd.sock)")
+      ->envname("AIRLOCK_SOCKET");
+  app.add_option("--data-dir", g.data_dir, "data directory of the daemon")
+      ->envname("AIRLOCK_DATA_DIR");
+  app.add_option("--image-dir", g.image_dir, "guest image directory")->envname("AIRLOCK_IMAGE_DIR");
+  app.set_version_flag("--version", AIRLOCK_VERSION);
+
+  CreateOptions copts;
+  ExecOptions eopts;
+  bool json_out = false, all = false, interactive = false;
+  std::vector<std::string> metas, ids, argv_rest;
+  std::string id, src, dst, image_name;
+  std::optional<double> exec_timeout;
+
+  auto* create = app.add_subcommand("create", "create a sandbox and print its id");
+  add_create_flags(create, copts);
+  create->add_option("--timeout", copts.timeout_s, "seconds of life (same as --lifetime)");
+  create->add_option("--env", copts.env, "KEY=VALUE default environment of every exec");
+  create->add_option("--meta", copts.meta, "KEY=VALUE label");
+  create->add_flag("--json", json_out, "print the sandbox as JSON");
+
+  auto* ls = app.add_subcommand("ls", "list sandboxes");
+  ls->add_flag("--json", json_out, "print JSON");
+  ls->add_flag("-a,--all", all, "include deleted, failed and timed-out sandboxes");
+  ls->add_option("--meta", metas, "KEY=VALUE filter");
+
+  auto* exec = app.add_subcommand("exec", "run a command in a sandbox: exec ID -- ARGV...");
+  add_exec_flags(exec, eopts, interactive);
+  exec->add_option("--env", eopts.env, "KEY=VALUE");
+  exec->add_option("--timeout", exec_timeout, "seconds before the command is killed");
+  exec->add_option("id", id, "sandbox id")->required();
+  exec->add_option("argv", argv_rest, "command and arguments (after --)");
+
+  auto* run = app.add_subcommand("run", "create, exec, destroy: run [flags] -- ARGV...");
+  add_create_flags(run, copts);
+  add_exec_flags(run, eopts, interactive);
+  run->add_option("--env", eopts.env, "KEY=VALUE");
+  run->add_option("--meta", copts.meta, "KEY=VALUE label");
+  run->add_option("--timeout", exec_timeout, "seconds before the command is killed");
+  run->add_option("argv", argv_rest, "command and arguments (after --)");
+
+  auto* cp = app.add_subcommand("cp", "copy a file: cp SRC DST, one side ID:/path, '-' = stdio");
+  cp->add_option("src", src)->required();
+  cp->add_option("dst", dst)->required();
+
+  auto* rm = app.add_subcommand("rm", "destroy sandboxes");
+  rm->add_option("ids", ids, "sandbox ids")->required();
+
+  auto* logs = app.add_subcommand("logs", "a sandbox's audit journal");
+  logs->add_option("id", id)->required();
+  logs->add_flag("--json", json_out, "print JSON");
+
+  auto* info = app.add_subcommand("info", "daemon and host facts");
+  info->add_flag("--json", json_out, "print JSON");
+
+  auto* image = app.add_subcommand("image", "guest images");
+  image->require_subcommand(1);
+  auto* image_build = image->add_subcommand("build", "build an image (if its inputs changed)");
+  image_build->add_option("name", image_name, "recipe: minimal, debian")->required();
+  auto* image_ls = image->add_subcommand("ls", "list built images");
+
+  // Everything after the first "--" is the command of exec/run, verbatim
+  // (CLI11 would otherwise read its "-c" as an option of ours).
+  std::vector<std::string> command;
+  int split = argc;
+  for (int i = 1; i < argc; ++i)
+    if (std::string_view(argv[i]) == "--") {
+      split = i;
+      break;
+    }
+  for (int i = split + 1; i < argc; ++i) command.push_back(argv[i]);
+  try {
+    app.parse(split, argv);
+  } catch (const CLI::ParseError& e) {
+    // --help/--version exit 0; every other parse error is a usage error: 2.
+    int code = app.exit(e);
+    return code == 0 ? 0 : 2;
+  }
+  if (!command.empty()) argv_rest.insert(argv_rest.end(), command.begin(), command.end());
+  if ((exec->parsed() || run->parsed()) && argv_rest.empty())
+    throw UsageError("no command given: airlock " +
+                     std::string(exec->parsed() ? "exec ID" : "run") + " -- ARGV...");
+
+  if (create->parsed()) {
+    Client c = connect(g);
+    json sb = c.call("POST", "/v1/sandboxes", create_body(copts));
+    std::cout << (json_out ? sb.dump(2) : sb.value("id", "")) << "\n";
+    return 0;
+  }
+  if (ls->parsed()) {
+    std::string target = "/v1/sandboxes";
+    std::string q = all ? "all=true" : "";
+    for (const auto& [k, v] : parse_kvs(metas, "--meta"))
+      q += (q.empty() ? "" : "&") + url_encode("metadata." + k) + "=" + url_encode(v);
+    if (!q.empty()) target += "?" + q;
+    json list = connect(g).call("GET", target);
+    std::cout << (json_out ? list.dump(2) + "\n" : format_sandbox_table(list, now_ms()));
+    return 0;
+  }
+  if (exec->parsed()) {
+    eopts.timeout_s = exec_timeout;
+    Client c = connect(g);
+    return run_exec(c, id, eopts, argv_rest, interactive);
+  }
+  if (run->parsed()) {
+    eopts.timeout_s = exec_timeout;
+    // Validate everything before a sandbox exists.
+    json create_req = create_body(copts);
+    exec_body(eopts, argv_rest, std::nullopt);
+    Client c = connect(g);
+    // Ctrl-C / SIGTERM: a thread destroys the sandbox (which ends the exec);
+    // the main thread then returns 130. Signals are blocked before any
+    // thread starts so only that thread receives them.
+    static RunCleanup cleanup;
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGHUP);
+    pthread_sigmask(SIG_BLOCK, &set, nullptr);
+    std::thread([set, &c] {
+      int sig = 0;
+      sigwait(&set, &sig);
+      std::string victim;
+      {
+        std::lock_guard lock(cleanup.mu);
+        cleanup.interrupted = true;
+        victim = cleanup.id;
+      }
+      if (!victim.empty()) {
+        try {
+          c.call("DELETE", "/v1/sandboxes/" + victim);
+        } catch (const std::exception&) {
+        }
+      }
+    }).detach();
+    json sb = c.call("POST", "/v1/sandboxes", create_req);
+    std::string sid = sb.value("id", "");
+    {
+      std::lock_guard lock(cleanup.mu);
+      cleanup.id = sid;
+      if (cleanup.interrupted) {
+        c.call("DELETE", "/v1/sandboxes/" + sid);
+        return 130;
+      }
+    }
+    int code = 1;
+    std::optional<Error> failure;
+    try {
+      code = run_exec(c, sid, eopts, argv_rest, interactive);
+    } catch (const Error& e) {
+      failure = e;
+    }
+    bool interrupted;
+    {
+      std::lock_guard lock(cleanup.mu);
+      interrupted = cleanup.interrupted;
+      cleanup.id.clear();
+    }
+    try {
+      c.call("DELETE", "/v1/sandboxes/" + sid);
+    } catch (const Error& e) {
+      if (e.code() != Errc::not_found) throw;  // already gone after Ctrl-C
+    }
+    if (interrupted) return 130;
+    if (failure) throw *failure;
+    return code;
+  }
+  if (cp->parsed()) {
+    CpPlan plan = plan_cp(src, dst);
+    Client c = connect(g);
+    if (plan.upload()) {
+      int fd = 0;
+      uint32_t mode = 0644;
+      std::string guest = plan.dst.path;
+      if (!plan.src.stdio) {
+        fd = ::open(plan.src.path.c_str(), O_RDONLY | O_CLOEXEC);
+        if (fd < 0) throw_errno("cannot open " + plan.src.path);
+        struct stat st {};
+        if (::fstat(fd, &st) == 0) {
+          if (S_ISDIR(st.st_mode)) throw UsageError("cp: " + plan.src.path + " is a directory");
+          mode = st.st_mode & 07777;
+        }
+        if (guest.back() == '/') guest += std::filesystem::path(plan.src.path).filename().string();
+      } else if (guest.back() == '/') {
+        throw UsageError("cp: name the file in the sandbox when copying from stdin");
+      }
+      c.upload(plan.dst.id, guest, mode, fd);
+      if (fd != 0) ::close(fd);
+    } else {
+      if (plan.dst.stdio) {
+        c.download(plan.src.id, plan.src.path, 1);
+      } else {
+        std::filesystem::path local = plan.dst.path;
+        if (std::filesystem::is_directory(local))
+          local /= std::filesystem::path(plan.src.path).filename();
+        int fd = ::open(local.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+        if (fd < 0) throw_errno("cannot create " + local.string());
+        try {
+          c.download(plan.src.id, plan.src.path, fd);
+        } catch (...) {
+          ::close(fd);
+          std::filesystem::remove(local);  // never leave a truncated copy behind
+          throw;
+        }
+        ::close(fd);
+      }
+    }
+    return 0;
+  }
+  if (rm->parsed()) {
+    Client c = connect(g);
+    int rc = 0;
+    for (const auto& victim : ids) {
+      try {
+        c.call("DELETE", "/v1/sandboxes/" + victim);
+        std::cout << victim << "\n";
+      } catch (const Error& e) {
+        std::fprintf(stderr, "airlock: %s: %s\n", victim.c_str(), e.what());
+        rc = 1;
+      }
+    }
+    return rc;
+  }
+  if (logs->parsed()) {
+    json records = connect(g).call("GET", "/v1/sandboxes/" + id + "/logs");
+    if (json_out) {
+      std::cout << records.dump(2) << "\n";
+    } else {
+      for (const auto& r : records) std::cout << format_audit_line(r) << "\n";
+    }
+    return 0;
+  }
+  if (info->parsed()) {
+    json j = connect(g).call("GET", "/v1/info");
+    if (json_out) {
+      std::cout << j.dump(2) << "\n";
+    } else {
+      for (const auto& [k, v] : j.items())
+        std::cout << k << ": " << (v.is_string() ? v.get<std::string>() : v.dump()) << "\n";
+    }
+    return 0;
+  }
+  if (image_build->parsed()) {
+    auto store = image_store(g);
+    bool tty = ::isatty(1);
+    std::string last;
+    auto start = std::chrono::steady_clock::now();
+    storage::Image img = store.build(
+        image_name, [&](const storage::BuildProgress& p) { print_progress(p, tty, last); });
+    if (tty && !last.empty()) std::fprintf(stdout, "\r\033[K");
+    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    std::printf("%s %s (%s, kernel %s) in %.1f s: %s\n", img.name.c_str(), img.key.c_str(),
+                human_bytes(img.rootfs_bytes).c_str(), img.kernel_release.c_str(), s,
+                img.dir.c_str());
+    return 0;
+  }
+  if (image_ls->parsed()) {
+    auto store = image_store(g);
+    std::printf("%-10s %-16s %-26s %10s  %s\n", "NAME", "KEY", "KERNEL", "SIZE", "DIR");
+    for (const auto& img : store.list())
+      std::printf("%-10s %-16s %-26s %10s  %s\n", img.name.c_str(), img.key.substr(0, 16).c_str(),
+                  img.kernel_release.c_str(), human_bytes(img.rootfs_bytes).c_str(),
+                  img.dir.c_str());
+    return 0;
+  }
+  return 2;
+}
+
+}  // namespace
+}  // namespace airlock::cli
+
+int main(int argc, char** argv) {
+  try {
+    return airlock::cli::main_impl(argc, argv);
+  } catch (const airlock::cli::UsageError& e) {
+    std::fprintf(stderr, "airlock: %s\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "airlock: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,81 @@
+#include "cli/spawn.h"
+
+#include <fcntl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <fstream>
+#include <thread>
+#include <vector>
+
+#include "common/error.h"
+#include "daemon/paths.h"
+
+namespace airlock::cli {
+
+namespace {
+
+std::string tail_of(const std::filesystem::path& file, size_t lines) {
+  std::ifstream in(file);
+  std::vector<std::string> all;
+  for (std::string line; std::getline(in, line);) all.push_back(line);
+  std::string out;
+  for (size_t i = all.size() > lines ? all.size() - lines : 0; i < all.size(); ++i)
+    out += "\n  " + all[i];
+  return out;
+}
+
+}  // namespace
+
+void ensure_daemon(const Client& client, const DaemonPaths& paths, double wait_s) {
+  if (client.ping()) return;
+  auto exe = daemon::exe_dir() / "airlockd";
+  if (::access(exe.c_str(), X_OK) != 0)
+    throw Error(Errc::unavailable, "no airlockd answers on " + paths.socket.string() +
+                                       " and none can be started: " + exe.string() + " is missing");
+  std::filesystem::create_directories(paths.data_dir);
+  auto log = paths.data_dir / "airlockd.log";
+
+  std::vector<std::string> args = {exe.string(), "--data-dir", paths.data_dir.string(), "--socket",
+                                   paths.socket.string()};
+  if (!paths.image_dir.empty()) {
+    args.push_back("--image-dir");
+    args.push_back(paths.image_dir.string());
+  }
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+
+  // Double fork: the daemon is re-parented to init at once and never becomes
+  // a zombie of this short-lived CLI; setsid keeps it out of our terminal's
+  // job control (Ctrl-C on the CLI must not reach it).
+  pid_t child = ::fork();
+  if (child < 0) throw_errno("fork");
+  if (child == 0) {
+    if (::setsid() < 0) ::_exit(127);
+    pid_t grandchild = ::fork();
+    if (grandchild != 0) ::_exit(grandchild < 0 ? 127 : 0);
+    int in = ::open("/dev/null", O_RDONLY);
+    int out = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+    if (in < 0 || out < 0) ::_exit(127);
+    ::dup2(in, 0);
+    ::dup2(out, 1);
+    ::dup2(out, 2);
+    ::execv(argv[0], argv.data());
+    ::_exit(127);
+  }
+  int status = 0;
+  ::waitpid(child, &status, 0);
+
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(wait_s);
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (client.ping()) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  throw Error(Errc::unavailable,
+              "started airlockd, but it did not answer on " + paths.socket.string() + " within " +
+                  std::to_string(int(wait_s)) + " s; see " + log.string() + tail_of(log, 5));
+}
+
+}  // namespace airlock::cli

@@ -1,0 +1,23 @@
+// Starting airlockd on demand, so a new user needs no service set-up.
+#pragma once
+
+#include <filesystem>
+
+#include "cli/client.h"
+
+namespace airlock::cli {
+
+struct DaemonPaths {
+  std::filesystem::path data_dir;
+  std::filesystem::path socket;
+  std::filesystem::path image_dir;  // empty: the daemon's default
+};
+
+// Returns at once if a daemon answers on `paths.socket`. Otherwise starts
+// `<exe dir>/airlockd --data-dir .. --socket ..` detached (own session, stdio
+// to <data dir>/airlockd.log) and waits up to `wait_s` for it to answer.
+// Throws Error(unavailable) naming the log file (and its last lines) if it
+// does not.
+void ensure_daemon(const Client& client, const DaemonPaths& paths, double wait_s = 10);
+
+}  // namespace airlock::cli

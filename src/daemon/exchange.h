@@ -1,0 +1,87 @@
+// One HTTP request/response exchange on a connection (internal to airlockd).
+// Wraps Beast's sync API: body reading with limits (JSON strings or streamed
+// chunks), JSON/error responses, and chunked streaming responses.
+#pragma once
+
+#include <boost/asio/local/stream_protocol.hpp>
+#include <boost/beast/core/flat_buffer.hpp>
+#include <boost/beast/http.hpp>
+#include <cstdint>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "common/error.h"
+
+namespace airlock::daemon {
+
+namespace http = boost::beast::http;
+using Socket = boost::asio::local::stream_protocol::socket;
+using RequestParser = http::request_parser<http::buffer_body>;
+
+class Exchange {
+ public:
+  Exchange(Socket& socket, boost::beast::flat_buffer& buffer, RequestParser& parser);
+
+  const http::request<http::buffer_body>& request() const { return parser_.get(); }
+  std::string_view method() const { return method_; }
+  std::string_view path() const { return path_; }
+  std::string_view query() const { return query_; }
+  // Declared Content-Length, if any (a chunked body has none).
+  std::optional<uint64_t> content_length() const {
+    auto len = parser_.content_length();
+    return len ? std::optional<uint64_t>(*len) : std::nullopt;
+  }
+
+  // Whole body as a string; Error(payload_too_large) above `limit`.
+  std::string read_body(uint64_t limit);
+  // Next piece of the body (up to `max` bytes, fewer only at the end);
+  // std::nullopt once the body is complete.
+  std::optional<std::string> read_chunk(size_t max);
+
+  void send_json(int status, const nlohmann::json& body);
+  void send_empty(int status);
+  void send_error(const Error& error);
+  void send_error(int status, std::string_view code, std::string_view message,
+                  std::string_view allow = {});
+
+  // Chunked streaming response. write_chunk returns false once the client
+  // is gone. All three are serialized by an internal mutex, so engine
+  // callbacks on other threads may call them.
+  void begin_stream(std::string_view content_type);
+  bool write_chunk(std::string_view data);
+  void end_stream();
+  // Abandons a stream mid-way: the connection is closed without the
+  // terminating chunk.
+  void abort_stream();
+  bool streaming() const { return streaming_; }
+
+  // Whether the connection may carry another request afterwards.
+  bool keep_alive() const;
+  int status() const { return status_; }
+  bool responded() const { return status_ != 0; }
+  int native_handle() { return socket_.native_handle(); }
+
+ private:
+  void continue_100();
+  template <class Response>
+  void write(Response& res);
+
+  Socket& socket_;
+  boost::beast::flat_buffer& buffer_;
+  RequestParser& parser_;
+  std::string method_, path_, query_;
+  int status_ = 0;
+  bool close_ = false;  // set when the connection cannot be reused
+  bool continued_ = false;
+  bool streaming_ = false;
+  std::mutex write_mu_;
+};
+
+// {"error": {"code", "message", "field"?}}
+nlohmann::json error_body(std::string_view code, std::string_view message,
+                          std::string_view field = {});
+
+}  // namespace airlock::daemon

@@ -1,0 +1,255 @@
+#include "daemon/handlers.h"
+
+#include <poll.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <thread>
+
+#include "daemon/base64.h"
+#include "daemon/request.h"
+#include "daemon/router.h"
+
+namespace airlock::daemon {
+namespace {
+
+using nlohmann::json;
+
+// Request bodies of routes that take none must be empty: a stray body is
+// more likely a client bug than something to ignore.
+void expect_no_body(Exchange& ex) {
+  if (!ex.read_body(kMaxJsonBody).empty())
+    throw Error(Errc::invalid_argument, "this request takes no body", "body");
+}
+
+// Kills an exec whose client hung up even while the process is silent (a
+// failed write catches it only when output arrives).
+class HangupWatch {
+ public:
+  HangupWatch(engine::Engine& engine, std::string id, std::string exec_id, int fd)
+      : thread_([this, &engine, id = std::move(id), exec_id = std::move(exec_id), fd] {
+          while (!done_) {
+            pollfd p{fd, 0, 0};  // POLLHUP/POLLERR are always reported
+            if (::poll(&p, 1, 200) > 0 && (p.revents & (POLLHUP | POLLERR))) {
+              spdlog::info("client of exec {} in {} hung up; killing it", exec_id, id);
+              try {
+                engine.kill_exec(id, exec_id, 9);
+              } catch (const std::exception& e) {
+                spdlog::debug("kill after hangup: {}", e.what());
+              }
+              return;
+            }
+          }
+        }) {}
+  ~HangupWatch() {
+    done_ = true;
+    thread_.join();
+  }
+
+ private:
+  std::atomic<bool> done_{false};
+  std::thread thread_;
+};
+
+void handle_exec(engine::Engine& engine, Exchange& ex, const std::string& id) {
+  engine::ExecRequest req = parse_exec(ex.read_body(kMaxJsonBody));
+  std::unique_ptr<HangupWatch> watch;
+  auto line = [&](const json& j) { return ex.write_chunk(j.dump() + "\n"); };
+  engine::ExecCallbacks cb;
+  cb.on_start = [&](const std::string& exec_id, int pid) {
+    ex.begin_stream("application/x-ndjson");
+    line({{"type", "start"}, {"exec_id", exec_id}, {"pid", pid}});
+    watch = std::make_unique<HangupWatch>(engine, id, exec_id, ex.native_handle());
+  };
+  cb.on_output = [&](int channel, std::string_view bytes) {
+    if (!ex.streaming()) ex.begin_stream("application/x-ndjson");
+    return line({{"type", channel == 2 ? "stderr" : "stdout"}, {"data", base64_encode(bytes)}});
+  };
+  try {
+    engine::ExecResult result = engine.exec(id, req, cb);
+    watch.reset();
+    if (!ex.streaming()) ex.begin_stream("application/x-ndjson");
+    json exit = engine::to_json(result);
+    exit["type"] = "exit";
+    line(exit);
+    ex.end_stream();
+  } catch (const Error& e) {
+    watch.reset();
+    if (!ex.streaming()) throw;
+    json j = error_body(to_string(e.code()), e.what(), e.field());
+    j["type"] = "error";
+    line(j);
+    ex.end_stream();
+  } catch (const std::exception& e) {
+    watch.reset();
+    if (!ex.streaming()) throw;
+    json j = error_body("internal", e.what());
+    j["type"] = "error";
+    line(j);
+    ex.end_stream();
+  }
+}
+
+void handle_get_file(engine::Engine& engine, Exchange& ex, const std::string& id,
+                     const std::string& path) {
+  try {
+    engine.read_file(id, path, [&](std::string_view chunk) {
+      if (!ex.streaming()) ex.begin_stream("application/octet-stream");
+      return ex.write_chunk(chunk);
+    });
+  } catch (...) {
+    if (!ex.streaming()) throw;
+    ex.abort_stream();  // see server.h: truncation must be visible to the client
+    throw;
+  }
+  if (!ex.streaming()) ex.begin_stream("application/octet-stream");
+  ex.end_stream();
+}
+
+void dispatch(engine::Engine& engine, Exchange& ex) {
+  RouteMatch m = match_route(ex.method(), ex.path());
+  if (m.status == RouteStatus::not_found) {
+    ex.send_error(404, "not_found",
+                  "no route for " + std::string(ex.method()) + " " + std::string(ex.path()));
+    return;
+  }
+  if (m.status == RouteStatus::method_not_allowed) {
+    ex.send_error(405, "method_not_allowed",
+                  std::string(ex.method()) + " is not allowed on " + std::string(ex.path()) +
+                      " (allowed: " + m.allow + ")",
+                  m.allow);
+    return;
+  }
+  if (!m.id.empty()) check_id(m.id, "id");
+  if (!m.exec_id.empty()) check_id(m.exec_id, "exec_id");
+  Query q = parse_query(ex.query());
+  const std::string& id = m.id;
+
+  switch (m.route) {
+    case Route::info: {
+      check_query_keys(q, {});
+      expect_no_body(ex);
+      json j = engine.info();
+      j["daemon"] = {{"version", AIRLOCK_VERSION}, {"pid", ::getpid()}};
+      ex.send_json(200, j);
+      return;
+    }
+    case Route::create_sandbox: {
+      check_query_keys(q, {});
+      engine::SandboxSpec spec = parse_create(ex.read_body(kMaxJsonBody));
+      ex.send_json(201, engine::to_json(engine.create(spec)));
+      return;
+    }
+    case Route::list_sandboxes: {
+      check_query_keys(q, {"all", "metadata."});
+      expect_no_body(ex);
+      json arr = json::array();
+      for (const auto& sb : engine.list(metadata_filter(q), query_bool(q, "all", false)))
+        arr.push_back(engine::to_json(sb));
+      ex.send_json(200, arr);
+      return;
+    }
+    case Route::get_sandbox:
+      check_query_keys(q, {});
+      expect_no_body(ex);
+      ex.send_json(200, engine::to_json(engine.get(id)));
+      return;
+    case Route::delete_sandbox:
+      check_query_keys(q, {});
+      expect_no_body(ex);
+      engine.destroy(id);
+      ex.send_empty(204);
+      return;
+    case Route::exec:
+      check_query_keys(q, {});
+      handle_exec(engine, ex, id);
+      return;
+    case Route::kill_exec: {
+      check_query_keys(q, {"signal"});
+      int sig = query_signal(q, 9);
+      expect_no_body(ex);
+      engine.kill_exec(id, m.exec_id, sig);
+      ex.send_empty(204);
+      return;
+    }
+    case Route::put_file: {
+      check_query_keys(q, {"path", "mode"});
+      std::string path = query_path(q);
+      uint32_t mode = query_mode(q, 0644);
+      if (auto len = ex.content_length(); len && *len > kMaxUploadBody)
+        throw Error(Errc::payload_too_large,
+                    "upload of " + std::to_string(*len) + " bytes is over the limit of " +
+                        std::to_string(kMaxUploadBody),
+                    "body");
+      // Streamed: at most one 256 KiB piece is held here at a time.
+      uint64_t n = engine.write_file(id, path, mode, [&] { return ex.read_chunk(256 * 1024); });
+      // The engine may stop early on error; the rest of the body is then unread
+      // and keep_alive() turns false, closing the connection after the reply.
+      ex.send_json(201, {{"path", path}, {"bytes", n}});
+      return;
+    }
+    case Route::get_file:
+      check_query_keys(q, {"path"});
+      expect_no_body(ex);
+      handle_get_file(engine, ex, id, query_path(q));
+      return;
+    case Route::delete_file: {
+      check_query_keys(q, {"path", "recursive"});
+      std::string path = query_path(q);
+      bool recursive = query_bool(q, "recursive", false);
+      expect_no_body(ex);
+      engine.remove_file(id, path, recursive);
+      ex.send_empty(204);
+      return;
+    }
+    case Route::list_files:
+      check_query_keys(q, {"path"});
+      expect_no_body(ex);
+      ex.send_json(200, engine.list_files(id, query_path(q)));
+      return;
+    case Route::stat_file:
+      check_query_keys(q, {"path"});
+      expect_no_body(ex);
+      ex.send_json(200, engine.stat_file(id, query_path(q)));
+      return;
+    case Route::make_dir: {
+      check_query_keys(q, {});
+      MkdirRequest req = parse_mkdir(ex.read_body(kMaxJsonBody));
+      engine.make_dir(id, req.path, req.parents);
+      ex.send_json(201, {{"path", req.path}});
+      return;
+    }
+    case Route::logs: {
+      check_query_keys(q, {});
+      expect_no_body(ex);
+      json arr = json::array();
+      for (auto& event : engine.audit(id)) arr.push_back(std::move(event));
+      ex.send_json(200, arr);
+      return;
+    }
+    case Route::guest_info:
+      check_query_keys(q, {});
+      expect_no_body(ex);
+      ex.send_json(200, engine.guest_info(id));
+      return;
+  }
+  ex.send_error(500, "internal", "route without a handler");
+}
+
+}  // namespace
+
+void handle(engine::Engine& engine, Exchange& ex) {
+  try {
+    dispatch(engine, ex);
+  } catch (const Error& e) {
+    if (ex.streaming()) return;  // the stream already reported or aborted
+    ex.send_error(e);
+  } catch (const std::exception& e) {
+    spdlog::error("{} {}: unexpected exception: {}", ex.method(), ex.path(), e.what());
+    if (ex.streaming()) return;
+    ex.send_error(500, "internal", std::string("internal error: ") + e.what());
+  }
+}
+
+}  // namespace airlock::daemon

@@ -1,0 +1,68 @@
+// airlockd: the engine behind an HTTP/JSON API on a unix socket.
+// See server.h for the socket and streaming rules, api/openapi.yaml for the API.
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdlib>
+
+#include "common/error.h"
+#include "daemon/paths.h"
+#include "daemon/server.h"
+#include "engine/engine.h"
+
+int main(int argc, char** argv) {
+  using namespace airlock;
+  CLI::App app{"airlockd: disposable microVM sandboxes behind an HTTP API on a unix socket"};
+  std::string data_dir, socket, image_dir, accel = "auto", log_level = "info";
+  app.add_option("--data-dir", data_dir,
+                 "registry, sandboxes and audit journals (default: /var/lib/airlock as root, "
+                 "else $XDG_DATA_HOME/airlock or ~/.local/share/airlock)");
+  app.add_option("--socket", socket,
+                 "unix socket to listen on (default: <data-dir>/airlockd.sock)");
+  app.add_option("--image-dir", image_dir,
+                 "guest images (default: $AIRLOCK_IMAGE_DIR or <data-dir>/images)");
+  app.add_option("--accel", accel, "accelerator: auto (probe), kvm or tcg")
+      ->check(CLI::IsMember({"auto", "kvm", "tcg"}));
+  app.add_option("--log-level", log_level, "trace, debug, info, warn, error")
+      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}));
+  app.set_version_flag("--version", AIRLOCK_VERSION);
+  CLI11_PARSE(app, argc, argv);
+
+  spdlog::set_level(spdlog::level::from_str(log_level));
+  spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%l%$ [%t] %v");
+  try {
+    std::filesystem::path data =
+        data_dir.empty() ? daemon::default_data_dir() : std::filesystem::path(data_dir);
+    data = std::filesystem::absolute(data);
+    std::filesystem::create_directories(data);
+    std::filesystem::path sock =
+        socket.empty() ? daemon::default_socket(data) : std::filesystem::path(socket);
+    daemon::Server server(std::filesystem::absolute(sock));
+    server.bind();  // before the engine: a second daemon must not touch the data dir
+
+    engine::Config config;
+    config.data_dir = data;
+    config.image_dir =
+        image_dir.empty() ? daemon::default_image_dir(data) : std::filesystem::path(image_dir);
+    config.accel = accel == "auto" ? "" : accel;
+    auto eng = std::make_unique<engine::Engine>(config);
+    spdlog::info("data dir {}, images {}", data.string(), config.image_dir.string());
+    if (!server.run(*eng)) {
+      // A connection thread is still inside the engine (e.g. a boot): do not
+      // destroy the engine under it. Sandboxes are re-adopted at next start.
+      spdlog::default_logger()->flush();
+      std::_Exit(0);
+    }
+    eng.reset();
+    spdlog::info("airlockd stopped");
+    return 0;
+  } catch (const airlock::Error& e) {
+    spdlog::error("{}", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    spdlog::error("fatal: {}", e.what());
+    return 1;
+  }
+}

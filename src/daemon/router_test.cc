@@ -1,0 +1,57 @@
+#include "daemon/router.h"
+
+#include <gtest/gtest.h>
+
+namespace airlock::daemon {
+namespace {
+
+TEST(Router, MatchesEveryRouteInTheTable) {
+  for (const auto& spec : routes()) {
+    std::string path = spec.path;
+    for (auto [from, to] : {std::pair{"{id}", "sb1"}, std::pair{"{exec_id}", "ex1"}}) {
+      auto pos = path.find(from);
+      if (pos != std::string::npos) path.replace(pos, std::string(from).size(), to);
+    }
+    RouteMatch m = match_route(spec.method, path);
+    ASSERT_EQ(m.status, RouteStatus::ok) << spec.method << " " << path;
+    EXPECT_EQ(m.route, spec.route) << path;
+  }
+}
+
+TEST(Router, ExtractsIds) {
+  RouteMatch m = match_route("DELETE", "/v1/sandboxes/sb-1/exec/e-2");
+  ASSERT_EQ(m.status, RouteStatus::ok);
+  EXPECT_EQ(m.route, Route::kill_exec);
+  EXPECT_EQ(m.id, "sb-1");
+  EXPECT_EQ(m.exec_id, "e-2");
+  m = match_route("GET", "/v1/sandboxes/abc/files/list");
+  EXPECT_EQ(m.route, Route::list_files);
+  EXPECT_EQ(m.id, "abc");
+}
+
+TEST(Router, FixedSegmentsBeatNothing) {
+  // "info" under a sandbox is the guest info route, not a sandbox named info.
+  EXPECT_EQ(match_route("GET", "/v1/info").route, Route::info);
+  EXPECT_EQ(match_route("GET", "/v1/sandboxes/x/info").route, Route::guest_info);
+  EXPECT_EQ(match_route("GET", "/v1/sandboxes/x/files").route, Route::get_file);
+}
+
+TEST(Router, UnknownPathsAre404) {
+  for (const char* p : {"/", "", "/v1", "/v2/sandboxes", "/v1/sandboxes/", "/v1/sandboxes//exec",
+                        "/v1/sandboxes/x/exec/", "/v1/sandboxes/x/nope", "v1/info",
+                        "/v1/sandboxes/x/files/list/more"})
+    EXPECT_EQ(match_route("GET", p).status, RouteStatus::not_found) << p;
+}
+
+TEST(Router, WrongMethodIs405WithAllow) {
+  RouteMatch m = match_route("PATCH", "/v1/sandboxes/x");
+  EXPECT_EQ(m.status, RouteStatus::method_not_allowed);
+  EXPECT_EQ(m.allow, "GET, DELETE");
+  m = match_route("GET", "/v1/sandboxes/x/exec");
+  EXPECT_EQ(m.status, RouteStatus::method_not_allowed);
+  EXPECT_EQ(m.allow, "POST");
+  EXPECT_EQ(match_route("DELETE", "/v1/sandboxes").allow, "POST, GET");
+}
+
+}  // namespace
+}  // namespace airlock::daemon

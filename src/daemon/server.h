@@ -1,0 +1,65 @@
+// airlockd's HTTP/1.1 server: a unix socket, one thread per connection
+// (engine calls block), keep-alive, routes from router.h, bodies validated by
+// request.h, errors as {"error": {"code", "message", "field"}}.
+//
+// The socket file is the credential (mode 0600 in a 0700 directory). A lock
+// file beside it (<socket>.lock, flock) makes a second daemon on the same
+// socket refuse to start; a stale socket file is removed only when nothing
+// answers on it.
+//
+//   Server server("/var/lib/airlock/airlockd.sock");
+//   server.bind();                       // throws Error(conflict) if taken
+//   engine::Engine engine(config);       // only once the socket is ours
+//   bool clean = server.run(engine);     // until SIGTERM/SIGINT
+//
+// Streaming responses (see api/openapi.yaml):
+//   * exec: 200 chunked application/x-ndjson, one JSON object per line:
+//       {"type":"start","exec_id":..,"pid":..}
+//       {"type":"stdout"|"stderr","data":"<base64>"}   (one per chunk, flushed)
+//       {"type":"exit", <engine::to_json(ExecResult)>}
+//     or, after the stream started, {"type":"error","error":{code,message,field}}.
+//     Errors before the process starts are ordinary 4xx/5xx JSON responses.
+//     A client that disconnects kills the exec.
+//   * file download: 200 chunked application/octet-stream; an error after
+//     the first byte aborts the connection without the terminating chunk,
+//     so the client sees a truncated (invalid) chunked body, never a short
+//     file that looks complete.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <filesystem>
+#include <memory>
+#include <mutex>
+#include <set>
+
+#include "engine/engine.h"
+
+namespace airlock::daemon {
+
+class Server {
+ public:
+  explicit Server(std::filesystem::path socket_path);
+  ~Server();
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+
+  // Takes the lock file and binds the socket (0600). Throws Error(conflict)
+  // if another daemon holds the lock or answers on the socket.
+  void bind();
+
+  // Serves until SIGTERM/SIGINT or stop(); then stops accepting, removes the
+  // socket, ends open connections and waits (bounded) for their threads.
+  // Returns false if some connection thread is still inside the engine when
+  // the wait ends (the caller should then exit without destroying the engine).
+  bool run(engine::Engine& engine);
+
+  // Asks run() to return; thread-safe.
+  void stop();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace airlock::daemon

@@ -1,0 +1,513 @@
+#include "engine/channel/guest_channel.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "common/error.h"
+#include "protocol/messages.h"
+
+namespace airlock::channel {
+
+using protocol::Frame;
+using protocol::Type;
+namespace {
+
+constexpr uint8_t kIn = 0, kOut = 1, kErr = 2;
+// Non-data frames a stream may have queued (event, 2 eof, response, plus
+// slack). A guest that floods more is breaking the protocol.
+constexpr size_t kMaxQueuedControl = 64;
+// A write that cannot make progress for this long means the guest stopped
+// reading its port entirely: treat the connection as lost rather than hang.
+constexpr auto kWriteStall = std::chrono::seconds(60);
+// After a deadline kills an exec, how long the guest gets to answer.
+constexpr auto kKillGrace = std::chrono::seconds(10);
+
+}  // namespace
+
+struct GuestChannel::Stream {
+  std::condition_variable cv;
+  std::deque<Frame> frames;
+  size_t control = 0;
+  // Guest->host windows (what the guest may still send us) per channel.
+  uint64_t recv_window[3] = {protocol::kInitialCredit, protocol::kInitialCredit,
+                             protocol::kInitialCredit};
+  // Host->guest window on channel in.
+  uint64_t send_window = protocol::kInitialCredit;
+  std::string failed;  // set by the reader when the guest broke the rules
+};
+
+std::unique_ptr<GuestChannel> GuestChannel::connect(const std::filesystem::path& path,
+                                                    Deadline deadline) {
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (path.native().size() >= sizeof(addr.sun_path))
+    throw Error(Errc::internal, "agent socket path too long: " + path.string());
+  std::memcpy(addr.sun_path, path.c_str(), path.native().size() + 1);
+  int last_errno = 0;
+  for (;;) {
+    int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) throw_errno("socket");
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) return from_fd(fd);
+    last_errno = errno;
+    ::close(fd);
+    // QEMU creates the socket shortly after it starts; until then ENOENT or
+    // ECONNREFUSED are expected. Anything else will not get better.
+    if (last_errno != ENOENT && last_errno != ECONNREFUSED && last_errno != EAGAIN) break;
+    if (Clock::now() >= deadline) {
+      throw Error(Errc::timeout, "agent socket " + path.string() +
+                                     " did not accept in time: " + std::strerror(last_errno));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  throw Error(Errc::internal,
+              "cannot connect to agent socket " + path.string() + ": " + std::strerror(last_errno));
+}
+
+std::unique_ptr<GuestChannel> GuestChannel::from_fd(int fd) {
+  return std::unique_ptr<GuestChannel>(new GuestChannel(fd));
+}
+
+GuestChannel::GuestChannel(int fd) : fd_(fd) {
+  // Non-blocking so writes can give up on a guest that stopped reading
+  // (poll with a stall limit) instead of blocking forever.
+  int flags = ::fcntl(fd_, F_GETFL);
+  ::fcntl(fd_, F_SETFL, flags | O_NONBLOCK);
+  reader_ = std::thread([this] { reader_loop(); });
+}
+
+GuestChannel::~GuestChannel() {
+  close("channel destroyed");
+  if (reader_.joinable()) reader_.join();
+  ::close(fd_);
+}
+
+bool GuestChannel::closed() const {
+  std::lock_guard lock(mu_);
+  return closed_;
+}
+
+std::string GuestChannel::closed_reason() const {
+  std::lock_guard lock(mu_);
+  return why_;
+}
+
+void GuestChannel::close(const std::string& why) {
+  fail_all(why);
+  // Wakes the reader's poll (POLLHUP) so it exits promptly.
+  ::shutdown(fd_, SHUT_RDWR);
+}
+
+void GuestChannel::fail_all(const std::string& why) {
+  std::lock_guard lock(mu_);
+  if (closed_) return;
+  closed_ = true;
+  why_ = why;
+  for (auto& [id, st] : streams_) st->cv.notify_all();
+  hello_cv_.notify_all();
+}
+
+void GuestChannel::reader_loop() {
+  protocol::Decoder decoder;
+  std::string buf(64 * 1024, '\0');
+  for (;;) {
+    pollfd p{fd_, POLLIN, 0};
+    int r = ::poll(&p, 1, -1);
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      fail_all(std::string("poll failed: ") + std::strerror(errno));
+      return;
+    }
+    ssize_t n = ::recv(fd_, buf.data(), buf.size(), 0);
+    if (n < 0) {
+      if (errno == EINTR || errno == EAGAIN) continue;
+      fail_all(std::string("read failed: ") + std::strerror(errno));
+      return;
+    }
+    if (n == 0) {
+      fail_all("the guest closed the connection (VM stopped?)");
+      return;
+    }
+    try {
+      decoder.feed(buf.data(), static_cast<size_t>(n));
+      while (auto f = decoder.next()) dispatch(std::move(*f));
+    } catch (const Error& e) {
+      // The host does not resynchronise: a guest that garbles its framing is
+      // broken or hostile, and the engine treats the sandbox as failed.
+      fail_all(std::string("protocol error from guest: ") + e.what());
+      ::shutdown(fd_, SHUT_RDWR);
+      return;
+    }
+  }
+}
+
+void GuestChannel::dispatch(Frame f) {
+  std::lock_guard lock(mu_);
+  if (f.stream == 0) {
+    if (f.type != Type::hello) return;  // the guest may only say hello on 0
+    auto j = nlohmann::json::parse(f.payload, nullptr, false);
+    if (!j.is_object())
+      j = protocol::error_json(protocol::code::protocol_error, "hello reply is not a JSON object");
+    if (hello_replies_.size() < 8) hello_replies_.push_back(std::move(j));
+    hello_cv_.notify_all();
+    return;
+  }
+  auto it = streams_.find(f.stream);
+  if (it == streams_.end()) return;  // a stream we abandoned: drop
+  Stream& st = *it->second;
+  if (!st.failed.empty()) return;
+  auto violate = [&](const std::string& what) {
+    st.failed = "guest broke the protocol on stream " + std::to_string(f.stream) + ": " + what;
+    st.cv.notify_all();
+  };
+  switch (f.type) {
+    case Type::credit: {
+      uint32_t n;
+      try {
+        n = protocol::parse_credit(f);
+      } catch (const Error& e) {
+        return violate(e.what());
+      }
+      if (f.channel == kIn) {
+        st.send_window = std::min<uint64_t>(st.send_window + n, UINT32_MAX);
+        st.cv.notify_all();  // an upload may be waiting for it
+      }
+      return;  // credit is consumed here, never queued
+    }
+    case Type::data: {
+      if (f.channel != kOut && f.channel != kErr) return violate("data on channel in");
+      if (f.payload.size() > st.recv_window[f.channel])
+        return violate("data beyond the credit window");
+      st.recv_window[f.channel] -= f.payload.size();
+      break;
+    }
+    case Type::response:
+    case Type::event:
+    case Type::eof:
+      if (++st.control > kMaxQueuedControl) return violate("too many control frames");
+      break;
+    default:
+      return violate("unexpected frame type " + std::to_string(static_cast<int>(f.type)));
+  }
+  st.frames.push_back(std::move(f));
+  st.cv.notify_all();
+}
+
+void GuestChannel::send_raw(std::string_view bytes) {
+  auto stalled_since = Clock::now();
+  while (!bytes.empty()) {
+    ssize_t n = ::send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL);
+    if (n > 0) {
+      bytes.remove_prefix(static_cast<size_t>(n));
+      stalled_since = Clock::now();
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && errno == EAGAIN) {
+      if (closed()) break;
+      if (Clock::now() - stalled_since > kWriteStall) {
+        close("the guest stopped reading its port");
+        break;
+      }
+      pollfd p{fd_, POLLOUT, 0};
+      ::poll(&p, 1, 100);
+      continue;
+    }
+    close(std::string("write failed: ") + std::strerror(errno));
+    break;
+  }
+  if (!bytes.empty()) {
+    throw Error(Errc::guest_error, "guest agent connection lost: " + closed_reason());
+  }
+}
+
+void GuestChannel::send(const Frame& frame) {
+  std::string wire = protocol::encode(frame);
+  std::lock_guard lock(write_mu_);
+  if (closed()) throw Error(Errc::guest_error, "guest agent connection lost: " + closed_reason());
+  send_raw(wire);
+}
+
+uint32_t GuestChannel::open_stream() { return next_stream_.fetch_add(1); }
+
+std::shared_ptr<GuestChannel::Stream> GuestChannel::register_stream(uint32_t id) {
+  if (id == 0) throw Error(Errc::internal, "stream 0 is reserved for hello");
+  std::lock_guard lock(mu_);
+  if (closed_) throw Error(Errc::guest_error, "guest agent connection lost: " + why_);
+  auto st = std::make_shared<Stream>();
+  if (!streams_.emplace(id, st).second)
+    throw Error(Errc::internal, "stream " + std::to_string(id) + " is already in use");
+  return st;
+}
+
+void GuestChannel::unregister_stream(uint32_t id) {
+  std::lock_guard lock(mu_);
+  streams_.erase(id);
+}
+
+std::optional<Frame> GuestChannel::wait_frame(Stream& st, Deadline deadline, bool want_credit) {
+  std::unique_lock lock(mu_);
+  for (;;) {
+    if (!st.frames.empty()) {
+      Frame f = std::move(st.frames.front());
+      st.frames.pop_front();
+      if (f.type != Type::data) --st.control;
+      return f;
+    }
+    if (!st.failed.empty()) throw Error(Errc::guest_error, st.failed);
+    if (closed_) throw Error(Errc::guest_error, "guest agent connection lost: " + why_);
+    if (want_credit && st.send_window > 0) return std::nullopt;
+    if (st.cv.wait_until(lock, deadline) == std::cv_status::timeout && st.frames.empty() &&
+        !(want_credit && st.send_window > 0) && st.failed.empty() && !closed_) {
+      throw Error(Errc::timeout, "the guest agent did not answer in time");
+    }
+  }
+}
+
+uint32_t GuestChannel::take_credit(Stream& st, uint32_t max) {
+  std::lock_guard lock(mu_);
+  uint32_t n = static_cast<uint32_t>(std::min<uint64_t>(st.send_window, max));
+  st.send_window -= n;
+  return n;
+}
+
+void GuestChannel::grant(uint32_t id, Stream& st, uint8_t channel, uint32_t bytes) {
+  {
+    std::lock_guard lock(mu_);
+    st.recv_window[channel] += bytes;
+  }
+  send(protocol::make_credit(id, channel, bytes));
+}
+
+bool GuestChannel::pump_upload(uint32_t id, Stream& st, const ChunkSource& source,
+                               std::string& pending) {
+  for (;;) {
+    if (pending.empty()) {
+      auto chunk = source();
+      if (!chunk) {
+        send(Frame{Type::eof, kIn, id, {}});
+        return true;
+      }
+      pending = std::move(*chunk);
+      continue;  // empty chunks are skipped: data frames carry >= 1 byte
+    }
+    uint32_t want = static_cast<uint32_t>(std::min(pending.size(), protocol::kMaxPayload));
+    uint32_t n = take_credit(st, want);
+    if (n == 0) return false;
+    send(Frame{Type::data, kIn, id, pending.substr(0, n)});
+    pending.erase(0, n);
+  }
+}
+
+nlohmann::json GuestChannel::hello(const HelloParams& params, Deadline deadline) {
+  std::string entropy(64, '\0');
+  size_t got = 0;
+  while (got < entropy.size()) {
+    ssize_t n = ::getrandom(entropy.data() + got, entropy.size() - got, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) throw_errno("getrandom");
+    got += static_cast<size_t>(n);
+  }
+  auto now = std::chrono::system_clock::now().time_since_epoch();
+  nlohmann::json body{
+      {"version", protocol::kVersion},
+      {"time_ns", std::chrono::duration_cast<std::chrono::nanoseconds>(now).count()},
+      {"entropy", protocol::to_hex(entropy)}};
+  if (!params.hostname.empty()) body["hostname"] = params.hostname;
+  {
+    std::lock_guard lock(mu_);
+    hello_replies_.clear();
+  }
+  {
+    std::string wire;
+    if (params.resync) wire.assign(protocol::kHeaderSize + protocol::kMaxPayload, '\0');
+    protocol::encode_to(wire, protocol::json_frame(Type::hello, 0, body));
+    std::lock_guard lock(write_mu_);
+    if (closed()) throw Error(Errc::guest_error, "guest agent connection lost: " + closed_reason());
+    send_raw(wire);
+  }
+  std::unique_lock lock(mu_);
+  if (!hello_cv_.wait_until(lock, deadline, [&] { return closed_ || !hello_replies_.empty(); }))
+    throw Error(Errc::timeout, "the guest agent did not answer hello in time");
+  if (hello_replies_.empty())
+    throw Error(Errc::guest_error, "guest agent connection lost: " + why_);
+  nlohmann::json reply = std::move(hello_replies_.front());
+  hello_replies_.pop_front();
+  lock.unlock();
+  protocol::throw_if_error(reply);
+  if (reply.value("version", nlohmann::json()) != protocol::kVersion)
+    throw Error(Errc::guest_error, "guest agent speaks protocol version " +
+                                       reply.value("version", nlohmann::json()).dump() +
+                                       ", the host speaks " + std::to_string(protocol::kVersion));
+  return reply;
+}
+
+namespace {
+// Unregisters a stream however the operation ends.
+struct StreamGuard {
+  std::function<void()> release;
+  ~StreamGuard() { release(); }
+};
+
+nlohmann::json parse_response(const Frame& f) {
+  nlohmann::json j;
+  try {
+    j = protocol::parse_json(f);
+  } catch (const Error& e) {
+    throw Error(Errc::guest_error, std::string("malformed response from guest: ") + e.what());
+  }
+  protocol::throw_if_error(j);
+  return j;
+}
+}  // namespace
+
+nlohmann::json GuestChannel::exec(uint32_t id, nlohmann::json request,
+                                  const ChunkSource& stdin_source, const ExecHandlers& handlers,
+                                  std::optional<Deadline> deadline) {
+  auto st = register_stream(id);
+  StreamGuard guard{[&] { unregister_stream(id); }};
+  request["op"] = "exec";
+  request["stdin"] = static_cast<bool>(stdin_source);
+  send(protocol::json_frame(Type::request, id, request));
+
+  bool upload_done = !stdin_source;
+  std::string pending;
+  bool consumer_gone = false, killed = false;
+  // "No deadline" as a far one: Deadline::max() overflows some wait_until paths.
+  Deadline until = deadline.value_or(Clock::now() + std::chrono::hours(24 * 365));
+  for (;;) {
+    if (!upload_done) upload_done = pump_upload(id, *st, stdin_source, pending);
+    std::optional<Frame> f;
+    try {
+      f = wait_frame(*st, until, !upload_done);
+    } catch (const Error& e) {
+      if (e.code() != Errc::timeout || killed) throw;
+      // Host-side deadline: kill the tree, then give the guest a moment to
+      // report how it ended.
+      signal(id, 9);
+      killed = true;
+      until = Clock::now() + kKillGrace;
+      continue;
+    }
+    if (!f) continue;  // credit for stdin arrived
+    switch (f->type) {
+      case Type::event: {
+        auto j = nlohmann::json::parse(f->payload, nullptr, false);
+        if (j.is_object() && j.value("started", false) && handlers.on_start) {
+          auto pid = j.value("pid", nlohmann::json());
+          handlers.on_start(pid.is_number_integer() ? pid.get<int>() : 0);
+        }
+        break;
+      }
+      case Type::data: {
+        uint32_t n = static_cast<uint32_t>(f->payload.size());
+        if (!consumer_gone && handlers.on_output && !handlers.on_output(f->channel, f->payload)) {
+          consumer_gone = true;
+          signal(id, 9);
+        }
+        grant(id, *st, f->channel, n);  // only now: the consumer has it
+        break;
+      }
+      case Type::eof:
+        break;
+      case Type::response: {
+        auto j = parse_response(*f);
+        if (killed && deadline) j["timed_out"] = true;
+        return j;
+      }
+      default:
+        break;
+    }
+  }
+}
+
+void GuestChannel::signal(uint32_t stream, int signo) {
+  {
+    std::lock_guard lock(mu_);
+    if (closed_ || !streams_.count(stream)) return;  // already over
+  }
+  try {
+    send(protocol::json_frame(Type::signal, stream, {{"signal", signo}}));
+  } catch (const Error&) {
+    // The connection died meanwhile; the stream's waiter reports that.
+  }
+}
+
+uint64_t GuestChannel::write_file(const std::string& path, uint32_t mode, bool parents,
+                                  const ChunkSource& source, Deadline deadline) {
+  uint32_t id = open_stream();
+  auto st = register_stream(id);
+  StreamGuard guard{[&] { unregister_stream(id); }};
+  send(protocol::json_frame(
+      Type::request, id,
+      {{"op", "write_file"}, {"path", path}, {"mode", mode}, {"parents", parents}}));
+  bool done = false;
+  std::string pending;
+  for (;;) {
+    if (!done) done = pump_upload(id, *st, source, pending);
+    auto f = wait_frame(*st, deadline, !done);
+    if (!f || f->type != Type::response) continue;
+    auto j = parse_response(*f);
+    if (!done) throw Error(Errc::guest_error, "guest answered write_file before the end of data");
+    auto size = j.value("size", nlohmann::json());
+    if (!size.is_number_unsigned())
+      throw Error(Errc::guest_error, "guest write_file response has no size");
+    return size.get<uint64_t>();
+  }
+}
+
+uint64_t GuestChannel::read_file(const std::string& path, const ChunkSink& sink,
+                                 Deadline deadline) {
+  uint32_t id = open_stream();
+  auto st = register_stream(id);
+  StreamGuard guard{[&] { unregister_stream(id); }};
+  send(protocol::json_frame(Type::request, id, {{"op", "read_file"}, {"path", path}}));
+  uint64_t delivered = 0;
+  bool aborted = false;
+  for (;;) {
+    auto f = wait_frame(*st, deadline, false);
+    if (f->type == Type::data) {
+      uint32_t n = static_cast<uint32_t>(f->payload.size());
+      if (f->channel != kOut) throw Error(Errc::guest_error, "read_file data on stderr");
+      if (!aborted) {
+        if (sink(f->payload)) {
+          delivered += n;
+        } else {
+          aborted = true;
+          signal(id, 9);  // a guest that understands it stops early
+        }
+      }
+      grant(id, *st, kOut, n);
+    } else if (f->type == Type::response) {
+      if (aborted) return delivered;  // whatever the guest says now
+      auto j = parse_response(*f);
+      auto size = j.value("size", nlohmann::json());
+      if (!size.is_number_unsigned() || size.get<uint64_t>() != delivered)
+        throw Error(Errc::guest_error, "guest read_file size " + size.dump() +
+                                           " does not match the " + std::to_string(delivered) +
+                                           " bytes it sent for " + path);
+      return delivered;
+    }
+  }
+}
+
+nlohmann::json GuestChannel::call(const nlohmann::json& request, Deadline deadline) {
+  uint32_t id = open_stream();
+  auto st = register_stream(id);
+  StreamGuard guard{[&] { unregister_stream(id); }};
+  send(protocol::json_frame(Type::request, id, request));
+  for (;;) {
+    auto f = wait_frame(*st, deadline, false);
+    if (f->type == Type::response) return parse_response(*f);
+    // JSON ops carry no data; a guest that sends some gets no credit back
+    // and is simply ignored.
+  }
+}
+
+}  // namespace airlock::channel

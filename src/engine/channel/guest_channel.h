@@ -1,0 +1,156 @@
+// Host side of the guest protocol (api/guest-protocol.md): one connection to
+// the airlock-guest agent over the VM's virtio-serial port (QEMU's chardev
+// unix socket, <run_dir>/agent.sock), multiplexing many operations.
+//
+//   auto ch = GuestChannel::connect(vm->agent_socket(), deadline);
+//   ch->hello({.hostname = id}, deadline);               // agent is ready
+//   uint32_t s = ch->open_stream();                      // so kill can find it
+//   nlohmann::json r = ch->exec(s, {{"argv", {"echo", "hi"}}}, nullptr,
+//       {.on_output = [](int ch, std::string_view b) { ...; return true; }});
+//   ch->call({{"op", "stat"}, {"path", "/etc"}}, deadline);
+//
+// Threads: one reader thread decodes frames and routes them by stream id into
+// a small per-stream queue; each operation is driven on its CALLER's thread,
+// which hands output to its callback and only then returns credit to the
+// guest. So a slow consumer stalls only its own stream, and the host holds at
+// most kInitialCredit bytes per (stream, channel) whatever the guest does.
+//
+// Failure: when the connection closes (guest died, VM killed, protocol
+// violation) every waiting call fails promptly with Error(guest_error,
+// "guest agent connection lost: <why>"); every call also has a deadline.
+// Guest {"error":...} responses become airlock::Error with the Errc of
+// protocol::errc_from_guest_code and the guest's message.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <thread>
+
+#include "protocol/frame.h"
+
+namespace airlock::channel {
+
+using Clock = std::chrono::steady_clock;
+using Deadline = Clock::time_point;
+
+struct HelloParams {
+  std::string hostname;  // the sandbox id
+  // Sends kHeaderSize + kMaxPayload zero bytes first, so a guest left in the
+  // middle of a frame by a previous (dead) host resynchronises (§6).
+  bool resync = false;
+};
+
+struct ExecHandlers {
+  // The guest started the process.
+  std::function<void(int pid)> on_start;
+  // Output chunk; channel 1 = stdout, 2 = stderr. Called on the caller's
+  // thread. Returning false kills the process tree (signal 9); the stream is
+  // still drained until the guest's response, without further callbacks.
+  std::function<bool(int channel, std::string_view bytes)> on_output;
+};
+
+// Next chunk of an upload; std::nullopt = end.
+using ChunkSource = std::function<std::optional<std::string>()>;
+// Receives a download chunk by chunk; returning false aborts.
+using ChunkSink = std::function<bool(std::string_view)>;
+
+class GuestChannel {
+ public:
+  // Connects to the unix socket at `path`, retrying until it accepts or
+  // `deadline` passes (Error(timeout) naming the path and the last errno).
+  static std::unique_ptr<GuestChannel> connect(const std::filesystem::path& path,
+                                               Deadline deadline);
+  // Adopts an already connected stream socket (tests: socketpair).
+  static std::unique_ptr<GuestChannel> from_fd(int fd);
+
+  ~GuestChannel();  // closes; pending calls fail with "connection lost"
+  GuestChannel(const GuestChannel&) = delete;
+  GuestChannel& operator=(const GuestChannel&) = delete;
+
+  // Version handshake with host time, hostname and 64 bytes of getrandom
+  // entropy; returns the guest's hello ({"version","agent_version","kernel"}).
+  // Error(timeout) if no reply by `deadline`, Error(guest_error) if the
+  // guest refuses the version.
+  nlohmann::json hello(const HelloParams& params, Deadline deadline);
+
+  // A fresh stream id (>= 1, never reused on this connection).
+  uint32_t open_stream();
+
+  // Runs an exec on `stream` (from open_stream()). `request` holds the exec
+  // fields of §5 without "op" (argv, env, cwd, user, timeout_ms); "stdin" is
+  // set from whether `stdin_source` is given. Blocks until the response,
+  // which it returns ({"exit_code","signal","timed_out",...}). If `deadline`
+  // passes the process is killed and Error(timeout) thrown.
+  nlohmann::json exec(uint32_t stream, nlohmann::json request, const ChunkSource& stdin_source,
+                      const ExecHandlers& handlers, std::optional<Deadline> deadline = {});
+  // Sends a signal to the exec running on `stream` (no-op if it has ended).
+  void signal(uint32_t stream, int signo);
+
+  // Streams `source` into the guest file `path` (atomic on the guest side).
+  // Returns the guest's byte count.
+  uint64_t write_file(const std::string& path, uint32_t mode, bool parents,
+                      const ChunkSource& source, Deadline deadline);
+  // Streams the guest file `path` into `sink`; returns the bytes delivered.
+  // If `sink` returns false, nothing more is delivered: the guest is asked to
+  // stop (signal frame) and the rest of the stream is drained and dropped.
+  uint64_t read_file(const std::string& path, const ChunkSink& sink, Deadline deadline);
+
+  // A JSON-only operation (list, stat, mkdir, remove, info, ping): sends
+  // `request` (with "op") and returns the response object.
+  nlohmann::json call(const nlohmann::json& request, Deadline deadline);
+
+  // True once the connection is gone; closed_reason() says why.
+  bool closed() const;
+  std::string closed_reason() const;
+  // Closes the connection (idempotent); pending calls fail promptly.
+  void close(const std::string& why = "closed by host");
+
+ private:
+  struct Stream;
+  explicit GuestChannel(int fd);
+
+  void reader_loop();
+  void dispatch(protocol::Frame frame);
+  void send(const protocol::Frame& frame);
+  void send_raw(std::string_view bytes);
+  void fail_all(const std::string& why);
+  std::shared_ptr<Stream> register_stream(uint32_t id);
+  void unregister_stream(uint32_t id);
+  // Blocks until `st` has a frame (returned), or, if `want_credit`, until the
+  // guest granted stdin/upload credit (returns nullopt). Throws on close,
+  // stream failure or deadline.
+  std::optional<protocol::Frame> wait_frame(Stream& st, Deadline deadline, bool want_credit);
+  // Takes up to `max` bytes of the host->guest window of `st` (0 if none).
+  uint32_t take_credit(Stream& st, uint32_t max);
+  // Sends as much of `pending` (refilled from `source`) as the window allows;
+  // sends eof once `source` ends. Returns true when the upload is complete.
+  bool pump_upload(uint32_t id, Stream& st, const ChunkSource& source, std::string& pending);
+  // Returns credit for `bytes` consumed from `st`'s guest->host `channel`.
+  void grant(uint32_t id, Stream& st, uint8_t channel, uint32_t bytes);
+
+  int fd_;
+  std::thread reader_;
+  std::mutex write_mu_;  // one frame at a time on the wire
+
+  mutable std::mutex mu_;  // streams_, closed_, why_, hello replies
+  std::condition_variable hello_cv_;
+  std::deque<nlohmann::json> hello_replies_;
+  std::map<uint32_t, std::shared_ptr<Stream>> streams_;
+  bool closed_ = false;
+  std::string why_;
+  std::atomic<uint32_t> next_stream_{1};
+};
+
+}  // namespace airlock::channel

@@ -1,0 +1,199 @@
+// create() and destroy(): the boot watchdog and the guarantee that a failed
+// create leaves nothing behind (no QEMU, no run dir, no overlay).
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <chrono>
+
+#include "common/error.h"
+#include "engine/engine.h"
+#include "engine/engine_impl.h"
+#include "engine/types_json.h"
+#include "engine/validate.h"
+
+namespace airlock::engine {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr int kBootAttempts = 2;  // the watchdog retries a failed boot once
+
+}  // namespace
+
+std::optional<Engine::Impl::BootFailure> Engine::Impl::boot_once(Live& sb,
+                                                                 const storage::Image& img,
+                                                                 vmm::Accel accel) {
+  auto& impl = *this;
+  const auto& info = sb.rec.info;
+  const fs::path& dir = sb.rec.run_dir;
+  std::error_code ec;
+  fs::path disk = dir / "disk.qcow2";
+  fs::remove(disk, ec);  // a retry starts from a pristine disk
+  vmm::VmConfig vc;
+  vc.id = info.id;
+  vc.run_dir = dir;
+  vc.kernel = img.kernel;
+  vc.initrd = img.initrd;
+  vc.disk = disk;
+  vc.cpus = info.spec.cpus;
+  vc.memory_mb = info.spec.memory_mb;
+  vc.accel = accel;
+  auto deadline = channel::Clock::now() + std::chrono::seconds(impl.cfg.boot_timeout_s);
+  try {
+    storage::create_overlay(img.rootfs, disk, static_cast<uint64_t>(info.spec.disk_mb));
+    sb.vm = vmm::Vm::start(vc);
+    // Recorded at once so a daemon that dies during the boot can find and
+    // kill this QEMU when it restarts.
+    sb.rec.info.pid = sb.vm->pid();
+    impl.registry.update(sb.rec);
+    sb.channel = channel::GuestChannel::connect(sb.vm->agent_socket(), deadline);
+    sb.channel->hello({.hostname = info.id}, deadline);
+    return std::nullopt;
+  } catch (const Error& e) {
+    BootFailure f{e.code(), e.what(), {}};
+    if (e.code() == Errc::timeout)
+      f.cause = "the guest agent did not answer within " + std::to_string(impl.cfg.boot_timeout_s) +
+                " s (" + e.what() + ")";
+    if (sb.vm && !sb.vm->alive()) {
+      f.cause = "QEMU exited during boot (" + std::string(e.what()) + ")";
+      f.code = Errc::internal;
+    }
+    if (sb.vm) f.console = sb.vm->console_tail(20);
+    sb.channel.reset();
+    if (sb.vm) {
+      try {
+        sb.vm->kill();
+      } catch (const std::exception& k) {
+        spdlog::error("sandbox {}: kill after failed boot: {}", info.id, k.what());
+      }
+    }
+    sb.vm.reset();
+    sb.rec.info.pid = 0;
+    fs::remove(disk, ec);
+    return f;
+  }
+}
+
+SandboxInfo Engine::create(const SandboxSpec& spec) {
+  auto& impl = *impl_;
+  validate_spec(spec);
+  // The image: a built one, or a built-in recipe built now (a no-op when its
+  // inputs did not change).
+  auto recipes = impl.images.recipes();
+  bool is_recipe = std::find(recipes.begin(), recipes.end(), spec.image) != recipes.end();
+  std::optional<storage::Image> img;
+  try {
+    img = impl.images.find(spec.image);
+  } catch (const Error& e) {
+    if (e.code() != Errc::not_found) throw;
+  }
+  if (!img) {
+    if (!is_recipe)
+      throw Error(Errc::invalid_argument, "unknown image '" + spec.image + "'", "image");
+    spdlog::info("building image {} on demand", spec.image);
+    img = impl.images.build(spec.image);
+  }
+  validate_disk_fits(spec, img->rootfs_bytes);
+  vmm::AccelVerdict accel = impl.resolve_accel(*img);
+
+  auto sb = std::make_shared<Live>();
+  auto& info = sb->rec.info;
+  info.spec = spec;
+  info.state = State::starting;
+  info.accel = vmm::to_string(accel.accel);
+  info.start = "boot";
+  info.created_at_ms = now_ms();
+  info.expires_at_ms = info.created_at_ms + int64_t{spec.timeout_s} * 1000;
+  for (int tries = 0;; ++tries) {
+    info.id = random_id("sb-");
+    sb->rec.run_dir = impl.sandbox_dir(info.id);
+    try {
+      impl.registry.insert(sb->rec);
+      break;
+    } catch (const Error& e) {
+      if (e.code() != Errc::conflict || tries > 5) throw;  // 48 random bits collided
+    }
+  }
+  const std::string id = info.id;
+  std::error_code ec;
+  fs::create_directories(sb->rec.run_dir, ec);
+  if (ec) {
+    impl.registry.set_state(id, State::failed, "cannot create run dir: " + ec.message());
+    throw Error(Errc::internal, "cannot create " + sb->rec.run_dir.string() + ": " + ec.message());
+  }
+
+  auto t0 = std::chrono::steady_clock::now();
+  std::optional<Impl::BootFailure> failure;
+  for (int attempt = 1; attempt <= kBootAttempts; ++attempt) {
+    failure = impl.boot_once(*sb, *img, accel.accel);
+    if (!failure) break;
+    spdlog::warn("sandbox {}: boot attempt {} failed: {}", id, attempt, failure->cause);
+    try {
+      impl.journal.append(
+          id, "boot_failed",
+          {{"attempt", attempt}, {"cause", failure->cause}, {"console_tail", failure->console}},
+          Durability::sync);
+      if (attempt < kBootAttempts) impl.journal.append(id, "retry", {{"attempt", attempt + 1}});
+    } catch (const std::exception& e) {
+      spdlog::error("sandbox {}: audit: {}", id, e.what());
+    }
+  }
+  if (failure) {
+    fs::remove_all(sb->rec.run_dir, ec);
+    std::string reason = "boot failed: " + failure->cause;
+    impl.registry.set_state(id, State::failed, reason);
+    impl.journal.append(id, "failed", {{"reason", reason}}, Durability::sync);
+    std::string msg = "sandbox " + id + " did not boot (" + std::to_string(kBootAttempts) +
+                      " attempts): " + failure->cause;
+    msg += failure->console.empty() ? "\n(no console output)"
+                                    : "\nlast console lines:\n" + failure->console;
+    throw Error(failure->code == Errc::timeout ? Errc::timeout : Errc::internal, msg);
+  }
+  info.boot_ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0)
+          .count();
+  info.state = State::running;
+  impl.registry.set_running(id, info.pid, info.boot_ms);
+  impl.journal.append(id, "created",
+                      {{"spec", spec_to_json(spec)},
+                       {"image_key", img->key},
+                       {"kernel_release", img->kernel_release},
+                       {"accel", info.accel},
+                       {"accel_reason", accel.reason},
+                       {"boot_ms", info.boot_ms},
+                       {"pid", info.pid}},
+                      Durability::sync);
+  {
+    std::lock_guard lock(impl.mu);
+    impl.live[id] = sb;
+  }
+  impl.wake.notify_all();  // the reaper's earliest expiry may have changed
+  return info;
+}
+
+void Engine::destroy(const std::string& id) {
+  auto& impl = *impl_;
+  std::shared_ptr<Live> sb;
+  {
+    std::lock_guard lock(impl.mu);
+    auto it = impl.live.find(id);
+    if (it != impl.live.end()) {
+      sb = it->second;
+      impl.live.erase(it);
+    }
+  }
+  if (!sb) {
+    auto rec = impl.registry.get(id);
+    if (!rec) throw Error(Errc::not_found, "no sandbox " + id, "id");
+    // Terminal sandboxes have nothing left to remove; one being created or
+    // torn down by someone else is not ours to touch.
+    std::string state = is_terminal(rec->info.state)         ? to_string(rec->info.state)
+                        : rec->info.state == State::starting ? "starting"
+                                                             : "stopping";
+    throw Error(Errc::conflict, "sandbox " + id + " is " + state + "; nothing to delete");
+  }
+  impl.teardown(*sb, State::deleted, "deleted by request", "deleted");
+}
+
+}  // namespace airlock::engine

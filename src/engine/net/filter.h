@@ -1,0 +1,149 @@
+// The helper's frame filter: every Ethernet frame from the guest passes
+// through Filter::from_guest() BEFORE libslirp sees it, every frame slirp
+// sends to the guest through from_net(). No libslirp in here, so the whole
+// decision logic is unit-tested with hand-built frames.
+//
+// Guest → network:
+//   - ARP, DHCP (UDP 68→67) and IPv6 neighbour discovery go to slirp: it
+//     answers them itself and opens no host socket for them;
+//   - UDP to the virtual DNS server (10.0.2.3 / fec0::3 port 53) is answered
+//     here (dns.h), never by slirp: A/AAAA of allowed names are resolved on
+//     the host (Output::resolve → the caller resolves → dns_resolved());
+//     everything else gets NXDOMAIN/NOERROR-empty/FORMERR at once;
+//   - the first packet of a flow (TCP SYN, UDP datagram to a new
+//     destination, ICMP echo with a new id) is decided (pinning.h
+//     decide_pinned); allowed → tracked and passed to slirp (which then opens
+//     the host socket), denied TCP → RST to the guest, denied UDP/ICMP → ICMP
+//     administratively-prohibited to the guest. Later packets of a tracked
+//     flow pass; TCP segments of no tracked flow get a RST;
+//   - IPv4 fragments, IPv6 extension headers, other ethertypes and malformed
+//     frames are dropped.
+// Network → guest: everything is delivered; frames of tracked flows are
+// counted (payload bytes each way) and TCP FIN/RST end the flow.
+//
+// Bounded: at most max_flows tracked flows (beyond: denied with rule "flow
+// table full"), max_dns_inflight resolutions, and denied-flow/DNS events are
+// rate limited (events_per_second, the rest counted in a "net_suppressed"
+// event) so a flood cannot fill memory or the journal.
+//
+// Events (EventSink, one JSON object each; the helper writes them as lines):
+//   {"ts","event":"net_dns","name","qtype","allowed","rule","rcode","answers":[..],"dropped":[{"ip","rule"}]}
+//   {"ts","event":"net_flow","proto","src_port","dst","port","name","rule","allowed"}
+//   {"ts","event":"net_flow_end","proto","src_port","dst","port","name","rule",
+//    "bytes_out","bytes_in","duration_ms","reason":"fin|rst|idle|policy"}
+//   {"ts","event":"net_suppressed","count"}
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <span>
+#include <vector>
+
+#include "engine/net/dns.h"
+#include "engine/net/packet.h"
+#include "engine/net/pinning.h"
+#include "engine/net/policy.h"
+
+namespace airlock::net {
+
+struct FilterConfig {
+  IpAddr dns_v4 = IpAddr::v4(0x0A000203);  // libslirp's default virtual DNS, 10.0.2.3
+  IpAddr dns_v6 = *IpAddr::parse("fec0::3");
+  size_t max_flows = 1024;
+  size_t max_dns_inflight = 64;
+  std::chrono::seconds tcp_handshake_timeout{30};
+  std::chrono::seconds tcp_idle_timeout{3600};
+  std::chrono::seconds udp_idle_timeout{60};
+  std::chrono::seconds icmp_idle_timeout{10};
+  std::chrono::seconds linger{10};  // closed TCP flows still pass their last ACKs
+  size_t events_per_second = 200;
+};
+
+using EventSink = std::function<void(nlohmann::json)>;
+
+struct DnsRequest {
+  DnsQuery query;
+  std::string name;  // normalised
+  Endpoint server, guest;  // for the reply datagram
+};
+
+class Filter {
+ public:
+  Filter(NetworkPolicy policy, FilterConfig config, EventSink sink,
+         Clock clock = steady_clock_fn());
+
+  struct Output {
+    bool to_slirp = false;  // hand the frame to slirp_input
+    std::vector<std::vector<uint8_t>> to_guest;  // frames to send to the guest now
+    std::optional<DnsRequest> resolve;  // resolve, then call dns_resolved()
+  };
+  Output from_guest(std::span<const uint8_t> frame);
+
+  // A frame slirp sends to the guest: accounting only; always delivered.
+  void from_net(std::span<const uint8_t> frame);
+
+  // The answer frame for a finished resolution (pins its addresses first).
+  std::vector<uint8_t> dns_resolved(const DnsRequest& request, const Resolution& result);
+
+  struct Cut {
+    std::vector<std::vector<uint8_t>> to_guest, to_slirp;
+  };
+  // Replaces the policy; flows it no longer allows are cut (RST both ways).
+  Cut set_policy(NetworkPolicy policy);
+  // Expires idle flows (cutting TCP ones) and pins; call about once a second.
+  Cut tick();
+  // Ends every flow (helper shutdown), recording them.
+  void close_all(const std::string& reason);
+  // Writes an event of the caller's (e.g. "net_policy") to the sink, with "ts".
+  void record(nlohmann::json event) { emit(std::move(event), false); }
+
+  const NetworkPolicy& policy() const { return policy_; }
+  size_t flow_count() const { return flows_.size(); }
+  const PinTable& pins() const { return pins_; }
+  nlohmann::json stats() const;
+
+ private:
+  struct Key {
+    uint8_t proto;
+    IpAddr guest;
+    uint16_t gport;  // ICMP: echo id
+    IpAddr remote;
+    uint16_t rport;  // ICMP: 0
+    auto operator<=>(const Key&) const = default;
+  };
+  struct Flow {
+    Proto proto;
+    std::string name, rule;
+    std::chrono::steady_clock::time_point start, last;
+    std::optional<std::chrono::steady_clock::time_point> closed;
+    uint64_t bytes_out = 0, bytes_in = 0;
+    uint8_t guest_mac[6], gw_mac[6];
+    bool established = false, fin_guest = false, fin_net = false;
+    uint32_t guest_nxt = 0, net_nxt = 0;  // next seq each side will send
+    std::optional<uint32_t> guest_ack, net_ack;  // what each side expects next
+  };
+
+  Output handle_dns(const Frame& f);
+  Output new_flow(const Frame& f, const Key& key, Proto proto);
+  void end_flow(const Key& key, Flow& flow, const std::string& reason);
+  void cut_tcp(const Key& key, const Flow& flow, Cut& out);
+  void emit(nlohmann::json event, bool limited);
+  nlohmann::json flow_fields(const Key& key, const Flow& flow) const;
+
+  NetworkPolicy policy_;
+  FilterConfig config_;
+  EventSink sink_;
+  Clock clock_;
+  PinTable pins_;
+  std::map<Key, Flow> flows_;
+  size_t dns_inflight_ = 0;
+  // rate limiting of denied/DNS events
+  std::chrono::steady_clock::time_point window_start_{};
+  size_t window_events_ = 0, suppressed_ = 0;
+  uint64_t malformed_ = 0, dropped_ = 0;
+};
+
+}  // namespace airlock::net

@@ -1,0 +1,490 @@
+#include "engine/net/helper.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <seccomp.h>
+#include <sys/capability.h>
+#include <sys/eventfd.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <iostream>
+#include <list>
+#include <mutex>
+#include <thread>
+
+#include "common/error.h"
+
+extern "C" {
+#include <libslirp.h>
+}
+
+namespace airlock::net {
+
+// ---- StreamDecoder ----
+
+void StreamDecoder::append(const uint8_t* data, size_t n) {
+  if (pos_ > 0 && pos_ == buf_.size()) {
+    buf_.clear();
+    pos_ = 0;
+  } else if (pos_ > (1 << 20)) {
+    buf_.erase(buf_.begin(), buf_.begin() + static_cast<long>(pos_));
+    pos_ = 0;
+  }
+  buf_.insert(buf_.end(), data, data + n);
+}
+
+std::optional<std::vector<uint8_t>> StreamDecoder::next() {
+  if (buf_.size() - pos_ < 4) return std::nullopt;
+  const uint8_t* p = buf_.data() + pos_;
+  uint32_t len = (uint32_t(p[0]) << 24) | (uint32_t(p[1]) << 16) | (uint32_t(p[2]) << 8) | p[3];
+  if (len == 0 || len > kMaxFrame)
+    throw Error(Errc::protocol_error,
+                "QEMU stream frame length " + std::to_string(len) + " is out of range");
+  if (buf_.size() - pos_ - 4 < len) return std::nullopt;
+  std::vector<uint8_t> frame(p + 4, p + 4 + len);
+  pos_ += 4 + len;
+  return frame;
+}
+
+namespace {
+
+int listen_unix(const std::string& path) {
+  sockaddr_un sa{};
+  sa.sun_family = AF_UNIX;
+  if (path.size() >= sizeof sa.sun_path)
+    throw Error(Errc::invalid_argument, "socket path too long: " + path, "socket");
+  memcpy(sa.sun_path, path.c_str(), path.size() + 1);
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) throw_errno("socket");
+  unlink(path.c_str());
+  if (bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0) throw_errno("bind " + path);
+  if (listen(fd, 8) != 0) throw_errno("listen " + path);
+  return fd;
+}
+
+void write_all(int fd, const void* data, size_t n) {
+  const char* p = static_cast<const char*>(data);
+  while (n) {
+    ssize_t w = write(fd, p, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w < 0) throw_errno("write");
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+}
+
+int64_t now_ns() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return int64_t(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+}
+
+// Resolver workers: each owns a HostResolver initialised before lock_down(),
+// so no worker ever needs to open a file afterwards.
+class ResolverPool {
+ public:
+  ResolverPool(int threads, const std::string& upstream) {
+    efd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (efd_ < 0) throw_errno("eventfd");
+    std::atomic<int> ready{0};
+    for (int i = 0; i < threads; ++i) {
+      threads_.emplace_back([this, upstream, &ready] {
+        HostResolver resolver(upstream);
+        ready.fetch_add(1);
+        ready.notify_all();
+        work(resolver);
+      });
+    }
+    for (int r = ready.load(); r < threads; r = ready.load()) ready.wait(r);
+  }
+  // Threads may be blocked in res_nquery; the process exits with _exit().
+  ~ResolverPool() {
+    for (auto& t : threads_) t.detach();
+  }
+  int fd() const { return efd_; }
+  void submit(DnsRequest req) {
+    std::lock_guard lock(mu_);
+    jobs_.push_back(std::move(req));
+    cv_.notify_one();
+  }
+  std::deque<std::pair<DnsRequest, Resolution>> take() {
+    uint64_t v;
+    [[maybe_unused]] auto r = read(efd_, &v, sizeof v);
+    std::lock_guard lock(mu_);
+    return std::exchange(results_, {});
+  }
+
+ private:
+  void work(HostResolver& resolver) {
+    for (;;) {
+      DnsRequest req;
+      {
+        std::unique_lock lock(mu_);
+        cv_.wait(lock, [&] { return !jobs_.empty(); });
+        req = std::move(jobs_.front());
+        jobs_.pop_front();
+      }
+      Resolution res = resolver.resolve(req.name, req.query.qtype);
+      {
+        std::lock_guard lock(mu_);
+        results_.emplace_back(std::move(req), std::move(res));
+      }
+      uint64_t one = 1;
+      [[maybe_unused]] auto w = write(efd_, &one, sizeof one);
+    }
+  }
+  int efd_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<DnsRequest> jobs_;
+  std::deque<std::pair<DnsRequest, Resolution>> results_;
+  std::vector<std::thread> threads_;
+};
+
+struct Timer {
+  SlirpTimerId id;
+  void* cb_opaque;
+  int64_t expire_ms = -1;
+};
+
+class Helper {
+ public:
+  Helper(const HelperOptions& o, int events_fd, std::vector<Cidr> host_addrs)
+      : events_fd_(events_fd),
+        host_addrs_(std::move(host_addrs)),
+        filter_(NetworkPolicy::parse(o.policy, host_addrs_), o.filter,
+                [this](nlohmann::json j) { write_event(j); }) {}
+
+  void start_slirp() {
+    SlirpConfig cfg{};
+    cfg.version = 4;
+    cfg.restricted = 0;
+    cfg.in_enabled = true;
+    inet_pton(AF_INET, "10.0.2.0", &cfg.vnetwork);
+    inet_pton(AF_INET, "255.255.255.0", &cfg.vnetmask);
+    inet_pton(AF_INET, "10.0.2.2", &cfg.vhost);
+    inet_pton(AF_INET, "10.0.2.15", &cfg.vdhcp_start);
+    inet_pton(AF_INET, "10.0.2.3", &cfg.vnameserver);
+    cfg.in6_enabled = true;
+    inet_pton(AF_INET6, "fec0::", &cfg.vprefix_addr6);
+    cfg.vprefix_len = 64;
+    inet_pton(AF_INET6, "fec0::2", &cfg.vhost6);
+    inet_pton(AF_INET6, "fec0::3", &cfg.vnameserver6);
+    cfg.vhostname = "sandbox";
+    cfg.if_mtu = 1500;
+    cfg.if_mru = 1500;
+    // Defence in depth: the filter already denies 10.0.2.2 (10/8) and
+    // fec0::2 (fec0::/10), and answers DNS itself.
+    cfg.disable_host_loopback = true;
+    cfg.disable_dns = true;
+    cfg.enable_emu = false;
+    static const SlirpCb cb = {
+        .send_packet = &Helper::cb_send,
+        .guest_error = [](const char* msg, void*) { fprintf(stderr, "slirp: %s\n", msg); },
+        .clock_get_ns = [](void*) -> int64_t { return now_ns(); },
+        .timer_new = nullptr,
+        .timer_free = [](void* t, void* op) { static_cast<Helper*>(op)->timers_.remove_if(
+                                                  [t](const Timer& x) { return &x == t; }); },
+        .timer_mod =
+            [](void* t, int64_t expire_ms, void*) { static_cast<Timer*>(t)->expire_ms = expire_ms; },
+        .register_poll_fd = [](int, void*) {},
+        .unregister_poll_fd = [](int, void*) {},
+        .notify = [](void*) {},
+        .init_completed = nullptr,
+        .timer_new_opaque = [](SlirpTimerId id, void* cb_opaque, void* op) -> void* {
+          auto* h = static_cast<Helper*>(op);
+          h->timers_.push_back(Timer{id, cb_opaque});
+          return &h->timers_.back();
+        },
+    };
+    slirp_ = slirp_new(&cfg, &cb, this);
+    if (!slirp_) throw Error(Errc::internal, "slirp_new failed");
+  }
+
+  void serve(int qemu_fd, int ctl_listen, ResolverPool& pool) {
+    qemu_fd_ = qemu_fd;
+    int64_t next_tick = now_ns() + 1000000000;
+    std::vector<uint8_t> buf(1 << 16);
+    for (;;) {
+      pfds_.clear();
+      pfds_.push_back({qemu_fd_, POLLIN, 0});
+      pfds_.push_back({pool.fd(), POLLIN, 0});
+      pfds_.push_back({ctl_listen, ctl_listen >= 0 ? short(POLLIN) : short(0), 0});
+      for (auto& c : clients_) pfds_.push_back({c.fd, POLLIN, 0});
+      size_t fixed = pfds_.size();
+      uint32_t timeout = 1000;
+      slirp_pollfds_fill(slirp_, &timeout, &Helper::cb_add_poll, this);
+      int64_t now_ms = now_ns() / 1000000;
+      for (auto& t : timers_)
+        if (t.expire_ms >= 0)
+          timeout = std::min<uint32_t>(timeout, std::max<int64_t>(0, t.expire_ms - now_ms));
+      int rc = poll(pfds_.data(), pfds_.size(), static_cast<int>(timeout));
+      if (rc < 0 && errno != EINTR) throw_errno("poll");
+      slirp_pollfds_poll(slirp_, rc < 0, &Helper::cb_get_revents, this);
+      now_ms = now_ns() / 1000000;
+      for (auto it = timers_.begin(); it != timers_.end(); ++it) {
+        if (it->expire_ms >= 0 && it->expire_ms <= now_ms) {
+          it->expire_ms = -1;
+          slirp_handle_timer(slirp_, it->id, it->cb_opaque);
+        }
+      }
+      if (rc > 0 && (pfds_[0].revents & (POLLIN | POLLHUP | POLLERR))) {
+        ssize_t n = read(qemu_fd_, buf.data(), buf.size());
+        if (n == 0 || (n < 0 && errno != EINTR && errno != EAGAIN)) return;  // QEMU is gone
+        if (n > 0) {
+          decoder_.append(buf.data(), static_cast<size_t>(n));
+          while (auto frame = decoder_.next()) guest_frame(*frame, pool);
+        }
+      }
+      if (rc > 0 && (pfds_[1].revents & POLLIN)) {
+        for (auto& [req, res] : pool.take()) send_to_guest(filter_.dns_resolved(req, res));
+      }
+      if (rc > 0 && ctl_listen >= 0 && (pfds_[2].revents & POLLIN)) {
+        int c = accept4(ctl_listen, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+        if (c >= 0) {
+          if (clients_.size() >= 8) {
+            close(c);
+          } else {
+            clients_.push_back({c, {}});
+          }
+        }
+      }
+      for (size_t i = 3; rc > 0 && i < fixed; ++i) {
+        if (pfds_[i].revents) control_readable(pfds_[i].fd);
+      }
+      std::erase_if(clients_, [](const Client& c) { return c.fd < 0; });
+      if (now_ns() >= next_tick) {
+        next_tick = now_ns() + 1000000000;
+        apply(filter_.tick());
+      }
+    }
+  }
+
+  void shutdown() {
+    filter_.close_all("helper exit");
+    if (slirp_) slirp_cleanup(slirp_);
+    slirp_ = nullptr;
+  }
+
+ private:
+  struct Client {
+    int fd;
+    std::string buf;
+  };
+
+  void guest_frame(const std::vector<uint8_t>& frame, ResolverPool& pool) {
+    auto out = filter_.from_guest(frame);
+    for (auto& f : out.to_guest) send_to_guest(f);
+    if (out.to_slirp) slirp_input(slirp_, frame.data(), static_cast<int>(frame.size()));
+    if (out.resolve) pool.submit(std::move(*out.resolve));
+  }
+
+  void apply(const Filter::Cut& cut) {
+    for (auto& f : cut.to_guest) send_to_guest(f);
+    for (auto& f : cut.to_slirp) slirp_input(slirp_, f.data(), static_cast<int>(f.size()));
+  }
+
+  void send_to_guest(const std::vector<uint8_t>& frame) {
+    if (frame.empty() || qemu_fd_ < 0) return;
+    write_frame(frame.data(), frame.size());
+  }
+
+  void write_frame(const uint8_t* data, size_t n) {
+    uint8_t len[4] = {uint8_t(n >> 24), uint8_t(n >> 16), uint8_t(n >> 8), uint8_t(n)};
+    iovec iov[2] = {{len, 4}, {const_cast<uint8_t*>(data), n}};
+    size_t total = 4 + n;
+    ssize_t w = writev(qemu_fd_, iov, 2);
+    if (w < 0 && errno != EINTR && errno != EAGAIN) throw_errno("write to QEMU");
+    size_t done = w > 0 ? static_cast<size_t>(w) : 0;
+    // Rare partial write: finish it (QEMU reads continuously).
+    std::vector<uint8_t> rest;
+    if (done < total) {
+      rest.insert(rest.end(), len, len + 4);
+      rest.insert(rest.end(), data, data + n);
+      write_all(qemu_fd_, rest.data() + done, total - done);
+    }
+  }
+
+  void write_event(const nlohmann::json& j) {
+    std::string line = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+    // One write on an O_APPEND descriptor: lines never interleave.
+    [[maybe_unused]] auto w = write(events_fd_, line.data(), line.size());
+  }
+
+  void control_readable(int fd) {
+    auto it = std::find_if(clients_.begin(), clients_.end(), [fd](auto& c) { return c.fd == fd; });
+    if (it == clients_.end()) return;
+    char buf[4096];
+    ssize_t n = read(fd, buf, sizeof buf);
+    if (n <= 0) {
+      if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
+      close(fd);
+      it->fd = -1;
+      return;
+    }
+    it->buf.append(buf, static_cast<size_t>(n));
+    size_t nl;
+    while ((nl = it->buf.find('\n')) != std::string::npos) {
+      std::string line = it->buf.substr(0, nl);
+      it->buf.erase(0, nl + 1);
+      std::string reply = control_request(line).dump() + "\n";
+      try {
+        write_all(fd, reply.data(), reply.size());
+      } catch (const Error&) {
+      }
+    }
+    if (it->buf.size() > (1 << 16)) {  // no line end in 64 KiB: not a client we serve
+      close(fd);
+      it->fd = -1;
+    }
+  }
+
+  nlohmann::json control_request(const std::string& line) {
+    try {
+      auto j = nlohmann::json::parse(line);
+      if (j.is_object() && j.contains("policy")) {
+        NetworkPolicy p = NetworkPolicy::parse(j["policy"], host_addrs_);
+        size_t before = filter_.flow_count();
+        auto cut = filter_.set_policy(std::move(p));
+        apply(cut);
+        filter_.record({{"event", "net_policy"}, {"policy", filter_.policy().to_json()}});
+        return {{"ok", true},
+                {"policy", filter_.policy().to_json()},
+                {"flows_cut", before - filter_.flow_count()}};
+      }
+      if (j.is_object() && j.contains("stats")) return {{"ok", true}, {"stats", filter_.stats()}};
+      throw Error(Errc::invalid_argument, "expected {\"policy\": {...}} or {\"stats\": true}");
+    } catch (const Error& e) {
+      return {{"error",
+               {{"code", to_string(e.code())}, {"message", e.what()}, {"field", e.field()}}}};
+    } catch (const nlohmann::json::exception& e) {
+      return {{"error", {{"code", "invalid_argument"}, {"message", e.what()}, {"field", ""}}}};
+    }
+  }
+
+  static ssize_t cb_send(const void* buf, size_t len, void* op) {
+    auto* h = static_cast<Helper*>(op);
+    auto* p = static_cast<const uint8_t*>(buf);
+    h->filter_.from_net(std::span(p, len));
+    h->write_frame(p, len);
+    return static_cast<ssize_t>(len);
+  }
+  static int cb_add_poll(int fd, int events, void* op) {
+    auto* h = static_cast<Helper*>(op);
+    short ev = 0;
+    if (events & SLIRP_POLL_IN) ev |= POLLIN;
+    if (events & SLIRP_POLL_OUT) ev |= POLLOUT;
+    if (events & SLIRP_POLL_PRI) ev |= POLLPRI;
+    h->pfds_.push_back({fd, ev, 0});
+    return static_cast<int>(h->pfds_.size() - 1);
+  }
+  static int cb_get_revents(int idx, void* op) {
+    auto* h = static_cast<Helper*>(op);
+    if (idx < 0 || static_cast<size_t>(idx) >= h->pfds_.size()) return 0;
+    short r = h->pfds_[idx].revents;
+    int out = 0;
+    if (r & POLLIN) out |= SLIRP_POLL_IN;
+    if (r & POLLOUT) out |= SLIRP_POLL_OUT;
+    if (r & POLLPRI) out |= SLIRP_POLL_PRI;
+    if (r & POLLERR) out |= SLIRP_POLL_ERR;
+    if (r & POLLHUP) out |= SLIRP_POLL_HUP;
+    return out;
+  }
+
+  int events_fd_;
+  std::vector<Cidr> host_addrs_;
+  Filter filter_;
+  Slirp* slirp_ = nullptr;
+  int qemu_fd_ = -1;
+  StreamDecoder decoder_;
+  std::vector<pollfd> pfds_;
+  std::list<Timer> timers_;
+  std::vector<Client> clients_;
+};
+
+}  // namespace
+
+void lock_down() {
+  if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) throw_errno("prctl(NO_NEW_PRIVS)");
+  // No capabilities at all (matters when started as root, e.g. in tests).
+  for (int c = 0; c <= CAP_LAST_CAP; ++c) prctl(PR_CAPBSET_DROP, c, 0, 0, 0);
+  cap_t none = cap_init();
+  if (!none || cap_set_proc(none) != 0) throw_errno("cap_set_proc");
+  cap_free(none);
+
+  // Unlisted syscalls fail with EPERM rather than killing the helper: a
+  // libc path we did not foresee degrades one operation, it does not cut
+  // the sandbox's network. Nothing listed opens files, executes, or traces.
+  scmp_filter_ctx ctx = seccomp_init(SCMP_ACT_ERRNO(EPERM));
+  if (!ctx) throw Error(Errc::internal, "seccomp_init failed");
+  seccomp_attr_set(ctx, SCMP_FLTATR_CTL_TSYNC, 1);
+  for (const char* name :
+       {"read", "write", "readv", "writev", "pread64", "recvfrom", "sendto", "recvmsg", "sendmsg",
+        "recvmmsg", "sendmmsg", "poll", "ppoll", "select", "pselect6", "connect", "bind",
+        "listen", "accept", "accept4", "getsockopt", "setsockopt", "getsockname", "getpeername",
+        "shutdown", "close", "fcntl", "ioctl", "clock_gettime", "clock_nanosleep", "nanosleep",
+        "gettimeofday", "time", "futex", "brk", "mmap", "munmap", "mremap", "madvise", "mprotect",
+        "rt_sigreturn", "rt_sigprocmask", "rt_sigaction", "exit", "exit_group", "getpid",
+        "gettid", "getrandom", "sched_yield", "restart_syscall", "lseek", "fstat", "newfstatat",
+        "statx", "uname", "tgkill", "unlink", "set_robust_list", "rseq", "dup"}) {
+    int nr = seccomp_syscall_resolve_name(name);
+    if (nr == __NR_SCMP_ERROR) continue;  // not on this architecture
+    seccomp_rule_add(ctx, SCMP_ACT_ALLOW, nr, 0);
+  }
+  // New sockets: only the internet families slirp needs for the guest's flows.
+  for (int family : {AF_INET, AF_INET6})
+    seccomp_rule_add(ctx, SCMP_ACT_ALLOW, SCMP_SYS(socket), 1, SCMP_A0(SCMP_CMP_EQ, static_cast<scmp_datum_t>(family)));
+  int rc = seccomp_load(ctx);
+  seccomp_release(ctx);
+  if (rc != 0) throw Error(Errc::internal, "seccomp_load failed: " + std::string(strerror(-rc)));
+}
+
+int run_helper(const HelperOptions& o) {
+  int events_fd = o.events_fd >= 0 ? o.events_fd : 2;
+  if (!o.events_path.empty()) {
+    events_fd = open(o.events_path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600);
+    if (events_fd < 0) throw_errno("open " + o.events_path);
+  }
+  auto host_addrs = host_addresses();
+  Helper helper(o, events_fd, host_addrs);  // parses the policy: fails before any socket
+  int qemu_listen = listen_unix(o.qemu_socket);
+  int ctl_listen = o.control_socket.empty() ? -1 : listen_unix(o.control_socket);
+  if (ctl_listen >= 0) fcntl(ctl_listen, F_SETFL, O_NONBLOCK);
+  ResolverPool pool(std::max(1, o.resolver_threads), o.dns_upstream);
+  helper.start_slirp();
+  std::cout << nlohmann::json{{"ready", true}, {"pid", getpid()}}.dump() << std::endl;
+
+  pollfd pfd{qemu_listen, POLLIN, 0};
+  int rc = poll(&pfd, 1, o.accept_timeout_s * 1000);
+  if (rc <= 0) {
+    std::cerr << "airlock-net: QEMU did not connect within " << o.accept_timeout_s << " s\n";
+    unlink(o.qemu_socket.c_str());
+    return 1;
+  }
+  int qemu_fd = accept4(qemu_listen, nullptr, nullptr, SOCK_CLOEXEC);
+  if (qemu_fd < 0) throw_errno("accept QEMU");
+  close(qemu_listen);
+  unlink(o.qemu_socket.c_str());  // one QEMU per helper: nobody else may connect
+  if (o.seccomp) lock_down();
+  try {
+    helper.serve(qemu_fd, ctl_listen, pool);
+  } catch (const Error& e) {
+    std::cerr << "airlock-net: " << e.what() << "\n";
+    helper.shutdown();
+    return 1;
+  }
+  helper.shutdown();
+  if (ctl_listen >= 0 && !o.control_socket.empty()) unlink(o.control_socket.c_str());
+  return 0;
+}
+
+}  // namespace airlock::net

@@ -1,0 +1,72 @@
+// airlock-net: the per-sandbox network helper process (see docs/network.md).
+//
+// One process per sandbox. It listens on a unix socket for QEMU's
+// `-netdev stream` connection (QEMU is the client), runs libslirp as the
+// guest's network, and passes every guest frame through the Filter
+// (filter.h) before slirp sees it. It answers the guest's DNS itself
+// (resolver worker threads, res_nquery), writes every DNS question and flow
+// decision as a JSON line to the events file, and takes policy updates on a
+// control socket:
+//   → {"policy": {"mode": "allowlist", "allow": [...]}}
+//   ← {"ok": true, "policy": {...normalised...}, "flows_cut": 1}
+//   → {"stats": true}
+//   ← {"ok": true, "stats": {"flows": 3, "pins": 5, ...}}
+//   ← {"error": {"code": "invalid_argument", "message": "...", "field": "network.allow[0]"}}
+//
+// Lifecycle: sockets are created and listening before the helper prints
+// {"ready": true} on stdout; the engine starts QEMU after that line. The
+// helper accepts one QEMU connection (within accept_timeout), removes the
+// listening socket file, drops privileges (no_new_privs, no capabilities,
+// seccomp allowlist) and serves until QEMU closes the connection, then
+// records the end of every open flow and exits 0. Exit 2 for bad options,
+// 1 for a runtime failure (message on stderr).
+//
+// QEMU's stream framing: each frame is preceded by its length as a 4-byte
+// big-endian integer, both directions.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "engine/net/filter.h"
+
+namespace airlock::net {
+
+struct HelperOptions {
+  std::string qemu_socket;     // path to listen on for QEMU
+  std::string control_socket;  // path to listen on for control clients ("" = none)
+  std::string events_path;     // JSON lines appended here ("" = events_fd)
+  int events_fd = -1;          // used when events_path is empty (-1 = stderr)
+  nlohmann::json policy;       // initial policy, the NetworkPolicy JSON form
+  std::string dns_upstream;    // "a.b.c.d[:port]" instead of the host's resolv.conf
+  bool seccomp = true;
+  int accept_timeout_s = 60;
+  int resolver_threads = 4;
+  FilterConfig filter;
+};
+
+// Splits QEMU's length-prefixed stream into frames.
+class StreamDecoder {
+ public:
+  void append(const uint8_t* data, size_t n);
+  // The next complete frame, nullopt if more bytes are needed. Throws
+  // Error(protocol_error) for a length of 0 or above kMaxFrame (the stream
+  // is out of sync; nothing after it can be trusted).
+  std::optional<std::vector<uint8_t>> next();
+
+ private:
+  std::vector<uint8_t> buf_;
+  size_t pos_ = 0;
+};
+
+// Runs the helper; returns the process exit code.
+int run_helper(const HelperOptions& options);
+
+// Installs the helper's seccomp allowlist (all threads) after setting
+// no_new_privs and dropping capabilities. Throws Error(internal) on failure.
+void lock_down();
+
+}  // namespace airlock::net

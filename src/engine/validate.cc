@@ -1,0 +1,120 @@
+#include "engine/validate.h"
+
+#include "common/error.h"
+
+namespace airlock::engine {
+namespace {
+
+void check_range(int v, int lo, int hi, const char* field) {
+  if (v < lo || v > hi)
+    throw Error(Errc::invalid_argument,
+                std::string(field) + " must be between " + std::to_string(lo) + " and " +
+                    std::to_string(hi) + ", got " + std::to_string(v),
+                field);
+}
+
+void check_map(const std::map<std::string, std::string>& m, const char* field, size_t max_value,
+               bool env) {
+  if (m.size() > kMaxMapEntries)
+    throw Error(Errc::invalid_argument,
+                std::string(field) + " has " + std::to_string(m.size()) + " entries; at most " +
+                    std::to_string(kMaxMapEntries) + " are allowed",
+                field);
+  for (const auto& [k, v] : m) {
+    std::string f = std::string(field) + "." + k;
+    if (k.empty())
+      throw Error(Errc::invalid_argument, std::string(field) + " keys must not be empty", field);
+    if (k.size() > kMaxKeyBytes)
+      throw Error(
+          Errc::invalid_argument,
+          std::string(field) + " key longer than " + std::to_string(kMaxKeyBytes) + " bytes",
+          field);
+    // An env name with '=' or NUL would smuggle another variable.
+    if (env && (k.find('=') != std::string::npos || k.find('\0') != std::string::npos))
+      throw Error(Errc::invalid_argument,
+                  std::string(field) + " key '" + k + "' must not contain '=' or NUL", f);
+    if (env && v.find('\0') != std::string::npos)
+      throw Error(Errc::invalid_argument,
+                  std::string(field) + " value of '" + k + "' must not contain NUL", f);
+    if (v.size() > max_value)
+      throw Error(Errc::invalid_argument,
+                  std::string(field) + " value of '" + k + "' is longer than " +
+                      std::to_string(max_value) + " bytes",
+                  f);
+  }
+}
+
+}  // namespace
+
+void validate_spec(const SandboxSpec& spec) {
+  if (spec.image.empty() || spec.image.size() > 64)
+    throw Error(Errc::invalid_argument, "image must be a name of 1 to 64 characters", "image");
+  for (char c : spec.image) {
+    // Image names become directory names under the image store.
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.') ||
+        spec.image[0] == '.')
+      throw Error(Errc::invalid_argument, "image '" + spec.image + "' is not a valid image name",
+                  "image");
+  }
+  check_range(spec.cpus, 1, kMaxCpus, "cpus");
+  check_range(spec.memory_mb, kMinMemoryMb, kMaxMemoryMb, "memory_mb");
+  check_range(spec.disk_mb, 1, kMaxDiskMb, "disk_mb");
+  check_range(spec.timeout_s, 1, kMaxTimeoutS, "timeout");
+  check_map(spec.env, "env", kMaxEnvValueBytes, true);
+  check_map(spec.metadata, "metadata", kMaxMetadataValueBytes, false);
+}
+
+int min_disk_mb(uint64_t rootfs_bytes) {
+  return static_cast<int>((rootfs_bytes + (1 << 20) - 1) >> 20);
+}
+
+void validate_disk_fits(const SandboxSpec& spec, uint64_t rootfs_bytes) {
+  int need = min_disk_mb(rootfs_bytes);
+  if (spec.disk_mb < need)
+    throw Error(Errc::invalid_argument,
+                "disk_mb must be at least " + std::to_string(need) + " (the size of image '" +
+                    spec.image + "'), got " + std::to_string(spec.disk_mb),
+                "disk_mb");
+}
+
+void validate_exec(const ExecRequest& r) {
+  if (r.argv.empty() == r.cmd.empty())
+    throw Error(Errc::invalid_argument, "give exactly one of argv or cmd",
+                r.argv.empty() ? "argv" : "cmd");
+  size_t total = r.cmd.size();
+  if (!r.argv.empty() && r.argv[0].empty())
+    throw Error(Errc::invalid_argument, "argv[0] must not be empty", "argv");
+  for (const auto& a : r.argv) {
+    if (a.find('\0') != std::string::npos)
+      throw Error(Errc::invalid_argument, "argv elements must not contain NUL", "argv");
+    total += a.size();
+  }
+  if (r.cmd.find('\0') != std::string::npos)
+    throw Error(Errc::invalid_argument, "cmd must not contain NUL", "cmd");
+  check_map(r.env, "env", kMaxEnvValueBytes, true);
+  for (const auto& [k, v] : r.env) total += k.size() + v.size();
+  if (total > kMaxArgvBytes)
+    throw Error(Errc::invalid_argument,
+                "argv/cmd and env together exceed " + std::to_string(kMaxArgvBytes) + " bytes",
+                r.argv.empty() ? "cmd" : "argv");
+  if (!r.cwd.empty()) validate_guest_path(r.cwd, "cwd");
+  if (r.user.size() > 64 || r.user.find('\0') != std::string::npos)
+    throw Error(Errc::invalid_argument, "user must be a name or uid of at most 64 bytes", "user");
+  if (!(r.timeout_s >= 0) || r.timeout_s > kMaxTimeoutS)
+    throw Error(Errc::invalid_argument,
+                "timeout must be between 0 (none) and " + std::to_string(kMaxTimeoutS) + " seconds",
+                "timeout");
+}
+
+void validate_guest_path(const std::string& path, const char* field) {
+  if (path.empty() || path[0] != '/')
+    throw Error(Errc::invalid_argument, std::string(field) + " must be an absolute path", field);
+  if (path.size() > kMaxPathBytes)
+    throw Error(Errc::invalid_argument,
+                std::string(field) + " is longer than " + std::to_string(kMaxPathBytes) + " bytes",
+                field);
+  if (path.find('\0') != std::string::npos)
+    throw Error(Errc::invalid_argument, std::string(field) + " must not contain NUL", field);
+}
+
+}  // namespace airlock::engine

@@ -1,0 +1,36 @@
+// Checks of caller input done before the engine creates or touches anything.
+// Each failure is Error(invalid_argument, message naming the limit, field).
+//
+//   validate_spec(spec);                 // ranges, names, bounded maps
+//   validate_disk_fits(spec, image);     // disk_mb >= the image's rootfs
+//   validate_exec(request, life_s);      // argv xor cmd, cwd, env, timeout
+//   validate_guest_path(path);           // absolute, no NUL, bounded
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "engine/engine.h"
+
+namespace airlock::engine {
+
+// Limits (also the documentation of the API's bounds).
+inline constexpr int kMaxCpus = 16;
+inline constexpr int kMinMemoryMb = 64, kMaxMemoryMb = 65536;
+inline constexpr int kMaxDiskMb = 1048576;
+inline constexpr int kMaxTimeoutS = 604800;  // one week
+inline constexpr size_t kMaxMapEntries = 128;
+inline constexpr size_t kMaxKeyBytes = 256;
+inline constexpr size_t kMaxEnvValueBytes = 32 * 1024;
+inline constexpr size_t kMaxMetadataValueBytes = 1024;
+inline constexpr size_t kMaxArgvBytes = 256 * 1024;  // argv + env of one exec
+inline constexpr size_t kMaxPathBytes = 4096;
+
+void validate_spec(const SandboxSpec& spec);
+// The smallest disk_mb that holds an image whose rootfs has `rootfs_bytes`.
+int min_disk_mb(uint64_t rootfs_bytes);
+void validate_disk_fits(const SandboxSpec& spec, uint64_t rootfs_bytes);
+void validate_exec(const ExecRequest& request);
+void validate_guest_path(const std::string& path, const char* field = "path");
+
+}  // namespace airlock::engine
