@@ -82,7 +82,10 @@ def main():
     try:
         info = api.call("GET", "/v1/info")
         print(f"airlock {info.get('version')}  accelerator={info['accelerator']} ({info['accelerator_reason']})")
-        image = next(i for i in info["images"] if i["name"] == "minimal")
+        built = next(i for i in info["images"] if i["name"] == "minimal")
+        d = os.path.join(harness.IMAGE_DIR, "minimal", built["key"])
+        image = {"kernel": os.path.join(d, "vmlinuz"), "initrd": os.path.join(d, "initrd.img"),
+                 "rootfs": os.path.join(d, "rootfs.ext4")}
 
         boot_ms, first_exec_ms, raw_ms, failures = [], [], [], 0
         for _ in range(args.boots):

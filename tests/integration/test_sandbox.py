@@ -122,7 +122,7 @@ class ExecTest(DaemonTestCase):
         for body, field in ((dict(argv="ls"), "argv"), (dict(argv=[]), "argv"),
                             (dict(argv=["ls"], bogus=1), "bogus"),
                             (dict(argv=["ls"], timeout=-1), "timeout"),
-                            (dict(argv=["ls"], cmd="ls"), "cmd")):
+                            (dict(argv=["ls"], cmd="ls"), "argv")):
             with self.assertRaises(ApiError, msg=str(body)) as cm:
                 self.api.exec(self.sid, **body)
             self.assertEqual(cm.exception.status, 400, cm.exception.body)

@@ -40,30 +40,48 @@ size_t skip_name(const uint8_t* p, size_t len, size_t off) {
 
 const char* to_string(Rcode rc) {
   switch (rc) {
-    case Rcode::noerror: return "NOERROR";
-    case Rcode::formerr: return "FORMERR";
-    case Rcode::servfail: return "SERVFAIL";
-    case Rcode::nxdomain: return "NXDOMAIN";
-    case Rcode::notimp: return "NOTIMP";
-    case Rcode::refused: return "REFUSED";
+    case Rcode::noerror:
+      return "NOERROR";
+    case Rcode::formerr:
+      return "FORMERR";
+    case Rcode::servfail:
+      return "SERVFAIL";
+    case Rcode::nxdomain:
+      return "NXDOMAIN";
+    case Rcode::notimp:
+      return "NOTIMP";
+    case Rcode::refused:
+      return "REFUSED";
   }
   return "?";
 }
 
 std::string qtype_name(uint16_t t) {
   switch (t) {
-    case 1: return "A";
-    case 2: return "NS";
-    case 5: return "CNAME";
-    case 6: return "SOA";
-    case 12: return "PTR";
-    case 15: return "MX";
-    case 16: return "TXT";
-    case 28: return "AAAA";
-    case 33: return "SRV";
-    case 64: return "SVCB";
-    case 65: return "HTTPS";
-    case 255: return "ANY";
+    case 1:
+      return "A";
+    case 2:
+      return "NS";
+    case 5:
+      return "CNAME";
+    case 6:
+      return "SOA";
+    case 12:
+      return "PTR";
+    case 15:
+      return "MX";
+    case 16:
+      return "TXT";
+    case 28:
+      return "AAAA";
+    case 33:
+      return "SRV";
+    case 64:
+      return "SVCB";
+    case 65:
+      return "HTTPS";
+    case 255:
+      return "ANY";
   }
   return "TYPE" + std::to_string(t);
 }
@@ -259,8 +277,12 @@ Resolution HostResolver::resolve(const std::string& name, uint16_t qtype) {
   if (n < 0) {
     Resolution r;
     switch (state_.res_h_errno) {
-      case HOST_NOT_FOUND: r.rcode = Rcode::nxdomain; break;
-      case NO_DATA: r.rcode = Rcode::noerror; break;
+      case HOST_NOT_FOUND:
+        r.rcode = Rcode::nxdomain;
+        break;
+      case NO_DATA:
+        r.rcode = Rcode::noerror;
+        break;
       default:
         r.rcode = Rcode::servfail;
         r.error = "upstream resolver failed (h_errno " + std::to_string(state_.res_h_errno) + ")";

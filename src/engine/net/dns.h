@@ -53,12 +53,12 @@ std::string qtype_name(uint16_t qtype);  // "A", "AAAA", "TXT", else "TYPE65"
 struct DnsQuery {
   uint16_t id = 0;
   bool recursion_desired = false;
-  std::string qname;  // raw labels joined by '.', bytes as sent (may be invalid)
+  std::string qname;            // raw labels joined by '.', bytes as sent (may be invalid)
   bool qname_printable = true;  // false if a label holds '.', or bytes outside 0x21..0x7e
   uint16_t qtype = 0;
   uint16_t qclass = 0;
   std::vector<uint8_t> question;  // the question section as sent, echoed back
-  uint16_t edns_udp_size = 0;  // from an OPT record, 0 if none
+  uint16_t edns_udp_size = 0;     // from an OPT record, 0 if none
 };
 
 // Parses a guest query. On failure returns nullopt and sets *error to the
@@ -102,7 +102,7 @@ class HostResolver {
   Resolution resolve(const std::string& name, uint16_t qtype);
 
  private:
-  struct __res_state state_{};
+  struct __res_state state_ {};
 };
 
 }  // namespace airlock::net

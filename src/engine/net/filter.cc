@@ -177,13 +177,21 @@ Filter::Output Filter::new_flow(const Frame& f, const Key& key, Proto proto) {
   std::string name;
   Decision d;
   if (flows_.size() >= config_.max_flows) tick();  // reclaim expired ones first
+  size_t pending = 0;
+  if (proto == Proto::tcp) {
+    for (const auto& [k, fl] : flows_)
+      pending += fl.proto == Proto::tcp && !fl.established && !fl.closed;
+  }
   if (flows_.size() >= config_.max_flows) {
     d = {false, "flow table full"};
+  } else if (pending >= config_.max_pending_tcp) {
+    d = {false, "too many pending connections"};
   } else {
     d = decide_pinned(policy_, pins_, f.dst, proto == Proto::icmp ? 0 : f.dport, proto, &name);
   }
-  nlohmann::json ev{{"event", "net_flow"}, {"proto", to_string(proto)}, {"dst", f.dst.to_string()},
-                    {"name", name},        {"rule", d.rule},            {"allowed", d.allowed}};
+  nlohmann::json ev{{"event", "net_flow"},      {"proto", to_string(proto)},
+                    {"dst", f.dst.to_string()}, {"name", name},
+                    {"rule", d.rule},           {"allowed", d.allowed}};
   if (proto == Proto::icmp) {
     ev["icmp_id"] = f.icmp_id;
   } else {
@@ -232,8 +240,8 @@ void Filter::from_net(std::span<const uint8_t> raw) {
   fl.last = clock_();
   fl.bytes_in += f.payload_len;
   if (f.l4 != kIpTCP) return;
-  uint32_t end = f.seq + static_cast<uint32_t>(f.payload_len) +
-                 ((f.tcp_flags & (kTcpSyn | kTcpFin)) ? 1 : 0);
+  uint32_t end =
+      f.seq + static_cast<uint32_t>(f.payload_len) + ((f.tcp_flags & (kTcpSyn | kTcpFin)) ? 1 : 0);
   if (!fl.net_ack || seq_after(end, fl.net_nxt)) fl.net_nxt = end;
   if (f.tcp_flags & kTcpAck) fl.net_ack = f.ack;
   if (f.tcp_flags & kTcpRst) {
@@ -252,8 +260,7 @@ void Filter::end_flow(const Key& key, Flow& fl, const std::string& reason) {
   j["event"] = "net_flow_end";
   j["bytes_out"] = fl.bytes_out;
   j["bytes_in"] = fl.bytes_in;
-  j["duration_ms"] =
-      std::chrono::duration_cast<std::chrono::milliseconds>(now - fl.start).count();
+  j["duration_ms"] = std::chrono::duration_cast<std::chrono::milliseconds>(now - fl.start).count();
   j["reason"] = reason;
   emit(std::move(j), false);
 }
@@ -379,9 +386,8 @@ Filter::Output Filter::handle_dns(const Frame& f) {
 
 std::vector<uint8_t> Filter::dns_resolved(const DnsRequest& req, const Resolution& res) {
   if (dns_inflight_) --dns_inflight_;
-  nlohmann::json ev{{"event", "net_dns"},
-                    {"name", req.name},
-                    {"qtype", qtype_name(req.query.qtype)}};
+  nlohmann::json ev{
+      {"event", "net_dns"}, {"name", req.name}, {"qtype", qtype_name(req.query.qtype)}};
   // The policy may have changed while the resolution ran.
   Decision d = policy_.decide_name(req.name);
   ev["allowed"] = d.allowed;
@@ -410,12 +416,9 @@ std::vector<uint8_t> Filter::dns_resolved(const DnsRequest& req, const Resolutio
 }
 
 nlohmann::json Filter::stats() const {
-  return {{"flows", flows_.size()},
-          {"pins", pins_.size()},
-          {"dns_inflight", dns_inflight_},
-          {"malformed_frames", malformed_},
-          {"dropped_frames", dropped_},
-          {"policy", policy_.to_json()}};
+  return {{"flows", flows_.size()},        {"pins", pins_.size()},
+          {"dns_inflight", dns_inflight_}, {"malformed_frames", malformed_},
+          {"dropped_frames", dropped_},    {"policy", policy_.to_json()}};
 }
 
 }  // namespace airlock::net

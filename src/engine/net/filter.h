@@ -22,7 +22,8 @@
 // counted (payload bytes each way) and TCP FIN/RST end the flow.
 //
 // Bounded: at most max_flows tracked flows (beyond: denied with rule "flow
-// table full"), max_dns_inflight resolutions, and denied-flow/DNS events are
+// table full"), max_pending_tcp TCP flows in their handshake (beyond: rule
+// "too many pending connections"), max_dns_inflight resolutions, and denied-flow/DNS events are
 // rate limited (events_per_second, the rest counted in a "net_suppressed"
 // event) so a flood cannot fill memory or the journal.
 //
@@ -52,7 +53,11 @@ namespace airlock::net {
 struct FilterConfig {
   IpAddr dns_v4 = IpAddr::v4(0x0A000203);  // libslirp's default virtual DNS, 10.0.2.3
   IpAddr dns_v6 = *IpAddr::parse("fec0::3");
-  size_t max_flows = 1024;
+  // Each allowed TCP flow costs ~400 KiB in slirp (measured: its socket
+  // buffers), so the caps bound the helper's memory: flows in all, and TCP
+  // flows still in their handshake (what a SYN flood creates).
+  size_t max_flows = 512;
+  size_t max_pending_tcp = 64;
   size_t max_dns_inflight = 64;
   std::chrono::seconds tcp_handshake_timeout{30};
   std::chrono::seconds tcp_idle_timeout{3600};
@@ -66,7 +71,7 @@ using EventSink = std::function<void(nlohmann::json)>;
 
 struct DnsRequest {
   DnsQuery query;
-  std::string name;  // normalised
+  std::string name;        // normalised
   Endpoint server, guest;  // for the reply datagram
 };
 
@@ -76,9 +81,9 @@ class Filter {
          Clock clock = steady_clock_fn());
 
   struct Output {
-    bool to_slirp = false;  // hand the frame to slirp_input
+    bool to_slirp = false;                       // hand the frame to slirp_input
     std::vector<std::vector<uint8_t>> to_guest;  // frames to send to the guest now
-    std::optional<DnsRequest> resolve;  // resolve, then call dns_resolved()
+    std::optional<DnsRequest> resolve;           // resolve, then call dns_resolved()
   };
   Output from_guest(std::span<const uint8_t> frame);
 
@@ -122,7 +127,7 @@ class Filter {
     uint64_t bytes_out = 0, bytes_in = 0;
     uint8_t guest_mac[6], gw_mac[6];
     bool established = false, fin_guest = false, fin_net = false;
-    uint32_t guest_nxt = 0, net_nxt = 0;  // next seq each side will send
+    uint32_t guest_nxt = 0, net_nxt = 0;         // next seq each side will send
     std::optional<uint32_t> guest_ack, net_ack;  // what each side expects next
   };
 

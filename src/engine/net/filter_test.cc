@@ -21,8 +21,9 @@ struct Rig {
   std::vector<json> events;
   Filter filter;
   explicit Rig(const char* policy, FilterConfig cfg = {})
-      : filter(NetworkPolicy::parse(json::parse(policy), {}), cfg,
-               [this](json j) { events.push_back(std::move(j)); }, [this] { return now; }) {}
+      : filter(
+            NetworkPolicy::parse(json::parse(policy), {}), cfg,
+            [this](json j) { events.push_back(std::move(j)); }, [this] { return now; }) {}
   Endpoint guest(uint16_t port = 40000, const char* a = "10.0.2.15") {
     return {{0x52, 0x54, 0, 0x12, 0x34, 0x56}, ip(a), port};
   }
@@ -205,7 +206,8 @@ TEST(Filter, DnsDeniedNamesNxdomainAllowedPinnedRebindingDropped) {
   Resolution res{Rcode::noerror, {{ip("203.0.113.10"), 60}, {ip("127.0.0.1"), 60}}, ""};
   auto ans = r.filter.dns_resolved(*out.resolve, res);
   auto af = parse_frame(ans);
-  auto parsed = parse_upstream_answer(std::span(ans.data() + af->payload_off, af->payload_len), kTypeA);
+  auto parsed =
+      parse_upstream_answer(std::span(ans.data() + af->payload_off, af->payload_len), kTypeA);
   ASSERT_EQ(parsed.addrs.size(), 1u);
   EXPECT_EQ(parsed.addrs[0].ip, ip("203.0.113.10"));
   auto ev = r.of("net_dns").back();
@@ -214,13 +216,13 @@ TEST(Filter, DnsDeniedNamesNxdomainAllowedPinnedRebindingDropped) {
   EXPECT_EQ(ev["dropped"][0]["rule"], "always-deny 127.0.0.0/8");
 
   // The pinned IP is reachable, by the wildcard; its neighbour is not.
-  EXPECT_TRUE(r.filter.from_guest(make_tcp(r.guest(), r.remote("203.0.113.10"), 1, 0, kTcpSyn))
-                  .to_slirp);
+  EXPECT_TRUE(
+      r.filter.from_guest(make_tcp(r.guest(), r.remote("203.0.113.10"), 1, 0, kTcpSyn)).to_slirp);
   auto flow = r.of("net_flow").back();
   EXPECT_EQ(flow["name"], "www.example.com");
   EXPECT_EQ(flow["rule"], "allow *.example.com (pinned)");
-  EXPECT_FALSE(r.filter.from_guest(make_tcp(r.guest(), r.remote("203.0.113.11"), 1, 0, kTcpSyn))
-                   .to_slirp);
+  EXPECT_FALSE(
+      r.filter.from_guest(make_tcp(r.guest(), r.remote("203.0.113.11"), 1, 0, kTcpSyn)).to_slirp);
   // TXT for an allowed name: NOERROR, no records, nothing resolved upstream.
   out = r.filter.from_guest(make_udp(r.guest(3335), dns, dns_query("www.example.com", 16)));
   EXPECT_FALSE(out.resolve);
@@ -286,6 +288,21 @@ TEST(Filter, SynFloodIsBoundedAndEventsRateLimited) {
   r.now += 31s;
   r.filter.tick();
   EXPECT_EQ(r.filter.flow_count(), 0u);
+}
+
+TEST(Filter, PendingHandshakesAreCapped) {
+  FilterConfig cfg;
+  cfg.max_pending_tcp = 4;
+  Rig r(R"({"mode":"open"})", cfg);
+  auto s = r.remote("203.0.113.9");
+  for (uint16_t p = 1; p <= 4; ++p)
+    EXPECT_TRUE(r.filter.from_guest(make_tcp(r.guest(p), s, 1, 0, kTcpSyn)).to_slirp);
+  EXPECT_FALSE(r.filter.from_guest(make_tcp(r.guest(5), s, 1, 0, kTcpSyn)).to_slirp);
+  EXPECT_EQ(r.of("net_flow").back()["rule"], "too many pending connections");
+  // One handshake completes: room for a new one.
+  r.filter.from_net(make_tcp(s, r.guest(1), 50, 2, kTcpSyn | kTcpAck));
+  r.filter.from_guest(make_tcp(r.guest(1), s, 2, 51, kTcpAck));
+  EXPECT_TRUE(r.filter.from_guest(make_tcp(r.guest(6), s, 1, 0, kTcpSyn)).to_slirp);
 }
 
 TEST(Filter, SlirpServicesPassAndJunkIsDropped) {

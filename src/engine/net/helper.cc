@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <seccomp.h>
+#include <signal.h>
 #include <sys/capability.h>
 #include <sys/eventfd.h>
 #include <sys/prctl.h>
@@ -106,10 +107,7 @@ class ResolverPool {
     }
     for (int r = ready.load(); r < threads; r = ready.load()) ready.wait(r);
   }
-  // Threads may be blocked in res_nquery; the process exits with _exit().
-  ~ResolverPool() {
-    for (auto& t : threads_) t.detach();
-  }
+  ~ResolverPool() = delete;  // never destroyed, see run_helper()
   int fd() const { return efd_; }
   void submit(DnsRequest req) {
     std::lock_guard lock(mu_);
@@ -192,10 +190,12 @@ class Helper {
         .guest_error = [](const char* msg, void*) { fprintf(stderr, "slirp: %s\n", msg); },
         .clock_get_ns = [](void*) -> int64_t { return now_ns(); },
         .timer_new = nullptr,
-        .timer_free = [](void* t, void* op) { static_cast<Helper*>(op)->timers_.remove_if(
-                                                  [t](const Timer& x) { return &x == t; }); },
-        .timer_mod =
-            [](void* t, int64_t expire_ms, void*) { static_cast<Timer*>(t)->expire_ms = expire_ms; },
+        .timer_free =
+            [](void* t, void* op) {
+              static_cast<Helper*>(op)->timers_.remove_if([t](const Timer& x) { return &x == t; });
+            },
+        .timer_mod = [](void* t, int64_t expire_ms,
+                        void*) { static_cast<Timer*>(t)->expire_ms = expire_ms; },
         .register_poll_fd = [](int, void*) {},
         .unregister_poll_fd = [](int, void*) {},
         .notify = [](void*) {},
@@ -262,6 +262,7 @@ class Helper {
         if (pfds_[i].revents) control_readable(pfds_[i].fd);
       }
       std::erase_if(clients_, [](const Client& c) { return c.fd < 0; });
+      if (qemu_gone_) return;
       if (now_ns() >= next_tick) {
         next_tick = now_ns() + 1000000000;
         apply(filter_.tick());
@@ -302,7 +303,12 @@ class Helper {
     uint8_t len[4] = {uint8_t(n >> 24), uint8_t(n >> 16), uint8_t(n >> 8), uint8_t(n)};
     iovec iov[2] = {{len, 4}, {const_cast<uint8_t*>(data), n}};
     size_t total = 4 + n;
+    if (qemu_gone_) return;
     ssize_t w = writev(qemu_fd_, iov, 2);
+    if (w < 0 && (errno == EPIPE || errno == ECONNRESET)) {
+      qemu_gone_ = true;  // QEMU closed: serve() returns, the helper exits
+      return;
+    }
     if (w < 0 && errno != EINTR && errno != EAGAIN) throw_errno("write to QEMU");
     size_t done = w > 0 ? static_cast<size_t>(w) : 0;
     // Rare partial write: finish it (QEMU reads continuously).
@@ -310,7 +316,11 @@ class Helper {
     if (done < total) {
       rest.insert(rest.end(), len, len + 4);
       rest.insert(rest.end(), data, data + n);
-      write_all(qemu_fd_, rest.data() + done, total - done);
+      try {
+        write_all(qemu_fd_, rest.data() + done, total - done);
+      } catch (const Error&) {
+        qemu_gone_ = true;
+      }
     }
   }
 
@@ -364,8 +374,8 @@ class Helper {
       if (j.is_object() && j.contains("stats")) return {{"ok", true}, {"stats", filter_.stats()}};
       throw Error(Errc::invalid_argument, "expected {\"policy\": {...}} or {\"stats\": true}");
     } catch (const Error& e) {
-      return {{"error",
-               {{"code", to_string(e.code())}, {"message", e.what()}, {"field", e.field()}}}};
+      return {
+          {"error", {{"code", to_string(e.code())}, {"message", e.what()}, {"field", e.field()}}}};
     } catch (const nlohmann::json::exception& e) {
       return {{"error", {{"code", "invalid_argument"}, {"message", e.what()}, {"field", ""}}}};
     }
@@ -405,6 +415,7 @@ class Helper {
   Filter filter_;
   Slirp* slirp_ = nullptr;
   int qemu_fd_ = -1;
+  bool qemu_gone_ = false;
   StreamDecoder decoder_;
   std::vector<pollfd> pfds_;
   std::list<Timer> timers_;
@@ -427,28 +438,37 @@ void lock_down() {
   scmp_filter_ctx ctx = seccomp_init(SCMP_ACT_ERRNO(EPERM));
   if (!ctx) throw Error(Errc::internal, "seccomp_init failed");
   seccomp_attr_set(ctx, SCMP_FLTATR_CTL_TSYNC, 1);
-  for (const char* name :
-       {"read", "write", "readv", "writev", "pread64", "recvfrom", "sendto", "recvmsg", "sendmsg",
-        "recvmmsg", "sendmmsg", "poll", "ppoll", "select", "pselect6", "connect", "bind",
-        "listen", "accept", "accept4", "getsockopt", "setsockopt", "getsockname", "getpeername",
-        "shutdown", "close", "fcntl", "ioctl", "clock_gettime", "clock_nanosleep", "nanosleep",
-        "gettimeofday", "time", "futex", "brk", "mmap", "munmap", "mremap", "madvise", "mprotect",
-        "rt_sigreturn", "rt_sigprocmask", "rt_sigaction", "exit", "exit_group", "getpid",
-        "gettid", "getrandom", "sched_yield", "restart_syscall", "lseek", "fstat", "newfstatat",
-        "statx", "uname", "tgkill", "unlink", "set_robust_list", "rseq", "dup"}) {
+  for (const char* name : {"read",          "write",           "readv",        "writev",
+                           "pread64",       "recvfrom",        "sendto",       "recvmsg",
+                           "sendmsg",       "recvmmsg",        "sendmmsg",     "poll",
+                           "ppoll",         "select",          "pselect6",     "connect",
+                           "bind",          "listen",          "accept",       "accept4",
+                           "getsockopt",    "setsockopt",      "getsockname",  "getpeername",
+                           "shutdown",      "close",           "fcntl",        "ioctl",
+                           "clock_gettime", "clock_nanosleep", "nanosleep",    "gettimeofday",
+                           "time",          "futex",           "brk",          "mmap",
+                           "munmap",        "mremap",          "madvise",      "mprotect",
+                           "rt_sigreturn",  "rt_sigprocmask",  "rt_sigaction", "exit",
+                           "exit_group",    "getpid",          "gettid",       "getrandom",
+                           "sched_yield",   "restart_syscall", "lseek",        "fstat",
+                           "newfstatat",    "statx",           "uname",        "tgkill",
+                           "unlink",        "set_robust_list", "rseq",         "dup"}) {
     int nr = seccomp_syscall_resolve_name(name);
     if (nr == __NR_SCMP_ERROR) continue;  // not on this architecture
     seccomp_rule_add(ctx, SCMP_ACT_ALLOW, nr, 0);
   }
   // New sockets: only the internet families slirp needs for the guest's flows.
   for (int family : {AF_INET, AF_INET6})
-    seccomp_rule_add(ctx, SCMP_ACT_ALLOW, SCMP_SYS(socket), 1, SCMP_A0(SCMP_CMP_EQ, static_cast<scmp_datum_t>(family)));
+    seccomp_rule_add(ctx, SCMP_ACT_ALLOW, SCMP_SYS(socket), 1,
+                     SCMP_A0(SCMP_CMP_EQ, static_cast<scmp_datum_t>(family)));
   int rc = seccomp_load(ctx);
   seccomp_release(ctx);
   if (rc != 0) throw Error(Errc::internal, "seccomp_load failed: " + std::string(strerror(-rc)));
 }
 
 int run_helper(const HelperOptions& o) {
+  // A closed QEMU or control peer is an error return from write, not a signal.
+  signal(SIGPIPE, SIG_IGN);
   int events_fd = o.events_fd >= 0 ? o.events_fd : 2;
   if (!o.events_path.empty()) {
     events_fd = open(o.events_path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600);
@@ -459,7 +479,9 @@ int run_helper(const HelperOptions& o) {
   int qemu_listen = listen_unix(o.qemu_socket);
   int ctl_listen = o.control_socket.empty() ? -1 : listen_unix(o.control_socket);
   if (ctl_listen >= 0) fcntl(ctl_listen, F_SETFL, O_NONBLOCK);
-  ResolverPool pool(std::max(1, o.resolver_threads), o.dns_upstream);
+  // Leaked on purpose: its workers may sit in res_nquery or on its condition
+  // variable when the helper exits; exit() does not wait for them.
+  ResolverPool& pool = *new ResolverPool(std::max(1, o.resolver_threads), o.dns_upstream);
   helper.start_slirp();
   std::cout << nlohmann::json{{"ready", true}, {"pid", getpid()}}.dump() << std::endl;
 

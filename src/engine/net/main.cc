@@ -18,7 +18,8 @@ int main(int argc, char** argv) {
   bool no_seccomp = false;
   app.add_option("--qemu-socket", o.qemu_socket, "unix socket to listen on for QEMU -netdev stream")
       ->required();
-  app.add_option("--control-socket", o.control_socket, "unix socket for policy updates (JSON lines)");
+  app.add_option("--control-socket", o.control_socket,
+                 "unix socket for policy updates (JSON lines)");
   app.add_option("--events", o.events_path, "append JSON-line events to this file");
   app.add_option("--events-fd", o.events_fd, "write JSON-line events to this inherited fd");
   app.add_option("--policy", policy_text, "the policy as JSON");

@@ -34,8 +34,8 @@ void PinTable::add(const std::string& name, const IpAddr& ip, uint32_t ttl) {
 std::vector<std::string> PinTable::names_for(const IpAddr& ip) const {
   std::vector<std::string> out;
   auto now = clock_();
-  for (auto it = pins_.lower_bound(Key{ip, std::string()}); it != pins_.end() && it->first.first == ip;
-       ++it) {
+  for (auto it = pins_.lower_bound(Key{ip, std::string()});
+       it != pins_.end() && it->first.first == ip; ++it) {
     if (it->second > now) out.push_back(it->first.second);
   }
   return out;

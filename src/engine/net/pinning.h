@@ -62,7 +62,7 @@ class PinTable {
 };
 
 struct PinResult {
-  std::vector<ResolvedAddr> kept;  // pinned, to be answered to the guest
+  std::vector<ResolvedAddr> kept;                          // pinned, to be answered to the guest
   std::vector<std::pair<ResolvedAddr, Decision>> dropped;  // denied addresses (rebinding)
 };
 

@@ -80,8 +80,8 @@ TEST(Pinning, DomainRuleAllowsOnlyResolvedIps) {
 
 TEST(Pinning, DenyNameRuleBeatsAllowCidr) {
   PinTable pins;
-  auto policy = NetworkPolicy::parse(
-      json::parse(R"({"mode":"open","deny":["tracker.example.com"]})"), {});
+  auto policy =
+      NetworkPolicy::parse(json::parse(R"({"mode":"open","deny":["tracker.example.com"]})"), {});
   pins.add("tracker.example.com", ip("203.0.113.50"), 60);
   std::string name;
   auto d = decide_pinned(policy, pins, ip("203.0.113.50"), 443, Proto::tcp, &name);

@@ -184,18 +184,24 @@ std::string Cidr::to_string() const {
 
 const char* to_string(Proto p) {
   switch (p) {
-    case Proto::tcp: return "tcp";
-    case Proto::udp: return "udp";
-    case Proto::icmp: return "icmp";
+    case Proto::tcp:
+      return "tcp";
+    case Proto::udp:
+      return "udp";
+    case Proto::icmp:
+      return "icmp";
   }
   return "?";
 }
 
 const char* to_string(Mode m) {
   switch (m) {
-    case Mode::none: return "none";
-    case Mode::allowlist: return "allowlist";
-    case Mode::open: return "open";
+    case Mode::none:
+      return "none";
+    case Mode::allowlist:
+      return "allowlist";
+    case Mode::open:
+      return "open";
   }
   return "?";
 }
@@ -305,9 +311,7 @@ NetworkPolicy::Rule NetworkPolicy::parse_rule(const nlohmann::json& entry,
   return r;
 }
 
-NetworkPolicy NetworkPolicy::parse(const nlohmann::json& j) {
-  return parse(j, host_addresses());
-}
+NetworkPolicy NetworkPolicy::parse(const nlohmann::json& j) { return parse(j, host_addresses()); }
 
 NetworkPolicy NetworkPolicy::parse(const nlohmann::json& j, std::vector<Cidr> host_addrs) {
   if (!j.is_object())
@@ -382,16 +386,15 @@ std::optional<Decision> NetworkPolicy::always_denied(const IpAddr& addr) const {
   if (auto v4 = embedded_v4(addr)) {
     for (const auto& d : always_deny_ranges())
       if (d.contains(*v4))
-        return Decision{false, "always-deny " + d.to_string() + " (embedded in " +
-                                   addr.to_string() + ")"};
+        return Decision{false,
+                        "always-deny " + d.to_string() + " (embedded in " + addr.to_string() + ")"};
   }
   for (const auto& h : host_addrs_)
     if (h.contains(addr)) return Decision{false, "always-deny host address " + addr.to_string()};
   return std::nullopt;
 }
 
-const NetworkPolicy::Rule* NetworkPolicy::match(const std::vector<Rule>& rules,
-                                                const IpAddr* addr,
+const NetworkPolicy::Rule* NetworkPolicy::match(const std::vector<Rule>& rules, const IpAddr* addr,
                                                 const std::string* name) const {
   for (const auto& r : rules) {
     if (r.cidr && addr && r.cidr->contains(*addr)) return &r;

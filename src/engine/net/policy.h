@@ -61,7 +61,7 @@ struct IpAddr {
 
 // A prefix. IPv4 prefixes are stored as mapped prefixes (/len + 96).
 struct Cidr {
-  IpAddr base;  // host bits cleared
+  IpAddr base;     // host bits cleared
   int prefix = 0;  // 0..128 in the mapped space
 
   // "a.b.c.d/n", "v6/n" or a bare address (= host prefix). nullopt if invalid.

@@ -90,14 +90,14 @@ TEST(Policy, ParseErrorsNameTheEntry) {
             std::string::npos);
   EXPECT_NE(field_of(R"({"mode":"allowlist","allow":["0.0.0.0/0"]})").find("network.allow[0]"),
             std::string::npos);
-  EXPECT_NE(field_of(R"({"mode":"allowlist","allow":["::ffff:169.254.169.254"]})")
-                .find("169.254.0.0/16"),
-            std::string::npos);
+  EXPECT_NE(
+      field_of(R"({"mode":"allowlist","allow":["::ffff:169.254.169.254"]})").find("169.254.0.0/16"),
+      std::string::npos);
   EXPECT_NE(field_of(R"({"mode":"allowlist","allow":["fd00::/8"]})").find("fc00::/7"),
             std::string::npos);
-  EXPECT_NE(field_of(R"({"mode":"allowlist","allow":["192.0.2.0/24"]})")
-                .find("host address 192.0.2.77"),
-            std::string::npos);
+  EXPECT_NE(
+      field_of(R"({"mode":"allowlist","allow":["192.0.2.0/24"]})").find("host address 192.0.2.77"),
+      std::string::npos);
   EXPECT_NE(field_of(R"({"mode":"allowlist","allow":["a.*.com"]})").find("network.allow[0]"),
             std::string::npos);
   EXPECT_NE(field_of(R"({"mode":"allowlist","allow":["bad%name.com"]})").find("not a valid"),
@@ -113,17 +113,17 @@ TEST(Policy, ParseErrorsNameTheEntry) {
 
 TEST(Policy, AlwaysDenyInEveryMode) {
   auto open = pol(R"({"mode":"open"})", {Cidr::host(ip("192.0.2.77"))});
-  for (const char* a :
-       {"127.0.0.1", "2130706433", "127.1", "0x7f.0.0.1", "169.254.169.254", "10.1.2.3",
-        "172.16.0.1", "172.31.255.255", "192.168.1.1", "100.64.0.1", "0.0.0.0", "224.0.0.1",
-        "255.255.255.255", "::1", "fd12::1", "fe80::1", "::ffff:10.0.0.1", "fec0::2",
-        "64:ff9b::7f00:1", "2002:a9fe:a9fe::1", "192.0.2.77"}) {
+  for (const char* a : {"127.0.0.1",       "2130706433", "127.1",           "0x7f.0.0.1",
+                        "169.254.169.254", "10.1.2.3",   "172.16.0.1",      "172.31.255.255",
+                        "192.168.1.1",     "100.64.0.1", "0.0.0.0",         "224.0.0.1",
+                        "255.255.255.255", "::1",        "fd12::1",         "fe80::1",
+                        "::ffff:10.0.0.1", "fec0::2",    "64:ff9b::7f00:1", "2002:a9fe:a9fe::1",
+                        "192.0.2.77"}) {
     auto d = open.decide(ip(a), 80, Proto::tcp);
     EXPECT_FALSE(d.allowed) << a;
     EXPECT_TRUE(d.rule.starts_with("always-deny")) << a << " " << d.rule;
   }
-  EXPECT_EQ(open.decide(ip("169.254.169.254"), 80, Proto::tcp).rule,
-            "always-deny 169.254.0.0/16");
+  EXPECT_EQ(open.decide(ip("169.254.169.254"), 80, Proto::tcp).rule, "always-deny 169.254.0.0/16");
   EXPECT_EQ(open.decide(ip("192.0.2.77"), 80, Proto::tcp).rule,
             "always-deny host address 192.0.2.77");
   EXPECT_TRUE(open.decide(ip("203.0.113.5"), 80, Proto::tcp).allowed);
