@@ -39,6 +39,35 @@ nlohmann::json create_body(const CreateOptions& o) {
   if (o.timeout_s) j["timeout"] = *o.timeout_s;
   if (!o.env.empty()) j["env"] = parse_kvs(o.env, "--env");
   if (!o.meta.empty()) j["metadata"] = parse_kvs(o.meta, "--meta");
+  if (auto net = network_policy(o.network, o.allow, o.deny)) j["network"] = *net;
+  return j;
+}
+
+std::optional<nlohmann::json> network_policy(const std::optional<std::string>& mode,
+                                             const std::vector<std::string>& allow,
+                                             const std::vector<std::string>& deny) {
+  if (!mode && allow.empty() && deny.empty()) return std::nullopt;
+  std::string m;
+  if (mode) {
+    m = *mode;
+    if (m != "none" && m != "allowlist" && m != "open")
+      throw UsageError("--network must be none, allowlist or open, got '" + m + "'");
+  } else if (!allow.empty()) {
+    m = "allowlist";  // --allow says what is wanted
+  } else {
+    // Deny entries alone could mean "open minus these" or "nothing"; the
+    // difference is too large to guess.
+    throw UsageError("--deny needs --network open or --network allowlist");
+  }
+  if (m == "none" && (!allow.empty() || !deny.empty()))
+    throw UsageError(std::string("--network none takes no ") +
+                     (allow.empty() ? "--deny" : "--allow") +
+                     " (mode none has no network interface at all)");
+  if (m == "open" && !allow.empty())
+    throw UsageError("--network open takes no --allow (everything not denied is allowed)");
+  nlohmann::json j = {{"mode", m}};
+  if (!allow.empty()) j["allow"] = allow;
+  if (!deny.empty()) j["deny"] = deny;
   return j;
 }
 
@@ -189,6 +218,51 @@ std::string format_audit_line(const nlohmann::json& rec) {
     line += " " + k + "=" + value;
   }
   return line;
+}
+
+std::string format_net_event(const nlohmann::json& e) {
+  std::string type = e.value("event", "");
+  std::string line = str(e, "ts") + " ";
+  auto verdict = [&] { return e.value("allowed", false) ? "allowed" : "denied"; };
+  auto text = [&](const char* key) {
+    std::string v = e.contains(key) && e[key].is_string() ? e[key].get<std::string>() : "";
+    return v.empty() ? std::string("-") : v;
+  };
+  if (type == "net_flow" || type == "net_flow_end") {
+    std::string dst = text("dst");
+    if (dst.find(':') != std::string::npos) dst = "[" + dst + "]";
+    std::string where = e.contains("port") ? dst + ":" + str(e, "port") : dst;
+    line += text("proto") + " " + where + " " + text("name") + " " + text("rule") + " " + verdict();
+    if (type == "net_flow_end") {
+      line += " closed " + text("reason");
+      line += " out=" + human_bytes(e.value("bytes_out", uint64_t(0)));
+      line += " in=" + human_bytes(e.value("bytes_in", uint64_t(0)));
+      line += " " + std::to_string(e.value("duration_ms", int64_t(0))) + "ms";
+    }
+  } else if (type == "net_dns") {
+    line += "dns " + text("name") + " " + text("qtype") + " " + text("rule") + " " + verdict();
+    if (e.contains("rcode")) line += " rcode=" + str(e, "rcode");
+    std::string answers;
+    if (e.contains("answers") && e["answers"].is_array())
+      for (const auto& a : e["answers"])
+        answers += (answers.empty() ? "" : ",") + (a.is_string() ? a.get<std::string>() : a.dump());
+    if (!answers.empty()) line += " answers=" + answers;
+    if (e.contains("dropped") && e["dropped"].is_array() && !e["dropped"].empty())
+      line += " dropped=" + e["dropped"].dump();
+  } else if (type == "net_policy") {
+    line += "policy " + (e.contains("policy") ? e["policy"].dump() : std::string("-"));
+  } else if (type == "net_suppressed") {
+    line += "suppressed " + str(e, "count") + " events (rate limit)";
+  } else {
+    return format_audit_line(e);
+  }
+  return line;
+}
+
+std::string format_network_change(const nlohmann::json& answer) {
+  std::string out = "policy: " + (answer.contains("policy") ? answer["policy"].dump() : "-") + "\n";
+  out += "flows cut: " + str(answer, "flows_cut") + "\n";
+  return out;
 }
 
 }  // namespace airlock::cli

@@ -27,10 +27,23 @@ std::pair<std::string, std::string> parse_kv(const std::string& text, const std:
 std::map<std::string, std::string> parse_kvs(const std::vector<std::string>& items,
                                              const std::string& flag);
 
+// --network / --allow / --deny as a policy object {"mode", "allow", "deny"}:
+//   no flags                     -> nullopt (the daemon's default, mode none)
+//   --allow X (no --network)     -> allowlist
+//   --deny Y alone               -> usage error (say --network open or allowlist)
+//   --network none + --allow/--deny, --network open + --allow -> usage error
+//   --network M not none|allowlist|open -> usage error
+// What the entries mean is the daemon's to check (its 400 names the entry).
+std::optional<nlohmann::json> network_policy(const std::optional<std::string>& mode,
+                                             const std::vector<std::string>& allow,
+                                             const std::vector<std::string>& deny);
+
 struct CreateOptions {
   std::optional<std::string> image;
   std::optional<int> cpus, memory_mb, disk_mb, timeout_s;
   std::vector<std::string> env, meta;  // raw "K=V"
+  std::optional<std::string> network;  // --network
+  std::vector<std::string> allow, deny;
 };
 // Body for POST /v1/sandboxes: only the options given (the daemon has defaults).
 nlohmann::json create_body(const CreateOptions& opts);
@@ -73,6 +86,15 @@ std::string url_encode(const std::string& text);
 std::string format_sandbox_table(const nlohmann::json& sandboxes, int64_t now_ms);
 // `airlock logs` line: "<ts> <event> key=value ..." (argv shown as a shell-ish list).
 std::string format_audit_line(const nlohmann::json& record);
+// `airlock logs ID --network` line for one net_* event, e.g.
+//   "<ts> tcp 203.0.113.7:443 api.example.com allow *.example.com (pinned) allowed"
+//   "<ts> tcp 203.0.113.7:443 api.example.com ... closed fin out=1.2 KiB in=3.0 KiB 120ms"
+//   "<ts> dns api.example.com A allow *.example.com allowed answers=203.0.113.7"
+// (IPv6 destinations as [addr]:port, "-" for an empty name).
+std::string format_net_event(const nlohmann::json& event);
+// `airlock network ID` output for PATCH's {"policy", "flows_cut"}.
+std::string format_network_change(const nlohmann::json& answer);
+
 // "12.3 MiB" style size.
 std::string human_bytes(uint64_t bytes);
 

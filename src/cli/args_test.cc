@@ -38,6 +38,86 @@ TEST(Args, CreateBodyHasOnlyGivenOptions) {
   EXPECT_THROW(create_body(o), UsageError);
 }
 
+// Runs `fn`, expecting a UsageError whose message contains `fragment`.
+template <class Fn>
+void expect_usage(Fn fn, const std::string& fragment) {
+  try {
+    fn();
+    ADD_FAILURE() << "no usage error; expected '" << fragment << "'";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
+  }
+}
+
+TEST(Args, NetworkFlagsMapping) {
+  using V = std::vector<std::string>;
+  EXPECT_FALSE(network_policy(std::nullopt, {}, {}));
+  EXPECT_EQ(*network_policy("none", {}, {}), (json{{"mode", "none"}}));
+  EXPECT_EQ(*network_policy("open", {}, V{"evil.com"}),
+            (json{{"mode", "open"}, {"deny", {"evil.com"}}}));
+  // --allow without --network implies allowlist.
+  EXPECT_EQ(
+      *network_policy(std::nullopt, V{"a.com", "203.0.113.0/24"}, V{"x.a.com"}),
+      (json{{"mode", "allowlist"}, {"allow", {"a.com", "203.0.113.0/24"}}, {"deny", {"x.a.com"}}}));
+  EXPECT_EQ(*network_policy("allowlist", {}, {}), (json{{"mode", "allowlist"}}));
+  expect_usage([] { network_policy("none", V{"x"}, {}); }, "--network none takes no --allow");
+  expect_usage([] { network_policy("none", {}, V{"x"}); }, "--network none takes no --deny");
+  expect_usage([] { network_policy("open", V{"x"}, {}); }, "--network open takes no --allow");
+  expect_usage([] { network_policy(std::nullopt, {}, V{"x"}); }, "--deny needs --network");
+  expect_usage([] { network_policy("closed", {}, {}); }, "none, allowlist or open");
+
+  CreateOptions o;
+  o.allow = {"a.com"};
+  EXPECT_EQ(create_body(o), (json{{"network", {{"mode", "allowlist"}, {"allow", {"a.com"}}}}}));
+  o.network = "none";
+  EXPECT_THROW(create_body(o), UsageError);
+}
+
+TEST(Args, NetEventLines) {
+  json flow = {{"ts", "2026-12-02T11:00:00.000Z"},
+               {"event", "net_flow"},
+               {"proto", "tcp"},
+               {"dst", "203.0.113.7"},
+               {"port", 443},
+               {"name", "api.example.com"},
+               {"rule", "allow *.example.com (pinned)"},
+               {"allowed", true}};
+  EXPECT_EQ(format_net_event(flow),
+            "2026-12-02T11:00:00.000Z tcp 203.0.113.7:443 api.example.com "
+            "allow *.example.com (pinned) allowed");
+  json end = flow;
+  end["event"] = "net_flow_end";
+  end["bytes_out"] = 2048;
+  end["bytes_in"] = 10;
+  end["duration_ms"] = 120;
+  end["reason"] = "fin";
+  EXPECT_EQ(format_net_event(end),
+            "2026-12-02T11:00:00.000Z tcp 203.0.113.7:443 api.example.com "
+            "allow *.example.com (pinned) allowed closed fin out=2.0 KiB in=10 B 120ms");
+  json v6 = {{"ts", "t"},
+             {"event", "net_flow"},
+             {"proto", "udp"},
+             {"dst", "::1"},
+             {"port", 53},
+             {"name", ""},
+             {"rule", "always-deny ::1/128"},
+             {"allowed", false}};
+  EXPECT_EQ(format_net_event(v6), "t udp [::1]:53 - always-deny ::1/128 denied");
+  json dns = {{"ts", "t"},           {"event", "net_dns"},      {"name", "x.evil.com"},
+              {"qtype", "A"},        {"allowed", false},        {"rule", "default deny"},
+              {"rcode", "NXDOMAIN"}, {"answers", json::array()}};
+  EXPECT_EQ(format_net_event(dns), "t dns x.evil.com A default deny denied rcode=NXDOMAIN");
+  dns["answers"] = {"203.0.113.1", "203.0.113.2"};
+  EXPECT_NE(format_net_event(dns).find("answers=203.0.113.1,203.0.113.2"), std::string::npos);
+  EXPECT_EQ(format_net_event({{"ts", "t"}, {"event", "net_suppressed"}, {"count", 7}}),
+            "t suppressed 7 events (rate limit)");
+  EXPECT_EQ(
+      format_net_event({{"ts", "t"}, {"event", "net_policy"}, {"policy", {{"mode", "open"}}}}),
+      "t policy {\"mode\":\"open\"}");
+  EXPECT_EQ(format_network_change({{"policy", {{"mode", "open"}}}, {"flows_cut", 2}}),
+            "policy: {\"mode\":\"open\"}\nflows cut: 2\n");
+}
+
 TEST(Args, ExecBody) {
   ExecOptions o;
   o.env = {"X=y"};

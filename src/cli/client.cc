@@ -141,6 +141,49 @@ json Client::call(const std::string& method, const std::string& target, const js
   return j;
 }
 
+namespace {
+// Splits NDJSON bytes into lines as they arrive.
+class LineSplitter {
+ public:
+  explicit LineSplitter(std::function<void(std::string_view)> on_line)
+      : on_line_(std::move(on_line)) {}
+  void feed(std::string_view bytes) {
+    pending_.append(bytes);
+    size_t start = 0;
+    for (size_t nl; (nl = pending_.find('\n', start)) != std::string::npos; start = nl + 1)
+      on_line_(std::string_view(pending_).substr(start, nl - start));
+    pending_.erase(0, start);
+  }
+  void finish() { on_line_(pending_); }
+
+ private:
+  std::function<void(std::string_view)> on_line_;
+  std::string pending_;  // bytes of an unfinished line
+};
+}  // namespace
+
+void Client::stream_lines(const std::string& target,
+                          const std::function<void(const json&)>& on_event) const {
+  Conn c(socket_);
+  http::request<http::string_body> req{http::verb::get, target, 11};
+  req.keep_alive(false);
+  c.send(req);
+  LineSplitter lines([&](std::string_view line) {
+    if (line.empty()) return;
+    json ev = json::parse(line, nullptr, false);
+    if (ev.is_discarded() || !ev.is_object())
+      throw Error(Errc::internal, "airlockd sent a malformed event line");
+    if (ev.contains("error") && ev["error"].is_object()) {
+      const json& e = ev["error"];
+      throw Error(errc_of(e.value("code", "internal")), e.value("message", "stream failed"),
+                  e.value("field", ""));
+    }
+    on_event(ev);
+  });
+  c.read_stream([&](std::string_view bytes) { lines.feed(bytes); });
+  lines.finish();
+}
+
 json Client::exec(const std::string& id, const json& body,
                   const std::function<void(const json&)>& on_event) const {
   Conn c(socket_);

@@ -35,6 +35,12 @@ class Client {
   nlohmann::json exec(const std::string& id, const nlohmann::json& body,
                       const std::function<void(const nlohmann::json&)>& on_event) const;
 
+  // GET `target` answered with NDJSON (e.g. .../network/events?follow=true):
+  // calls `on_event` for every line as it arrives, until the stream ends. A
+  // line {"error": {...}} throws Error, as does an incomplete stream.
+  void stream_lines(const std::string& target,
+                    const std::function<void(const nlohmann::json&)>& on_event) const;
+
   // PUT /v1/sandboxes/{id}/files: streams `fd` (to EOF) as a chunked body.
   // Returns the bytes the daemon wrote.
   uint64_t upload(const std::string& id, const std::string& path, uint32_t mode, int fd) const;

@@ -260,5 +260,127 @@ TEST_F(ApiTest, FilesRoundTripStreamed) {
   EXPECT_EQ(e.code(), Errc::not_found);
 }
 
+TEST_F(ApiTest, NetworkPolicyAtCreate) {
+  Client c(socket_);
+  json sb = c.call("POST", "/v1/sandboxes", json::object());
+  EXPECT_EQ(sb["network"], (json{{"mode", "none"}}));
+  sb = c.call("POST", "/v1/sandboxes",
+              {{"network", {{"mode", "allowlist"}, {"allow", {"203.0.113.0/24"}}}}});
+  EXPECT_EQ(sb["network"]["mode"], "allowlist");
+  EXPECT_EQ(c.call("GET", "/v1/sandboxes/" + sb["id"].get<std::string>())["network"]["allow"],
+            (json{"203.0.113.0/24"}));
+  // Shape errors (daemon) and meaning errors (the engine's policy parser) both name the entry.
+  Error e = expect_error([&] {
+    c.call("POST", "/v1/sandboxes", {{"network", {{"mode", "open"}, {"bogus", 1}}}});
+  });
+  EXPECT_EQ(e.field(), "network.bogus");
+  e = expect_error([&] {
+    c.call("POST", "/v1/sandboxes",
+           {{"network", {{"mode", "allowlist"}, {"allow", {"a.com", 7}}}}});
+  });
+  EXPECT_EQ(e.field(), "network.allow[1]");
+  EXPECT_NE(std::string(e.what()).find("network.allow[1] must be a string"), std::string::npos);
+  e = expect_error([&] {
+    c.call("POST", "/v1/sandboxes",
+           {{"network", {{"mode", "allowlist"}, {"allow", {"a.com", "169.254.169.254"}}}}});
+  });
+  EXPECT_EQ(e.code(), Errc::invalid_argument);
+  EXPECT_EQ(e.field(), "network.allow[1]");
+  EXPECT_NE(std::string(e.what()).find("always-denied"), std::string::npos) << e.what();
+}
+
+TEST_F(ApiTest, NetworkPatchAndEvents) {
+  Client c(socket_);
+  std::string id =
+      c.call("POST", "/v1/sandboxes",
+             {{"network", {{"mode", "allowlist"}, {"allow", {"203.0.113.0/24"}}}}})["id"];
+  auto run = [&](std::vector<std::string> argv) {
+    return c.exec(id, {{"argv", argv}}, [](const json&) {})["exit_code"].get<int>();
+  };
+  EXPECT_EQ(run({"connect", "203.0.113.7", "443"}), 0);
+  EXPECT_EQ(run({"connect", "127.0.0.1", "22"}), 1);
+  json events = c.call("GET", "/v1/sandboxes/" + id + "/network/events");
+  ASSERT_EQ(events.size(), 3u);  // flow + flow_end allowed, flow denied
+  EXPECT_EQ(events[0]["event"], "net_flow");
+  EXPECT_EQ(events[1]["event"], "net_flow_end");
+  EXPECT_EQ(events[2]["allowed"], false);
+  EXPECT_EQ(events[2]["rule"], "always-deny 127.0.0.0/8");
+
+  // Follow: the events so far, then the policy change, then the end.
+  std::vector<json> followed;
+  std::thread follower([&] {
+    c.stream_lines("/v1/sandboxes/" + id + "/network/events?follow=true",
+                   [&](const json& ev) { followed.push_back(ev); });
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  json answer = c.call("PATCH", "/v1/sandboxes/" + id + "/network",
+                       {{"mode", "allowlist"}, {"allow", {"198.51.100.0/24"}}});
+  EXPECT_EQ(answer["flows_cut"], 1);
+  EXPECT_EQ(answer["policy"]["allow"], (json{"198.51.100.0/24"}));
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  c.call("DELETE", "/v1/sandboxes/" + id);
+  follower.join();  // the stream ends with the sandbox
+  ASSERT_EQ(followed.size(), 4u);
+  EXPECT_EQ(followed[3]["event"], "net_policy");
+
+  // PATCH errors: bad entry 400 naming it; sandbox not running 409.
+  std::string id2 = c.call("POST", "/v1/sandboxes", {{"network", {{"mode", "open"}}}})["id"];
+  Error e = expect_error([&] {
+    c.call("PATCH", "/v1/sandboxes/" + id2 + "/network",
+           {{"mode", "allowlist"}, {"allow", {"a.com", "10.0.0.0/8"}}});
+  });
+  EXPECT_EQ(e.field(), "network.allow[1]");
+  e = expect_error([&] { c.call("PATCH", "/v1/sandboxes/" + id2 + "/network", json::object()); });
+  EXPECT_EQ(e.field(), "body");
+  e = expect_error([&] {
+    c.call("PATCH", "/v1/sandboxes/" + id + "/network", {{"mode", "open"}});
+  });
+  EXPECT_EQ(e.code(), Errc::conflict);
+  std::string none = c.call("POST", "/v1/sandboxes", json::object())["id"];
+  e = expect_error([&] {
+    c.call("PATCH", "/v1/sandboxes/" + none + "/network", {{"mode", "open"}});
+  });
+  EXPECT_EQ(e.code(), Errc::conflict);
+  e = expect_error([&] { c.call("GET", "/v1/sandboxes/nope/network/events?follow=true"); });
+  EXPECT_EQ(e.code(), Errc::not_found);
+  e = expect_error([&] { c.call("GET", "/v1/sandboxes/" + id + "/network/events?follow=maybe"); });
+  EXPECT_EQ(e.field(), "follow");
+}
+
+// The connection's thread is the observable: it must end soon after the
+// client hangs up, though the sandbox is alive and no events come.
+size_t thread_count() {
+  size_t n = 0;
+  for (auto it = std::filesystem::directory_iterator("/proc/self/task");
+       it != std::filesystem::directory_iterator(); ++it)
+    ++n;
+  return n;
+}
+
+TEST_F(ApiTest, NetworkFollowEndsWhenClientHangsUp) {
+  Client c(socket_);
+  std::string id = c.call("POST", "/v1/sandboxes", {{"network", {{"mode", "open"}}}})["id"];
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // earlier connections' threads end
+  size_t before = thread_count();
+  int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, socket_.c_str(), sizeof addr.sun_path - 1);
+  ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  std::string req =
+      "GET /v1/sandboxes/" + id + "/network/events?follow=true HTTP/1.1\r\nHost: x\r\n\r\n";
+  ASSERT_EQ(::write(fd, req.data(), req.size()), ssize_t(req.size()));
+  char buf[4096];
+  ssize_t n = ::read(fd, buf, sizeof buf);  // the stream's head
+  ASSERT_GT(n, 0);
+  EXPECT_NE(std::string(buf, size_t(n)).find("application/x-ndjson"), std::string::npos);
+  EXPECT_EQ(thread_count(), before + 1);
+  ::close(fd);
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(3);
+  while (thread_count() > before && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_EQ(thread_count(), before);
+}
+
 }  // namespace
 }  // namespace airlock::cli

@@ -7,6 +7,9 @@
 //   exit N         exit code N          kill9          ends by signal 9
 //   slow N         timed out after N chunks    fail-late  error after start
 //   hang           runs until kill_exec
+//   connect IP PORT  a TCP flow decided by the sandbox's policy: records
+//                  net_flow (and net_flow_end with 10/20 bytes if allowed)
+#include <algorithm>
 #include <condition_variable>
 #include <mutex>
 #include <set>
@@ -14,6 +17,7 @@
 
 #include "common/error.h"
 #include "engine/engine.h"
+#include "engine/net/policy.h"
 
 namespace airlock::engine {
 
@@ -116,6 +120,33 @@ ExecResult Engine::exec(const std::string& id, const ExecRequest& req, const Exe
     return r;
   } else if (cmd == "fail-late") {
     throw Error(Errc::guest_error, "guest went away");
+  } else if (cmd == "connect") {
+    auto policy = net::NetworkPolicy::parse(get(id).spec.network);
+    auto ip = net::IpAddr::parse(argv.at(1));
+    if (!ip) throw Error(Errc::invalid_argument, "bad address", "argv");
+    uint16_t port = uint16_t(std::stoi(argv.at(2)));
+    net::Decision d = policy.decide(*ip, port, net::Proto::tcp);
+    nlohmann::json flow = {{"ts", "2026-12-02T11:00:00.000Z"},
+                           {"sandbox", id},
+                           {"event", "net_flow"},
+                           {"proto", "tcp"},
+                           {"dst", ip->to_string()},
+                           {"port", port},
+                           {"name", ""},
+                           {"rule", d.rule},
+                           {"allowed", d.allowed}};
+    std::lock_guard lock(impl_->mu);
+    impl_->audit[id].push_back(flow);
+    if (d.allowed) {
+      flow["event"] = "net_flow_end";
+      flow["bytes_out"] = 10;
+      flow["bytes_in"] = 20;
+      flow["duration_ms"] = 5;
+      flow["reason"] = "fin";
+      impl_->audit[id].push_back(flow);
+    }
+    r.exit_code = d.allowed ? 0 : 1;
+    return r;
   } else if (cmd == "hang") {
     std::unique_lock lock(impl_->mu);
     impl_->cv.wait(lock, [&] { return impl_->killed.count(r.exec_id) > 0; });
@@ -185,6 +216,36 @@ std::vector<nlohmann::json> Engine::audit(const std::string& id) {
   auto it = impl_->audit.find(id);
   if (it == impl_->audit.end()) throw Error(Errc::not_found, "no journal for " + id, "id");
   return it->second;
+}
+nlohmann::json Engine::set_network(const std::string& id, const nlohmann::json& policy) {
+  SandboxInfo sb = get(id);
+  if (sb.state != State::running) throw Error(Errc::conflict, "sandbox " + id + " is not running");
+  if (sb.spec.network.value("mode", "none") == "none")
+    throw Error(Errc::conflict, "sandbox " + id + " has no network interface (mode none)",
+                "network.mode");
+  auto p = net::NetworkPolicy::parse(policy);
+  std::lock_guard lock(impl_->mu);
+  impl_->boxes[id].spec.network = p.to_json();
+  // "Cut" = allowed flows (recorded by `connect`) the new policy denies.
+  int cut = 0;
+  for (const auto& e : impl_->audit[id])
+    if (e.value("event", "") == "net_flow" && e.value("allowed", false) &&
+        !p.decide(*net::IpAddr::parse(e.value("dst", "")), uint16_t(e.value("port", 0)),
+                  net::Proto::tcp)
+             .allowed)
+      ++cut;
+  impl_->audit[id].push_back({{"ts", "2026-12-02T11:00:01.000Z"},
+                              {"sandbox", id},
+                              {"event", "net_policy"},
+                              {"policy", p.to_json()}});
+  return {{"policy", p.to_json()}, {"flows_cut", cut}};
+}
+std::vector<nlohmann::json> Engine::network_events(const std::string& id, size_t skip) {
+  std::vector<nlohmann::json> out;
+  for (auto& e : audit(id))
+    if (e.value("event", "").rfind("net_", 0) == 0) out.push_back(e);
+  out.erase(out.begin(), out.begin() + std::ptrdiff_t(std::min(skip, out.size())));
+  return out;
 }
 nlohmann::json Engine::info() { return {{"version", "fake"}, {"accel", "tcg"}}; }
 storage::ImageStore& Engine::images() {

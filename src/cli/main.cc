@@ -77,7 +77,9 @@ int64_t now_ms() {
 int run_exec(const Client& c, const std::string& id, const ExecOptions& opts,
              const std::vector<std::string>& argv, bool interactive) {
   std::optional<std::string> in;
-  if (interactive || !::isatty(0)) in = read_all_fd(0);
+  // A closed stdin (e.g. a CI runner without one) means no input, not an error.
+  bool stdin_open = ::fcntl(0, F_GETFD) != -1;
+  if (stdin_open && (interactive || !::isatty(0))) in = read_all_fd(0);
   json body = exec_body(opts, argv, in);
   json exit = c.exec(id, body, [](const json& ev) {
     std::string type = ev.value("type", "");
@@ -92,12 +94,22 @@ int run_exec(const Client& c, const std::string& id, const ExecOptions& opts,
   return exit_code_of(exit);
 }
 
+void add_network_flags(CLI::App* app, std::optional<std::string>& mode,
+                       std::vector<std::string>& allow, std::vector<std::string>& deny) {
+  app->add_option("--network", mode, "egress: none (default, no NIC), allowlist or open");
+  app->add_option("--allow", allow, "allow a CIDR, host name or *.domain (repeatable)")
+      ->allow_extra_args(false);
+  app->add_option("--deny", deny, "deny a CIDR, host name or *.domain (repeatable)")
+      ->allow_extra_args(false);
+}
+
 void add_create_flags(CLI::App* app, CreateOptions& o) {
   app->add_option("--image", o.image, "guest image (default: minimal)");
   app->add_option("--cpus", o.cpus, "virtual CPUs (1..16)");
   app->add_option("--memory", o.memory_mb, "memory in MiB (64..65536)");
   app->add_option("--disk", o.disk_mb, "disk size in MiB");
   app->add_option("--lifetime", o.timeout_s, "seconds before the sandbox is destroyed");
+  add_network_flags(app, o.network, o.allow, o.deny);
 }
 
 void add_exec_flags(CLI::App* app, ExecOptions& o, bool& interactive) {
@@ -189,6 +201,21 @@ int main_impl(int argc, char** argv) {
   auto* logs = app.add_subcommand("logs", "a sandbox's audit journal");
   logs->add_option("id", id)->required();
   logs->add_flag("--json", json_out, "print JSON");
+  bool net_logs = false, follow = false;
+  logs->add_flag("--network", net_logs, "only network events, one line each");
+  logs->add_flag("-f,--follow", follow, "with --network: keep printing new events");
+
+  std::optional<std::string> net_mode;
+  std::vector<std::string> net_allow, net_deny;
+  auto* network =
+      app.add_subcommand("network", "change a running sandbox's egress policy (no flags: show it)");
+  network->add_option("id", id)->required();
+  network->add_option("--mode", net_mode, "none, allowlist or open (--allow alone: allowlist)");
+  network->add_option("--allow", net_allow, "allow a CIDR, host name or *.domain (repeatable)")
+      ->allow_extra_args(false);
+  network->add_option("--deny", net_deny, "deny a CIDR, host name or *.domain (repeatable)")
+      ->allow_extra_args(false);
+  network->add_flag("--json", json_out, "print JSON");
 
   auto* info = app.add_subcommand("info", "daemon and host facts");
   info->add_flag("--json", json_out, "print JSON");
@@ -222,8 +249,9 @@ int main_impl(int argc, char** argv) {
                      std::string(exec->parsed() ? "exec ID" : "run") + " -- ARGV...");
 
   if (create->parsed()) {
+    json body = create_body(copts);  // usage errors before a daemon is started
     Client c = connect(g);
-    json sb = c.call("POST", "/v1/sandboxes", create_body(copts));
+    json sb = c.call("POST", "/v1/sandboxes", body);
     std::cout << (json_out ? sb.dump(2) : sb.value("id", "")) << "\n";
     return 0;
   }
@@ -361,6 +389,33 @@ int main_impl(int argc, char** argv) {
       }
     }
     return rc;
+  }
+  if (logs->parsed() && net_logs) {
+    std::string target = "/v1/sandboxes/" + id + "/network/events";
+    Client c = connect(g);
+    auto print = [&](const json& ev) {
+      std::cout << (json_out ? ev.dump() : format_net_event(ev)) << std::endl;
+    };
+    if (follow) {
+      c.stream_lines(target + "?follow=true", print);
+    } else {
+      for (const auto& ev : c.call("GET", target)) print(ev);
+    }
+    return 0;
+  }
+  if (logs->parsed() && follow) throw UsageError("logs --follow needs --network");
+  if (network->parsed()) {
+    auto policy = network_policy(net_mode, net_allow, net_deny);
+    Client c = connect(g);
+    if (!policy) {
+      json sb = c.call("GET", "/v1/sandboxes/" + id);
+      json net = sb.value("network", json{{"mode", "none"}});
+      std::cout << (json_out ? net.dump(2) : "policy: " + net.dump()) << "\n";
+      return 0;
+    }
+    json answer = c.call("PATCH", "/v1/sandboxes/" + id + "/network", *policy);
+    std::cout << (json_out ? answer.dump(2) + "\n" : format_network_change(answer));
+    return 0;
   }
   if (logs->parsed()) {
     json records = connect(g).call("GET", "/v1/sandboxes/" + id + "/logs");

@@ -2,6 +2,7 @@
 
 #include <poll.h>
 #include <spdlog/spdlog.h>
+#include <sys/eventfd.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -10,6 +11,7 @@
 #include "daemon/base64.h"
 #include "daemon/request.h"
 #include "daemon/router.h"
+#include "engine/net/policy.h"
 
 namespace airlock::daemon {
 namespace {
@@ -28,10 +30,15 @@ void expect_no_body(Exchange& ex) {
 class HangupWatch {
  public:
   HangupWatch(engine::Engine& engine, std::string id, std::string exec_id, int fd)
-      : thread_([this, &engine, id = std::move(id), exec_id = std::move(exec_id), fd] {
-          while (!done_) {
-            pollfd p{fd, 0, 0};  // POLLHUP/POLLERR are always reported
-            if (::poll(&p, 1, 200) > 0 && (p.revents & (POLLHUP | POLLERR))) {
+      : wake_(::eventfd(0, EFD_CLOEXEC)),
+        thread_([this, &engine, id = std::move(id), exec_id = std::move(exec_id), fd] {
+          while (true) {
+            // POLLHUP/POLLERR are always reported; wake_ ends the watch at
+            // once when the exec finishes (no poll-period delay per exec).
+            pollfd p[2] = {{fd, 0, 0}, {wake_, POLLIN, 0}};
+            if (::poll(p, wake_ >= 0 ? 2 : 1, 200) < 0 && errno != EINTR) return;
+            if (done_) return;
+            if (p[0].revents & (POLLHUP | POLLERR)) {
               spdlog::info("client of exec {} in {} hung up; killing it", exec_id, id);
               try {
                 engine.kill_exec(id, exec_id, 9);
@@ -44,11 +51,17 @@ class HangupWatch {
         }) {}
   ~HangupWatch() {
     done_ = true;
+    if (wake_ >= 0) {
+      uint64_t one = 1;
+      [[maybe_unused]] ssize_t n = ::write(wake_, &one, sizeof one);
+    }
     thread_.join();
+    if (wake_ >= 0) ::close(wake_);
   }
 
  private:
   std::atomic<bool> done_{false};
+  int wake_;
   std::thread thread_;
 };
 
@@ -89,6 +102,68 @@ void handle_exec(engine::Engine& engine, Exchange& ex, const std::string& id) {
     line(j);
     ex.end_stream();
   }
+}
+
+// A sandbox as the API shows it. The policy is always included, also by an
+// engine whose JSON form predates the network field.
+json sandbox_json(const engine::SandboxInfo& info) {
+  json j = engine::to_json(info);
+  if (!j.contains("network")) j["network"] = info.spec.network;
+  return j;
+}
+
+// The meaning of a policy's entries (CIDRs, names, the always-deny set), so
+// a bad policy is a 400 naming the entry before the engine does anything.
+void check_policy(const json& policy) { net::NetworkPolicy::parse(policy); }
+
+bool still_live(engine::State state) {
+  return state == engine::State::starting || state == engine::State::running ||
+         state == engine::State::stopping;
+}
+
+// GET .../network/events: a JSON array, or with follow=true an NDJSON stream
+// that polls the journal every 200 ms until the sandbox ends or the client
+// hangs up (the poll on the socket doubles as the wait, so a hangup is seen
+// within one period even when no events come).
+void handle_network_events(engine::Engine& engine, Exchange& ex, const std::string& id,
+                           bool follow) {
+  // State first, events second: whatever the sandbox recorded before it
+  // ended is in the batch fetched after seeing it ended. Both calls come
+  // before the stream starts, so an unknown id is a plain 404.
+  bool live = still_live(engine.get(id).state);
+  std::vector<json> events = engine.network_events(id, 0);
+  if (!follow) {
+    json arr = json::array();
+    for (auto& e : events) arr.push_back(std::move(e));
+    ex.send_json(200, arr);
+    return;
+  }
+  ex.begin_stream("application/x-ndjson");
+  size_t seen = 0;
+  try {
+    while (true) {
+      for (const auto& e : events) {
+        if (!ex.write_chunk(e.dump() + "\n")) {
+          ex.abort_stream();
+          return;
+        }
+        ++seen;
+      }
+      if (!live) break;
+      pollfd p{ex.native_handle(), 0, 0};  // POLLHUP/POLLERR are always reported
+      if (::poll(&p, 1, 200) > 0 && (p.revents & (POLLHUP | POLLERR))) {
+        ex.abort_stream();
+        return;
+      }
+      live = still_live(engine.get(id).state);
+      events = engine.network_events(id, seen);
+    }
+  } catch (const Error& e) {
+    ex.write_chunk(error_body(to_string(e.code()), e.what(), e.field()).dump() + "\n");
+  } catch (const std::exception& e) {
+    ex.write_chunk(error_body("internal", e.what()).dump() + "\n");
+  }
+  ex.end_stream();
 }
 
 void handle_get_file(engine::Engine& engine, Exchange& ex, const std::string& id,
@@ -138,7 +213,8 @@ void dispatch(engine::Engine& engine, Exchange& ex) {
     case Route::create_sandbox: {
       check_query_keys(q, {});
       engine::SandboxSpec spec = parse_create(ex.read_body(kMaxJsonBody));
-      ex.send_json(201, engine::to_json(engine.create(spec)));
+      check_policy(spec.network);
+      ex.send_json(201, sandbox_json(engine.create(spec)));
       return;
     }
     case Route::list_sandboxes: {
@@ -146,14 +222,14 @@ void dispatch(engine::Engine& engine, Exchange& ex) {
       expect_no_body(ex);
       json arr = json::array();
       for (const auto& sb : engine.list(metadata_filter(q), query_bool(q, "all", false)))
-        arr.push_back(engine::to_json(sb));
+        arr.push_back(sandbox_json(sb));
       ex.send_json(200, arr);
       return;
     }
     case Route::get_sandbox:
       check_query_keys(q, {});
       expect_no_body(ex);
-      ex.send_json(200, engine::to_json(engine.get(id)));
+      ex.send_json(200, sandbox_json(engine.get(id)));
       return;
     case Route::delete_sandbox:
       check_query_keys(q, {});
@@ -232,6 +308,18 @@ void dispatch(engine::Engine& engine, Exchange& ex) {
       check_query_keys(q, {});
       expect_no_body(ex);
       ex.send_json(200, engine.guest_info(id));
+      return;
+    case Route::set_network: {
+      check_query_keys(q, {});
+      json policy = parse_network_patch(ex.read_body(kMaxJsonBody));
+      check_policy(policy);
+      ex.send_json(200, engine.set_network(id, policy));
+      return;
+    }
+    case Route::network_events:
+      check_query_keys(q, {"follow"});
+      expect_no_body(ex);
+      handle_network_events(engine, ex, id, query_bool(q, "follow", false));
       return;
   }
   ex.send_error(500, "internal", "route without a handler");

@@ -53,8 +53,9 @@ TEST(OpenApi, SpecAndRouterAgree) {
 TEST(OpenApi, ErrorSchemaAndStreamEventsDocumented) {
   std::string text;
   spec_operations(&text);
-  for (const char* needle : {"Error:", "application/x-ndjson", "ExecEvent:", "SandboxSpec:",
-                             "additionalProperties: false", "'413':", "'405':"})
+  for (const char* needle :
+       {"Error:", "application/x-ndjson", "ExecEvent:", "SandboxSpec:", "NetworkPolicy:",
+        "NetworkEvent:", "additionalProperties: false", "'413':", "'405':"})
     EXPECT_NE(text.find(needle), std::string::npos) << needle;
 }
 

@@ -114,7 +114,8 @@ json parse_object(std::string_view body) {
 
 engine::SandboxSpec parse_create(std::string_view body) {
   json j = parse_object(body);
-  reject_unknown(j, {"image", "cpus", "memory_mb", "disk_mb", "timeout", "env", "metadata"});
+  reject_unknown(
+      j, {"image", "cpus", "memory_mb", "disk_mb", "timeout", "env", "metadata", "network"});
   engine::SandboxSpec spec;
   if (j.contains("image")) {
     spec.image = get_string(j["image"], "image");
@@ -131,7 +132,46 @@ engine::SandboxSpec parse_create(std::string_view body) {
   if (j.contains("timeout")) spec.timeout_s = int(get_int(j["timeout"], "timeout", 1, 604800));
   if (j.contains("env")) spec.env = get_string_map(j["env"], "env", true);
   if (j.contains("metadata")) spec.metadata = get_string_map(j["metadata"], "metadata", false);
+  if (j.contains("network")) spec.network = parse_network(j["network"]);
   return spec;
+}
+
+json parse_network(const json& v) {
+  if (!v.is_object()) bad("network must be an object with a mode", "network");
+  for (const auto& [key, value] : v.items())
+    if (key != "mode" && key != "allow" && key != "deny")
+      bad("unknown field 'network." + key + "' (expected mode, allow, deny)", "network." + key);
+  if (!v.contains("mode")) bad("network.mode is required", "network.mode");
+  std::string mode = get_string(v["mode"], "network.mode");
+  if (mode != "none" && mode != "allowlist" && mode != "open")
+    bad("network.mode must be none, allowlist or open", "network.mode");
+  json out = {{"mode", mode}};
+  for (const char* key : {"allow", "deny"}) {
+    if (!v.contains(key)) continue;
+    std::string field = std::string("network.") + key;
+    const json& list = v[key];
+    if (!list.is_array()) bad(field + " must be an array of strings", field);
+    // Same bound as the engine's policy: a policy is a list of rules, not a blocklist dump.
+    if (list.size() > 1024) bad(field + " has more than 1024 entries", field);
+    json entries = json::array();
+    for (size_t i = 0; i < list.size(); ++i) {
+      std::string f = field + "[" + std::to_string(i) + "]";
+      std::string s = get_string(list[i], f);
+      if (s.empty()) bad(f + " must not be empty", f);
+      if (s.size() > 255) bad(f + " is longer than 255 bytes", f);
+      entries.push_back(std::move(s));
+    }
+    out[key] = std::move(entries);
+  }
+  return out;
+}
+
+json parse_network_patch(std::string_view body) {
+  json j = parse_object(body);
+  // An empty body would silently mean "no change" or "mode none"; neither is
+  // what a caller who forgot the body wants.
+  if (j.empty()) bad("the body must be a network policy {\"mode\": ...}", "body");
+  return parse_network(j);
 }
 
 engine::ExecRequest parse_exec(std::string_view body) {

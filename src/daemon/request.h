@@ -35,8 +35,20 @@ constexpr uint64_t kMaxUploadBody = 4ull << 30;
 // An empty body is an empty object.
 nlohmann::json parse_object(std::string_view body);
 
-// POST /v1/sandboxes {image, cpus, memory_mb, disk_mb, timeout, env, metadata}
+// POST /v1/sandboxes {image, cpus, memory_mb, disk_mb, timeout, env, metadata, network}
 engine::SandboxSpec parse_create(std::string_view body);
+
+// The shape of a network policy {"mode", "allow", "deny"} (the `network`
+// field of a create, the body of PATCH .../network): an object with only
+// those keys ("network.bogus" names an unknown one), mode one of
+// none/allowlist/open, allow/deny arrays of at most 1024 non-empty strings
+// ("network.allow[2] must be a string"). Returns the policy with absent
+// lists left out. What the entries mean (CIDRs, names, the always-deny set)
+// is checked by airlock::net::NetworkPolicy::parse, which the handlers call.
+nlohmann::json parse_network(const nlohmann::json& value);
+
+// PATCH /v1/sandboxes/{id}/network: the body is the policy itself.
+nlohmann::json parse_network_patch(std::string_view body);
 
 // POST /v1/sandboxes/{id}/exec {argv | cmd, env, cwd, user, stdin | stdin_b64, timeout}
 engine::ExecRequest parse_exec(std::string_view body);

@@ -47,7 +47,7 @@ TEST(ParseCreate, DefaultsAndFullSpec) {
 
 TEST(ParseCreate, UnknownFieldRejected) {
   expect_bad([] { parse_create(R"({"cpu":2})"); }, "cpu", "unknown field 'cpu'");
-  expect_bad([] { parse_create(R"({"network":{}})"); }, "network", "unknown field");
+  expect_bad([] { parse_create(R"({"networks":{}})"); }, "networks", "unknown field");
 }
 
 TEST(ParseCreate, TypeErrorsNameTheField) {
@@ -82,6 +82,49 @@ TEST(ParseCreate, ImageAndEnvNames) {
   expect_bad([] { parse_create(R"({"env":{"A=B":"1"}})"); }, "env", "must not contain '='");
   expect_bad([] { parse_create(R"({"env":{"":"1"}})"); }, "env", "must not be empty");
   expect_bad([] { parse_create(R"({"env":{"A":"x\u0000y"}})"); }, "env.A", "NUL");
+}
+
+TEST(ParseNetwork, DefaultAndAccepted) {
+  EXPECT_EQ(parse_create("{}").network, (nlohmann::json{{"mode", "none"}}));
+  auto s = parse_create(
+      R"({"network":{"mode":"allowlist","allow":["203.0.113.0/24","*.example.com"],"deny":[]}})");
+  EXPECT_EQ(s.network["mode"], "allowlist");
+  EXPECT_EQ(s.network["allow"], (nlohmann::json{"203.0.113.0/24", "*.example.com"}));
+  EXPECT_EQ(s.network["deny"], nlohmann::json::array());
+  // Absent lists stay absent (the engine's normal form decides defaults).
+  EXPECT_FALSE(parse_create(R"({"network":{"mode":"open"}})").network.contains("allow"));
+  auto p = parse_network_patch(R"({"mode":"open","deny":["evil.com"]})");
+  EXPECT_EQ(p, (nlohmann::json{{"mode", "open"}, {"deny", {"evil.com"}}}));
+}
+
+TEST(ParseNetwork, ErrorsNameTheEntry) {
+  expect_bad([] { parse_create(R"({"network":"open"})"); }, "network", "must be an object");
+  expect_bad([] { parse_create(R"({"network":{"mode":"open","bogus":1}})"); }, "network.bogus",
+             "unknown field 'network.bogus'");
+  expect_bad([] { parse_create(R"({"network":{"allow":["a.com"]}})"); }, "network.mode",
+             "network.mode is required");
+  expect_bad([] { parse_create(R"({"network":{"mode":"closed"}})"); }, "network.mode",
+             "none, allowlist or open");
+  expect_bad([] { parse_create(R"({"network":{"mode":1}})"); }, "network.mode",
+             "network.mode must be a string");
+  expect_bad([] { parse_create(R"({"network":{"mode":"allowlist","allow":"a.com"}})"); },
+             "network.allow", "must be an array of strings");
+  expect_bad(
+      [] { parse_create(R"({"network":{"mode":"allowlist","allow":["a.com","b.com",3]}})"); },
+      "network.allow[2]", "network.allow[2] must be a string");
+  expect_bad([] { parse_create(R"({"network":{"mode":"open","deny":[""]}})"); }, "network.deny[0]",
+             "must not be empty");
+  expect_bad(
+      [] {
+        parse_create(R"({"network":{"mode":"open","deny":[")" + std::string(300, 'a') + R"("]}})");
+      },
+      "network.deny[0]", "longer than 255");
+  nlohmann::json big = {{"mode", "allowlist"}, {"allow", nlohmann::json::array()}};
+  for (int i = 0; i < 1025; ++i) big["allow"].push_back("a.com");
+  expect_bad([&] { parse_network(big); }, "network.allow", "more than 1024");
+  expect_bad([] { parse_network_patch(""); }, "body", "network policy");
+  expect_bad([] { parse_network_patch(R"({"mode":"open","x":[]})"); }, "network.x",
+             "unknown field");
 }
 
 TEST(ParseExec, ArgvOrCmd) {

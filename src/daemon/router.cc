@@ -54,6 +54,8 @@ const std::vector<RouteSpec>& routes() {
       {"POST", "/v1/sandboxes/{id}/files/mkdir", Route::make_dir},
       {"GET", "/v1/sandboxes/{id}/logs", Route::logs},
       {"GET", "/v1/sandboxes/{id}/info", Route::guest_info},
+      {"PATCH", "/v1/sandboxes/{id}/network", Route::set_network},
+      {"GET", "/v1/sandboxes/{id}/network/events", Route::network_events},
   };
   return table;
 }

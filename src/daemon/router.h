@@ -29,11 +29,13 @@ enum class Route {
   make_dir,
   logs,
   guest_info,
+  set_network,
+  network_events,
   info,
 };
 
 struct RouteSpec {
-  const char* method;  // "GET", "POST", "PUT", "DELETE"
+  const char* method;  // "GET", "POST", "PUT", "PATCH", "DELETE"
   const char* path;    // OpenAPI-style template: "/v1/sandboxes/{id}/exec/{exec_id}"
   Route route;
 };

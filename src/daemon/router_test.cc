@@ -51,6 +51,20 @@ TEST(Router, WrongMethodIs405WithAllow) {
   EXPECT_EQ(m.status, RouteStatus::method_not_allowed);
   EXPECT_EQ(m.allow, "POST");
   EXPECT_EQ(match_route("DELETE", "/v1/sandboxes").allow, "POST, GET");
+  m = match_route("GET", "/v1/sandboxes/x/network");
+  EXPECT_EQ(m.status, RouteStatus::method_not_allowed);
+  EXPECT_EQ(m.allow, "PATCH");
+}
+
+TEST(Router, NetworkRoutes) {
+  RouteMatch m = match_route("PATCH", "/v1/sandboxes/sb-1/network");
+  ASSERT_EQ(m.status, RouteStatus::ok);
+  EXPECT_EQ(m.route, Route::set_network);
+  EXPECT_EQ(m.id, "sb-1");
+  m = match_route("GET", "/v1/sandboxes/sb-1/network/events");
+  ASSERT_EQ(m.status, RouteStatus::ok);
+  EXPECT_EQ(m.route, Route::network_events);
+  EXPECT_EQ(match_route("POST", "/v1/sandboxes/sb-1/network/events").allow, "GET");
 }
 
 }  // namespace
