@@ -151,6 +151,11 @@ void Engine::Impl::teardown(Live& sb, State state, const std::string& reason,
   } catch (const std::exception& e) {
     spdlog::error("sandbox {}: killing QEMU failed: {}", id, e.what());
   }
+  // The helper exits by itself once QEMU's connection closes; killing it
+  // explicitly also covers a helper whose QEMU never connected.
+  if (network_enabled(sb.rec.info.spec.network) || sb.net_pid > 0)
+    kill_net_helper(sb.net_pid, sb.rec.run_dir);
+  sb.net_pid = 0;
   std::error_code ec;
   fs::remove_all(sb.rec.run_dir, ec);
   if (ec)
@@ -241,9 +246,22 @@ void Engine::Impl::recover() {
         auto deadline = channel::Clock::now() + std::chrono::seconds(cfg.boot_timeout_s);
         sb->channel = channel::GuestChannel::connect(vm->agent_socket(), deadline);
         // resync: the previous daemon may have died in the middle of a frame.
-        sb->channel->hello({.hostname = id, .resync = true}, deadline);
+        sb->channel->hello({.hostname = id, .resync = true, .network = nullptr}, deadline);
         sb->vm = std::move(vm);
-        journal.append(id, "adopted", {{"pid", sb->vm->pid()}}, Durability::sync);
+        nlohmann::json adopted{{"pid", sb->vm->pid()}};
+        if (network_enabled(rec.info.spec.network)) {
+          // Keep the helper if it survived with its VM; without it the VM
+          // simply has a dead NIC (nothing gets out), which is recorded.
+          pid_t np = read_net_pid(rec.run_dir);
+          if (is_our_net_helper(np, rec.run_dir)) {
+            sb->net_pid = np;
+            adopted["net_pid"] = np;
+          } else {
+            adopted["net_pid"] = nullptr;
+            spdlog::warn("sandbox {}: network helper is gone; the VM has no egress", id);
+          }
+        }
+        journal.append(id, "adopted", adopted, Durability::sync);
         spdlog::info("sandbox {}: re-adopted (pid {})", id, sb->vm->pid());
         std::lock_guard lock(mu);
         live[id] = sb;

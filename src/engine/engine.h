@@ -47,6 +47,9 @@ struct SandboxSpec {
   int timeout_s = 600;       // life; 1 .. 604800
   std::map<std::string, std::string> env;       // defaults for every exec
   std::map<std::string, std::string> metadata;  // free-form labels, list filter
+  // Egress policy {"mode": "none"|"allowlist"|"open", "allow": [...], "deny": [...]},
+  // grammar in src/engine/net/policy.h. "none" (the default): no NIC at all.
+  nlohmann::json network = {{"mode", "none"}};
 };
 
 struct SandboxInfo {
@@ -140,6 +143,14 @@ class Engine {
 
   // The sandbox's audit journal (kept after delete), oldest first.
   std::vector<nlohmann::json> audit(const std::string& id);
+
+  // Replaces a running sandbox's egress policy; flows no longer allowed are
+  // cut. Returns {"policy": <normalised>, "flows_cut": N}. A sandbox created
+  // with mode "none" has no NIC: changing it is Error(conflict).
+  nlohmann::json set_network(const std::string& id, const nlohmann::json& policy);
+  // The sandbox's network events (net_dns, net_flow, net_flow_end, ...) from
+  // its journal, oldest first, skipping the first `skip` of them (for polling).
+  std::vector<nlohmann::json> network_events(const std::string& id, size_t skip = 0);
 
   // version, accelerator + why, images.
   nlohmann::json info();

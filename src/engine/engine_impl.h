@@ -35,7 +35,37 @@ struct Live {
   std::unique_ptr<vmm::Vm> vm;
   std::unique_ptr<channel::GuestChannel> channel;
   std::map<std::string, uint32_t> execs;  // exec_id -> stream, while running
+  pid_t net_pid = 0;                      // the airlock-net helper (0 = none: mode "none")
+  std::mutex net_mu;                      // serialises policy changes
 };
+
+// Network (engine_network.cc; docs/network.md).
+// The policy in its normalised form; Error(invalid_argument, field
+// "network.allow[i]" ...) for a bad one.
+nlohmann::json normalize_network(const nlohmann::json& policy);
+// True if `policy` (normalised) gives the VM a NIC (mode != none).
+bool network_enabled(const nlohmann::json& policy);
+// The airlock-net binary; Error(unavailable) if it cannot be found.
+std::filesystem::path net_helper_binary(const Config& cfg);
+// The sandbox's NIC MAC, derived from its id.
+std::string mac_for(const std::string& id);
+// Starts airlock-net detached (it survives a daemon restart) for the sandbox
+// whose run dir is `run_dir`, appending its events to `events` (the
+// sandbox's audit journal), and waits for its ready line (5 s). Writes
+// run_dir/net.pid. On failure nothing is left and Error says why (with the
+// helper's stderr).
+pid_t start_net_helper(const Config& cfg, const std::string& id,
+                       const std::filesystem::path& run_dir, const std::filesystem::path& events,
+                       const nlohmann::json& policy);
+// True if `pid` is alive and is the helper of `run_dir` (pid-reuse safe).
+bool is_our_net_helper(pid_t pid, const std::filesystem::path& run_dir);
+// run_dir/net.pid, 0 if none.
+pid_t read_net_pid(const std::filesystem::path& run_dir);
+// SIGKILLs the helper (`pid`, or net.pid's if 0) if it is still ours, waits
+// until it is gone, removes its sockets and pid file. Never throws.
+void kill_net_helper(pid_t pid, const std::filesystem::path& run_dir);
+// One request/reply on the helper's control socket (5 s bound).
+nlohmann::json net_control(const std::filesystem::path& run_dir, const nlohmann::json& request);
 
 struct Engine::Impl {
   Config cfg;

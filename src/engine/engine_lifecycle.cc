@@ -39,16 +39,31 @@ std::optional<Engine::Impl::BootFailure> Engine::Impl::boot_once(Live& sb,
   vc.cpus = info.spec.cpus;
   vc.memory_mb = info.spec.memory_mb;
   vc.accel = accel;
+  const bool networked = network_enabled(info.spec.network);
   auto deadline = channel::Clock::now() + std::chrono::seconds(impl.cfg.boot_timeout_s);
   try {
     storage::create_overlay(img.rootfs, disk, static_cast<uint64_t>(info.spec.disk_mb));
+    if (networked) {
+      // The helper listens before QEMU starts: QEMU connects its NIC once,
+      // at start-up, and never reconnects. One helper per boot attempt (it
+      // accepts a single QEMU connection).
+      sb.net_pid = start_net_helper(impl.cfg, info.id, dir, impl.journal.path_of(info.id),
+                                    info.spec.network);
+      vc.net_socket = dir / "net.sock";
+      vc.net_mac = mac_for(info.id);
+    }
     sb.vm = vmm::Vm::start(vc);
     // Recorded at once so a daemon that dies during the boot can find and
     // kill this QEMU when it restarts.
     sb.rec.info.pid = sb.vm->pid();
     impl.registry.update(sb.rec);
     sb.channel = channel::GuestChannel::connect(sb.vm->agent_socket(), deadline);
-    sb.channel->hello({.hostname = info.id}, deadline);
+    channel::HelloParams hello;
+    hello.hostname = info.id;
+    // slirp's fixed addresses (the helper's virtual network).
+    if (networked)
+      hello.network = {{"address", "10.0.2.15/24"}, {"gateway", "10.0.2.2"}, {"dns", "10.0.2.3"}};
+    sb.channel->hello(hello, deadline);
     return std::nullopt;
   } catch (const Error& e) {
     BootFailure f{e.code(), e.what(), {}};
@@ -69,6 +84,8 @@ std::optional<Engine::Impl::BootFailure> Engine::Impl::boot_once(Live& sb,
       }
     }
     sb.vm.reset();
+    if (networked) kill_net_helper(sb.net_pid, dir);
+    sb.net_pid = 0;
     sb.rec.info.pid = 0;
     fs::remove(disk, ec);
     return f;
@@ -78,6 +95,11 @@ std::optional<Engine::Impl::BootFailure> Engine::Impl::boot_once(Live& sb,
 SandboxInfo Engine::create(const SandboxSpec& spec) {
   auto& impl = *impl_;
   validate_spec(spec);
+  // The egress policy, normalised; a bad entry is refused here, before
+  // anything exists (field "network.allow[i]", ...).
+  SandboxSpec checked = spec;
+  checked.network = normalize_network(spec.network);
+  if (network_enabled(checked.network)) net_helper_binary(impl.cfg);  // fail before creating
   // The image: a built one, or a built-in recipe built now (a no-op when its
   // inputs did not change).
   auto recipes = impl.images.recipes();
@@ -94,12 +116,12 @@ SandboxInfo Engine::create(const SandboxSpec& spec) {
     spdlog::info("building image {} on demand", spec.image);
     img = impl.images.build(spec.image);
   }
-  validate_disk_fits(spec, img->rootfs_bytes);
+  validate_disk_fits(checked, img->rootfs_bytes);
   vmm::AccelVerdict accel = impl.resolve_accel(*img);
 
   auto sb = std::make_shared<Live>();
   auto& info = sb->rec.info;
-  info.spec = spec;
+  info.spec = checked;
   info.state = State::starting;
   info.accel = vmm::to_string(accel.accel);
   info.start = "boot";
@@ -156,7 +178,7 @@ SandboxInfo Engine::create(const SandboxSpec& spec) {
   info.state = State::running;
   impl.registry.set_running(id, info.pid, info.boot_ms);
   impl.journal.append(id, "created",
-                      {{"spec", spec_to_json(spec)},
+                      {{"spec", spec_to_json(checked)},
                        {"image_key", img->key},
                        {"kernel_release", img->kernel_release},
                        {"accel", info.accel},

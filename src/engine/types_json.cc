@@ -35,9 +35,9 @@ bool is_terminal(State state) {
 }
 
 nlohmann::json spec_to_json(const SandboxSpec& spec) {
-  return {{"image", spec.image},      {"cpus", spec.cpus},         {"memory_mb", spec.memory_mb},
-          {"disk_mb", spec.disk_mb},  {"timeout", spec.timeout_s}, {"env", spec.env},
-          {"metadata", spec.metadata}};
+  return {{"image", spec.image},       {"cpus", spec.cpus},         {"memory_mb", spec.memory_mb},
+          {"disk_mb", spec.disk_mb},   {"timeout", spec.timeout_s}, {"env", spec.env},
+          {"metadata", spec.metadata}, {"network", spec.network}};
 }
 
 SandboxSpec spec_from_json(const nlohmann::json& j) {
@@ -50,6 +50,7 @@ SandboxSpec spec_from_json(const nlohmann::json& j) {
     spec.disk_mb = j.value("disk_mb", spec.disk_mb);
     spec.timeout_s = j.value("timeout", spec.timeout_s);
     if (j.contains("env")) spec.env = j.at("env").get<std::map<std::string, std::string>>();
+    if (j.contains("network") && j.at("network").is_object()) spec.network = j.at("network");
     if (j.contains("metadata"))
       spec.metadata = j.at("metadata").get<std::map<std::string, std::string>>();
   } catch (const nlohmann::json::exception& e) {

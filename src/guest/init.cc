@@ -23,6 +23,7 @@
 #include <sstream>
 
 #include "guest/log.h"
+#include "guest/net.h"
 #include "protocol/messages.h"
 
 #ifndef EXT4_IOC_RESIZE_FS
@@ -202,6 +203,19 @@ void apply_hello(const nlohmann::json& hello) {
         logf("hello: hostname ignored (want 1..64 of [A-Za-z0-9.-])");
       else if (sethostname(name.data(), name.size()) != 0)
         logf("sethostname: %s", strerror(errno));
+    }
+    auto nw = hello.find("network");
+    if (nw != hello.end() && !nw->is_null()) {
+      try {
+        GuestNetwork net = parse_guest_network(*nw);
+        // virtio_net was loaded by the initramfs; the device may still be
+        // probing, so give it a moment.
+        std::string nic = first_nic(3000);
+        std::string err = configure_network(nic, net);
+        if (!err.empty()) logf("network: %s", err.c_str());
+      } catch (const std::exception& ex) {
+        logf("hello: network ignored: %s", ex.what());
+      }
     }
     auto e = hello.find("entropy");
     if (e != hello.end() && e->is_string()) {

@@ -124,6 +124,24 @@ class Client:
         return body
 
 
+def pids_mentioning(marker):
+    """PIDs of live (non-zombie) processes whose command line mentions `marker`."""
+    pids = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().decode(errors="replace")
+            with open(f"/proc/{pid}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if marker in cmd and state != "Z":
+            pids.append(int(pid))
+    return pids
+
+
 def qemu_pids_for(marker):
     """PIDs of live QEMU processes whose command line mentions `marker`."""
     pids = []
@@ -144,6 +162,7 @@ class DaemonTestCase(unittest.TestCase):
     """Starts one airlockd per test class; checks nothing is left behind."""
 
     daemon_args = []
+    daemon_prefix = []  # e.g. ["ip", "netns", "exec", NS]: run the daemon in a namespace
 
     @classmethod
     def setUpClass(cls):
@@ -152,7 +171,7 @@ class DaemonTestCase(unittest.TestCase):
         cls.sock = os.path.join(cls.tmp, "airlockd.sock")
         cls.log = open(os.path.join(cls.tmp, "airlockd.log"), "wb")
         cls.daemon = subprocess.Popen(
-            [os.path.join(BIN, "airlockd"), "--data-dir", cls.data_dir, "--socket", cls.sock,
+            cls.daemon_prefix + [os.path.join(BIN, "airlockd"), "--data-dir", cls.data_dir, "--socket", cls.sock,
              "--image-dir", IMAGE_DIR] + cls.daemon_args,
             stdout=cls.log, stderr=subprocess.STDOUT)
         deadline = time.time() + 30
@@ -195,15 +214,21 @@ class DaemonTestCase(unittest.TestCase):
         cls.log.close()
         for pid in qemu_pids_for(cls.data_dir):  # never leak a VM, even on failure
             os.kill(pid, signal.SIGKILL)
+        for pid in pids_mentioning(cls.data_dir):  # nor a network helper
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
         shutil.rmtree(cls.tmp, ignore_errors=True)
 
     def assertNothingLeft(self, sid):
-        """No QEMU, socket, overlay or temp file of sandbox `sid` remains."""
+        """No QEMU, helper process, socket, overlay or temp file of sandbox `sid` remains."""
         run_dir = os.path.join(self.data_dir, "sandboxes", sid)
         deadline = time.time() + 10
-        while time.time() < deadline and (qemu_pids_for(sid) or os.path.exists(run_dir)):
+        while time.time() < deadline and (pids_mentioning(sid) or os.path.exists(run_dir)):
             time.sleep(0.1)
         self.assertEqual(qemu_pids_for(sid), [], f"QEMU of {sid} still running")
+        self.assertEqual(pids_mentioning(sid), [], f"a process of {sid} (e.g. airlock-net) still running")
         self.assertFalse(os.path.exists(run_dir), f"{run_dir} still exists: "
                          + (str(os.listdir(run_dir)) if os.path.isdir(run_dir) else ""))
         leftovers = []

@@ -320,6 +320,7 @@ nlohmann::json GuestChannel::hello(const HelloParams& params, Deadline deadline)
       {"time_ns", std::chrono::duration_cast<std::chrono::nanoseconds>(now).count()},
       {"entropy", protocol::to_hex(entropy)}};
   if (!params.hostname.empty()) body["hostname"] = params.hostname;
+  if (params.network.is_object()) body["network"] = params.network;
   {
     std::lock_guard lock(mu_);
     hello_replies_.clear();

@@ -50,6 +50,9 @@ struct HelloParams {
   // Sends kHeaderSize + kMaxPayload zero bytes first, so a guest left in the
   // middle of a frame by a previous (dead) host resynchronises (§6).
   bool resync = false;
+  // The guest's network, if the VM has a NIC: {"address": "10.0.2.15/24",
+  // "gateway": "10.0.2.2", "dns": "10.0.2.3"}; null = leave it alone.
+  nlohmann::json network;
 };
 
 struct ExecHandlers {

@@ -158,6 +158,7 @@ class Helper {
  public:
   Helper(const HelperOptions& o, int events_fd, std::vector<Cidr> host_addrs)
       : events_fd_(events_fd),
+        sandbox_(o.sandbox),
         host_addrs_(std::move(host_addrs)),
         filter_(NetworkPolicy::parse(o.policy, host_addrs_), o.filter,
                 [this](nlohmann::json j) { write_event(j); }) {}
@@ -324,7 +325,8 @@ class Helper {
     }
   }
 
-  void write_event(const nlohmann::json& j) {
+  void write_event(nlohmann::json j) {
+    if (!sandbox_.empty() && j.is_object()) j["sandbox"] = sandbox_;
     std::string line = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
     // One write on an O_APPEND descriptor: lines never interleave.
     [[maybe_unused]] auto w = write(events_fd_, line.data(), line.size());
@@ -411,6 +413,7 @@ class Helper {
   }
 
   int events_fd_;
+  std::string sandbox_;
   std::vector<Cidr> host_addrs_;
   Filter filter_;
   Slirp* slirp_ = nullptr;

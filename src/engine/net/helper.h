@@ -40,6 +40,8 @@ struct HelperOptions {
   std::string control_socket;  // path to listen on for control clients ("" = none)
   std::string events_path;     // JSON lines appended here ("" = events_fd)
   int events_fd = -1;          // used when events_path is empty (-1 = stderr)
+  std::string sandbox;         // if set, every event line carries "sandbox": this id
+                               // (so the lines fit the sandbox's audit journal)
   nlohmann::json policy;       // initial policy, the NetworkPolicy JSON form
   std::string dns_upstream;    // "a.b.c.d[:port]" instead of the host's resolv.conf
   bool seccomp = true;

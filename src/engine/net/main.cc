@@ -21,6 +21,7 @@ int main(int argc, char** argv) {
   app.add_option("--control-socket", o.control_socket,
                  "unix socket for policy updates (JSON lines)");
   app.add_option("--events", o.events_path, "append JSON-line events to this file");
+  app.add_option("--sandbox", o.sandbox, "sandbox id added to every event line");
   app.add_option("--events-fd", o.events_fd, "write JSON-line events to this inherited fd");
   app.add_option("--policy", policy_text, "the policy as JSON");
   app.add_option("--policy-file", policy_file, "read the policy JSON from this file");

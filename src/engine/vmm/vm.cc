@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -161,6 +162,16 @@ void validate(const VmConfig& c) {
   if (c.console_cap_bytes < 4096)
     throw Error(Errc::invalid_argument, "console_cap_bytes must be at least 4096",
                 "console_cap_bytes");
+  if (!c.net_mac.empty()) {
+    bool ok = c.net_mac.size() == 17;
+    for (size_t i = 0; ok && i < c.net_mac.size(); ++i)
+      ok = i % 3 == 2 ? c.net_mac[i] == ':'
+                      : std::isxdigit(static_cast<unsigned char>(c.net_mac[i]));
+    if (!ok)
+      throw Error(Errc::invalid_argument, "net_mac must look like 52:54:00:12:34:56", "net_mac");
+  }
+  if (!c.net_socket.empty() && c.net_socket.string().size() > 107)
+    throw Error(Errc::invalid_argument, "net_socket path too long for a unix socket", "net_socket");
   // sun_path is 108 bytes; fail now rather than with an obscure QEMU error.
   if ((c.run_dir / "console.sock").string().size() > 107)
     throw Error(Errc::invalid_argument, "run_dir path too long for unix sockets", "run_dir");
@@ -309,6 +320,18 @@ std::vector<std::string> qemu_argv(const VmConfig& c) {
                         sock("qmp", "qmp.sock"),
                         "-mon",
                         "chardev=qmp,mode=control",
+                    });
+  if (!c.net_socket.empty()) {
+    // A plain unix-socket client: allowed under -sandbox (no spawn, no
+    // privileges needed), unlike -netdev user helpers or TAP scripts.
+    std::string dev = "virtio-net-pci,netdev=net0";
+    if (!c.net_mac.empty()) dev += ",mac=" + opt_escape(c.net_mac);
+    a.insert(a.end(), {"-netdev",
+                       "stream,id=net0,server=off,addr.type=unix,addr.path=" +
+                           opt_escape(c.net_socket.string()),
+                       "-device", dev});
+  }
+  a.insert(a.end(), {
                         "-pidfile",
                         pid_file(d).string(),
                         // QEMU's own seccomp filter: one layer of the jail, cheap to have.

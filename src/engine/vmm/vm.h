@@ -57,6 +57,13 @@ struct VmConfig {
   Accel accel = Accel::tcg;
   size_t console_cap_bytes = 1 << 20;  // >= 4096
   std::string qemu_binary = "qemu-system-x86_64";
+  // Network (optional): when net_socket is set, the VM gets one virtio-net
+  // NIC whose backend is a `-netdev stream` client of this unix socket (the
+  // airlock-net helper listens there; QEMU connects once at start and does
+  // not reconnect). Empty = no NIC at all. net_mac "52:54:00:xx:xx:xx"
+  // (default: QEMU's own).
+  std::filesystem::path net_socket;
+  std::string net_mac;
 };
 
 class Vm {

@@ -105,6 +105,20 @@ TEST(QemuArgv, HasTheDevicesAndSocketsOfTheContract) {
   EXPECT_EQ(after("-serial"), "chardev:console");
   EXPECT_TRUE(contains(a, "socket,id=qmp,path=/run/x/qmp.sock,server=on,wait=off"));
   EXPECT_EQ(after("-mon"), "chardev=qmp,mode=control");
+  // No network socket: no NIC at all (not even QEMU's default user net).
+  EXPECT_FALSE(contains(a, "-netdev"));
+  EXPECT_FALSE(contains(a, "-nic"));
+
+  c.net_socket = "/run/x/net,.sock";
+  c.net_mac = "52:54:00:ab:cd:ef";
+  a = qemu_argv(c);
+  EXPECT_EQ(after("-netdev"),
+            "stream,id=net0,server=off,addr.type=unix,addr.path=/run/x/net,,.sock");
+  EXPECT_TRUE(contains(a, "virtio-net-pci,netdev=net0,mac=52:54:00:ab:cd:ef"));
+  // -sandbox stays on with the NIC.
+  EXPECT_TRUE(contains(a, "-sandbox"));
+  c.net_socket.clear();
+  c.net_mac.clear();
 
   c.accel = Accel::kvm;
   c.initrd.clear();

@@ -1,0 +1,363 @@
+// The engine's side of a sandbox's network (issue 4, docs/network.md): the
+// policy check at create, the airlock-net helper process (detached start,
+// ready line, pid-reuse-safe kill, re-adoption), its control socket
+// (set_network) and the net_* records of the journal (network_events).
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <spdlog/spdlog.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <fstream>
+#include <thread>
+
+#include "common/error.h"
+#include "engine/engine.h"
+#include "engine/engine_impl.h"
+#include "engine/net/policy.h"
+
+namespace airlock::engine {
+
+namespace fs = std::filesystem;
+using SteadyClock = std::chrono::steady_clock;
+
+namespace {
+
+constexpr auto kReadyTimeout = std::chrono::seconds(5);
+constexpr auto kControlTimeout = std::chrono::seconds(5);
+constexpr auto kKillTimeout = std::chrono::seconds(5);
+
+fs::path net_pid_file(const fs::path& run_dir) { return run_dir / "net.pid"; }
+fs::path net_log(const fs::path& run_dir) { return run_dir / "net.log"; }
+
+std::string read_capped(const fs::path& p, size_t cap) {
+  std::ifstream in(p, std::ios::binary);
+  std::string s(cap, '\0');
+  in.read(s.data(), static_cast<std::streamsize>(cap));
+  s.resize(static_cast<size_t>(in.gcount()));
+  while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
+  return s;
+}
+
+char proc_state(pid_t pid) {
+  std::string stat = read_capped("/proc/" + std::to_string(pid) + "/stat", 4096);
+  auto close = stat.rfind(')');
+  if (close == std::string::npos || close + 2 >= stat.size()) return 0;
+  return stat[close + 2];
+}
+
+// Same reaping rules as the VMM's QEMU: the helper is our child only if we
+// are a child subreaper; a zombie of someone else's holds nothing.
+bool wait_gone(pid_t pid, std::chrono::milliseconds timeout) {
+  auto deadline = SteadyClock::now() + timeout;
+  for (;;) {
+    if (::waitpid(pid, nullptr, WNOHANG) == pid) return true;
+    char st = proc_state(pid);
+    if (st == 0 || st == 'X') return true;
+    if (st == 'Z') {
+      if (::waitpid(pid, nullptr, WNOHANG) == pid) return true;
+      if (errno == ECHILD) return true;
+    }
+    if (SteadyClock::now() >= deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
+}  // namespace
+
+// The helper binary: $AIRLOCK_NET_HELPER, else beside the guest agent (both
+// live in build/bin or the install's bin), else beside this executable.
+fs::path net_helper_binary(const Config& cfg) {
+  if (const char* env = std::getenv("AIRLOCK_NET_HELPER"); env && *env) return env;
+  std::error_code ec;
+  fs::path exe_dir = fs::read_symlink("/proc/self/exe", ec).parent_path();
+  for (const fs::path& cand : {cfg.guest_agent.parent_path() / "airlock-net",
+                               exe_dir / "airlock-net", exe_dir / ".." / "bin" / "airlock-net"}) {
+    if (::access(cand.c_str(), X_OK) == 0) return cand.lexically_normal();
+  }
+  throw Error(Errc::unavailable, "the network helper airlock-net was not found beside " +
+                                     cfg.guest_agent.parent_path().string() +
+                                     " (set AIRLOCK_NET_HELPER)");
+}
+
+nlohmann::json normalize_network(const nlohmann::json& policy) {
+  // parse() names the offending entry ("network.allow[2]") in its Error.
+  return net::NetworkPolicy::parse(policy).to_json();
+}
+
+bool network_enabled(const nlohmann::json& policy) {
+  return policy.is_object() && policy.value("mode", "none") != "none";
+}
+
+std::string mac_for(const std::string& id) {
+  // 52:54:00 is QEMU's prefix; the rest from the id's random hex digits, so
+  // every sandbox has a stable, distinct-enough MAC (it only matters inside
+  // the sandbox's own one-host network).
+  std::string hex;
+  for (char c : id)
+    if (std::isxdigit(static_cast<unsigned char>(c))) hex += c;
+  while (hex.size() < 6) hex = "0" + hex;
+  hex = hex.substr(hex.size() - 6);
+  return "52:54:00:" + hex.substr(0, 2) + ":" + hex.substr(2, 2) + ":" + hex.substr(4, 2);
+}
+
+bool is_our_net_helper(pid_t pid, const fs::path& run_dir) {
+  if (pid <= 0 || ::kill(pid, 0) != 0) return false;
+  char st = proc_state(pid);
+  if (st == 0 || st == 'Z' || st == 'X') return false;
+  // Pid-reuse guard: the helper's command line names this run_dir's control socket.
+  std::string raw = read_capped("/proc/" + std::to_string(pid) + "/cmdline", 1 << 16);
+  std::string want = (run_dir / "net-ctl.sock").string();
+  size_t at = 0;
+  while (at < raw.size()) {
+    size_t end = raw.find('\0', at);
+    if (end == std::string::npos) end = raw.size();
+    if (raw.compare(at, end - at, want) == 0) return true;
+    at = end + 1;
+  }
+  return false;
+}
+
+pid_t read_net_pid(const fs::path& run_dir) {
+  std::string s = read_capped(net_pid_file(run_dir), 32);
+  try {
+    return s.empty() ? 0 : static_cast<pid_t>(std::stoi(s));
+  } catch (const std::exception&) {
+    return 0;
+  }
+}
+
+void kill_net_helper(pid_t pid, const fs::path& run_dir) {
+  if (pid <= 0) pid = read_net_pid(run_dir);
+  if (pid > 0) {
+    if (is_our_net_helper(pid, run_dir)) ::kill(pid, SIGKILL);
+    if (!wait_gone(pid, kKillTimeout))
+      spdlog::error("network helper pid {} did not exit within 5 s of SIGKILL", pid);
+  }
+  std::error_code ec;
+  for (const char* f : {"net.sock", "net-ctl.sock", "net.pid"}) fs::remove(run_dir / f, ec);
+}
+
+pid_t start_net_helper(const Config& cfg, const std::string& id, const fs::path& run_dir,
+                       const fs::path& events, const nlohmann::json& policy) {
+  std::string exe = net_helper_binary(cfg).string();
+  std::error_code ec;
+  for (const char* f : {"net.sock", "net-ctl.sock"}) fs::remove(run_dir / f, ec);
+  std::vector<std::string> argv = {exe,
+                                   "--qemu-socket",
+                                   (run_dir / "net.sock").string(),
+                                   "--control-socket",
+                                   (run_dir / "net-ctl.sock").string(),
+                                   "--events",
+                                   events.string(),
+                                   "--sandbox",
+                                   id,
+                                   "--policy",
+                                   policy.dump()};
+  // Lets a deployment (or a test's private namespace) point the helper's
+  // resolver at a chosen server instead of the host's resolv.conf.
+  if (const char* up = std::getenv("AIRLOCK_NET_DNS_UPSTREAM"); up && *up)
+    argv.insert(argv.end(), {"--dns-upstream", up});
+  std::vector<char*> cargv;
+  for (auto& a : argv) cargv.push_back(a.data());
+  cargv.push_back(nullptr);
+
+  int devnull = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  int log = ::open(net_log(run_dir).c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);
+  int out[2] = {-1, -1}, report[2] = {-1, -1};
+  auto close_all = [&] {
+    for (int fd : {devnull, log, out[0], out[1], report[0], report[1]})
+      if (fd >= 0) ::close(fd);
+  };
+  if (devnull < 0 || log < 0 || ::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(report, O_CLOEXEC) != 0) {
+    int err = errno;
+    close_all();
+    throw Error(Errc::internal,
+                std::string("cannot set up the network helper: ") + std::strerror(err));
+  }
+  // Detached like QEMU (setsid + double fork): the helper must outlive a
+  // daemon restart together with its VM.
+  pid_t child = ::fork();
+  if (child < 0) {
+    close_all();
+    throw_errno("fork");
+  }
+  if (child == 0) {
+    ::setsid();
+    pid_t grandchild = ::fork();
+    if (grandchild != 0) ::_exit(grandchild < 0 ? 1 : 0);
+    sigset_t none;
+    sigemptyset(&none);
+    ::sigprocmask(SIG_SETMASK, &none, nullptr);
+    struct sigaction dfl {};
+    dfl.sa_handler = SIG_DFL;
+    for (int s = 1; s < NSIG; ++s) ::sigaction(s, &dfl, nullptr);
+    ::dup2(devnull, 0);
+    ::dup2(out[1], 1);
+    ::dup2(log, 2);
+    ::dup2(report[1], 3);
+    ::fcntl(3, F_SETFD, FD_CLOEXEC);
+    ::close_range(4, ~0U, 0);
+    pid_t self = ::getpid();
+    (void)!::write(3, &self, sizeof self);
+    ::execv(cargv[0], cargv.data());
+    ::_exit(127);
+  }
+  ::close(out[1]);
+  out[1] = -1;
+  ::close(report[1]);
+  report[1] = -1;
+  while (::waitpid(child, nullptr, 0) < 0 && errno == EINTR) {
+  }
+  pid_t pid = 0;
+  ssize_t n = ::read(report[0], &pid, sizeof pid);
+  if (n != sizeof pid) pid = 0;
+
+  // The ready line (or EOF when the helper exits: bad policy, socket error).
+  std::string line;
+  auto deadline = SteadyClock::now() + kReadyTimeout;
+  bool ready = false;
+  while (pid > 0 && !ready) {
+    auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - SteadyClock::now());
+    if (left.count() <= 0) break;
+    pollfd p{out[0], POLLIN, 0};
+    int rc = ::poll(&p, 1, static_cast<int>(left.count()));
+    if (rc < 0 && errno == EINTR) continue;
+    if (rc <= 0) break;
+    char buf[256];
+    ssize_t r = ::read(out[0], buf, sizeof buf);
+    if (r <= 0) break;
+    line.append(buf, static_cast<size_t>(r));
+    auto nl = line.find('\n');
+    if (nl == std::string::npos) continue;
+    try {
+      ready = nlohmann::json::parse(line.substr(0, nl)).value("ready", false);
+    } catch (const nlohmann::json::exception&) {
+    }
+    break;
+  }
+  close_all();
+  if (!ready) {
+    if (pid > 0) {
+      ::kill(pid, SIGKILL);
+      wait_gone(pid, kKillTimeout);
+    }
+    std::string why = read_capped(net_log(run_dir), 2048);
+    for (const char* f : {"net.sock", "net-ctl.sock", "net.log"}) fs::remove(run_dir / f, ec);
+    throw Error(Errc::internal,
+                "the network helper did not start" + (why.empty() ? std::string() : ": " + why));
+  }
+  // Recorded so a restarted daemon can find (and later kill) the helper.
+  std::ofstream(net_pid_file(run_dir)) << pid << "\n";
+  return pid;
+}
+
+nlohmann::json net_control(const fs::path& run_dir, const nlohmann::json& request) {
+  fs::path path = run_dir / "net-ctl.sock";
+  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) throw_errno("socket");
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, path.c_str(), sizeof addr.sun_path - 1);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    int err = errno;
+    ::close(fd);
+    throw Error(Errc::unavailable, "the sandbox's network helper is not reachable: " +
+                                       std::string(std::strerror(err)));
+  }
+  std::string msg = request.dump() + "\n";
+  size_t done = 0;
+  while (done < msg.size()) {
+    ssize_t n = ::send(fd, msg.data() + done, msg.size() - done, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      ::close(fd);
+      throw Error(Errc::unavailable, "the network helper closed its control socket");
+    }
+    done += static_cast<size_t>(n);
+  }
+  std::string reply;
+  auto deadline = SteadyClock::now() + kControlTimeout;
+  while (reply.find('\n') == std::string::npos) {
+    auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - SteadyClock::now());
+    pollfd p{fd, POLLIN, 0};
+    int rc = left.count() > 0 ? ::poll(&p, 1, static_cast<int>(left.count())) : 0;
+    if (rc < 0 && errno == EINTR) continue;
+    if (rc <= 0) {
+      ::close(fd);
+      throw Error(Errc::timeout, "the network helper did not answer within 5 s");
+    }
+    char buf[4096];
+    ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n <= 0) {
+      ::close(fd);
+      throw Error(Errc::unavailable, "the network helper closed its control socket");
+    }
+    reply.append(buf, static_cast<size_t>(n));
+    if (reply.size() > (1 << 20)) break;
+  }
+  ::close(fd);
+  try {
+    return nlohmann::json::parse(reply.substr(0, reply.find('\n')));
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(Errc::internal, std::string("the network helper's reply is not JSON: ") + e.what());
+  }
+}
+
+nlohmann::json Engine::set_network(const std::string& id, const nlohmann::json& policy) {
+  auto& impl = *impl_;
+  auto sb = impl.running(id);
+  nlohmann::json normal = normalize_network(policy);  // field-named errors before any change
+  std::lock_guard net_lock(sb->net_mu);               // one policy change at a time per sandbox
+  if (!network_enabled(sb->rec.info.spec.network))
+    throw Error(Errc::conflict, "sandbox " + id +
+                                    " was created with network mode \"none\": it has no network "
+                                    "interface to apply a policy to");
+  nlohmann::json reply = net_control(sb->rec.run_dir, {{"policy", normal}});
+  if (reply.contains("error")) {
+    const auto& e = reply["error"];
+    std::string code = e.value("code", "internal");
+    throw Error(code == "invalid_argument" ? Errc::invalid_argument : Errc::internal,
+                e.value("message", std::string("the network helper refused the policy")),
+                e.value("field", std::string()));
+  }
+  nlohmann::json result{{"policy", reply.value("policy", normal)},
+                        {"flows_cut", reply.value("flows_cut", 0)}};
+  {
+    std::lock_guard lock(sb->mu);
+    sb->rec.info.spec.network = result["policy"];
+  }
+  impl.registry.update(sb->rec);
+  impl.journal.append(id, "network_changed", result, Durability::sync);
+  return result;
+}
+
+std::vector<nlohmann::json> Engine::network_events(const std::string& id, size_t skip) {
+  std::vector<nlohmann::json> out;
+  std::vector<nlohmann::json> all;
+  try {
+    all = impl_->journal.read(id);
+  } catch (const Error& e) {
+    // A sandbox that exists but has not written a journal line yet.
+    if (e.code() != Errc::not_found || !impl_->registry.get(id)) throw;
+  }
+  size_t seen = 0;
+  for (auto& rec : all) {
+    if (!rec.is_object()) continue;
+    std::string ev = rec.value("event", "");
+    if (ev.rfind("net_", 0) != 0) continue;
+    if (seen++ < skip) continue;
+    out.push_back(std::move(rec));
+  }
+  return out;
+}
+
+}  // namespace airlock::engine

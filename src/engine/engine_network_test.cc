@@ -1,0 +1,191 @@
+// The engine's network wiring with REAL VMs and the real airlock-net helper
+// (needs the `minimal` image in $AIRLOCK_IMAGE_DIR, like engine_test). No
+// target outside the VM is reachable here: the checks are the NIC (or its
+// absence), the guest's configuration, denials recorded in the journal,
+// runtime policy changes and that no helper outlives its sandbox. Real
+// egress is covered by tests/integration/test_network.py (root, netns).
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <stdlib.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+
+#include "common/error.h"
+#include "engine/engine.h"
+
+namespace airlock::engine {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Live processes (not zombies) whose command line contains `needle` and `what`.
+std::vector<int> processes(const std::string& what, const std::string& needle) {
+  std::vector<int> pids;
+  for (const auto& e : fs::directory_iterator("/proc")) {
+    std::string name = e.path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::string cmd, stat;
+    try {
+      std::ifstream in(e.path() / "cmdline", std::ios::binary);
+      cmd.assign(std::istreambuf_iterator<char>(in), {});
+      std::ifstream st(e.path() / "stat");
+      stat.assign(std::istreambuf_iterator<char>(st), {});
+    } catch (const std::exception&) {
+      continue;
+    }
+    auto paren = stat.rfind(')');
+    bool zombie = paren != std::string::npos && stat.size() > paren + 2 && stat[paren + 2] == 'Z';
+    if (!zombie && cmd.find(what) != std::string::npos && cmd.find(needle) != std::string::npos)
+      pids.push_back(std::stoi(name));
+  }
+  return pids;
+}
+
+class EngineNetworkTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string tmpl = (fs::temp_directory_path() / "airlock-enginenet-XXXXXX").string();
+    ASSERT_NE(mkdtemp(tmpl.data()), nullptr);
+    data_ = tmpl;
+    const char* images = std::getenv("AIRLOCK_IMAGE_DIR");
+    if (!images || !*images) GTEST_SKIP() << "AIRLOCK_IMAGE_DIR not set (run `make image`)";
+    cfg_ = Config{.data_dir = data_, .image_dir = images, .accel = "tcg"};
+    Engine probe(cfg_);
+    if (!probe.images().find("minimal")) probe.images().build("minimal");
+  }
+  void TearDown() override {
+    if (data_.empty()) return;
+    for (const char* what : {"qemu", "airlock-net"})
+      for (int pid : processes(what, data_.string())) ::kill(pid, SIGKILL);
+    fs::remove_all(data_);
+  }
+  std::string sh(Engine& e, const std::string& id, const std::string& cmd, int* code = nullptr) {
+    std::string out;
+    ExecResult r = e.exec(id, {.cmd = cmd}, {.on_output = [&](int, std::string_view b) {
+                            out += b;
+                            return true;
+                          }});
+    if (code) *code = r.exit_code.value_or(-1);
+    return out;
+  }
+  fs::path data_;
+  Config cfg_;
+};
+
+TEST_F(EngineNetworkTest, BadPolicyIsRefusedBeforeAnythingExists) {
+  Engine engine(cfg_);
+  SandboxSpec spec;
+  spec.network = {{"mode", "allowlist"}, {"allow", {"198.51.100.0/24", "127.0.0.1"}}};
+  try {
+    engine.create(spec);
+    FAIL() << "accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Errc::invalid_argument);
+    EXPECT_EQ(e.field(), "network.allow[1]");
+  }
+  spec.network = {{"mode", "sideways"}};
+  try {
+    engine.create(spec);
+    FAIL() << "accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Errc::invalid_argument);
+    EXPECT_EQ(e.field().rfind("network", 0), 0u) << e.field();
+  }
+  EXPECT_TRUE(engine.list({}, true).empty());
+  EXPECT_TRUE(processes("airlock-net", data_.string()).empty());
+}
+
+TEST_F(EngineNetworkTest, NoneHasNoNicAndAllowlistGetsAConfiguredOne) {
+  Engine engine(cfg_);
+  SandboxInfo plain = engine.create({});
+  EXPECT_EQ(to_json(plain)["network"]["mode"], "none");
+  EXPECT_EQ(sh(engine, plain.id, "ls /sys/class/net"), "lo\n");
+  EXPECT_TRUE(processes("airlock-net", plain.id).empty());
+  try {
+    engine.set_network(plain.id, {{"mode", "open"}});
+    ADD_FAILURE() << "set_network on a sandbox without NIC accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Errc::conflict);
+  }
+  engine.destroy(plain.id);
+
+  SandboxSpec spec;
+  spec.network = {{"mode", "allowlist"}, {"allow", {"198.51.100.7/32"}}};
+  SandboxInfo sb = engine.create(spec);
+  EXPECT_EQ(to_json(sb)["network"]["mode"], "allowlist");
+  ASSERT_EQ(processes("airlock-net", sb.id).size(), 1u);
+  EXPECT_EQ(sh(engine, sb.id, "ls /sys/class/net"), "eth0\nlo\n");
+  EXPECT_EQ(sh(engine, sb.id, "cat /etc/resolv.conf"), "nameserver 10.0.2.3\n");
+  std::string addr = sh(engine, sb.id, "ip -4 addr show eth0; ip route");
+  EXPECT_NE(addr.find("inet 10.0.2.15/24"), std::string::npos) << addr;
+  EXPECT_NE(addr.find("default via 10.0.2.2"), std::string::npos) << addr;
+  EXPECT_NE(sh(engine, sb.id, "cat /sys/class/net/eth0/address").find("52:54:00:"),
+            std::string::npos);
+
+  // Cloud metadata: always denied, refused at once (RST), recorded.
+  auto t0 = std::chrono::steady_clock::now();
+  int code = 0;
+  sh(engine, sb.id, "nc -w 10 169.254.169.254 80 </dev/null", &code);
+  auto ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0)
+          .count();
+  EXPECT_NE(code, 0);
+  EXPECT_LT(ms, 5000) << "a denied connection must be reset, not time out";
+  bool seen = false;
+  for (auto& ev : engine.network_events(sb.id))
+    if (ev["event"] == "net_flow" && ev["dst"] == "169.254.169.254" && ev["allowed"] == false) {
+      seen = true;
+      EXPECT_EQ(ev["sandbox"], sb.id);
+      EXPECT_EQ(ev["rule"].get<std::string>().rfind("always-deny", 0), 0u) << ev.dump();
+    }
+  EXPECT_TRUE(seen);
+  size_t before = engine.network_events(sb.id).size();
+  EXPECT_EQ(engine.network_events(sb.id, before).size(), 0u);
+
+  // Runtime change: a bad policy names its entry; a good one is recorded.
+  try {
+    engine.set_network(sb.id, {{"mode", "allowlist"}, {"allow", {"10.1.0.0/16"}}});
+    ADD_FAILURE() << "accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Errc::invalid_argument);
+    EXPECT_EQ(e.field(), "network.allow[0]");
+  }
+  auto r = engine.set_network(sb.id, {{"mode", "open"}});
+  EXPECT_EQ(r["policy"]["mode"], "open");
+  EXPECT_EQ(engine.get(sb.id).spec.network["mode"], "open");
+  bool changed = false, policy_event = false;
+  for (auto& ev : engine.audit(sb.id)) {
+    if (ev["event"] == "network_changed") changed = true;
+    if (ev["event"] == "net_policy") policy_event = true;
+  }
+  EXPECT_TRUE(changed);
+  EXPECT_TRUE(policy_event);
+
+  engine.destroy(sb.id);
+  EXPECT_TRUE(processes("airlock-net", sb.id).empty()) << "helper outlived its sandbox";
+  EXPECT_TRUE(processes("qemu", sb.id).empty());
+  EXPECT_FALSE(engine.network_events(sb.id).empty()) << "net events must outlive the sandbox";
+}
+
+TEST_F(EngineNetworkTest, RestartKeepsTheHelper) {
+  std::string id;
+  {
+    Engine engine(cfg_);
+    SandboxSpec spec;
+    spec.network = {{"mode", "open"}};
+    id = engine.create(spec).id;
+  }
+  auto helpers = processes("airlock-net", id);
+  ASSERT_EQ(helpers.size(), 1u) << "the helper must survive the engine";
+  Engine engine(cfg_);
+  EXPECT_EQ(processes("airlock-net", id), helpers);
+  auto r = engine.set_network(id, {{"mode", "allowlist"}, {"allow", {"203.0.113.0/24"}}});
+  EXPECT_EQ(r["policy"]["mode"], "allowlist");
+  engine.destroy(id);
+  EXPECT_TRUE(processes("airlock-net", id).empty());
+}
+
+}  // namespace
+}  // namespace airlock::engine

@@ -1,0 +1,355 @@
+"""Network egress policy end to end (issue 4): a real daemon, real VMs, the
+real airlock-net helper, and a little internet of the test's own.
+
+Needs root (network namespaces); skipped otherwise. Topology, all of it in two
+namespaces this test creates and always deletes:
+  alit-h-PID  "the host": airlockd, QEMU and airlock-net run here; veth
+              192.0.2.2/24, default route to the internet namespace; a decoy
+              HTTP server on its own 127.0.0.1:80.
+  alit-i-PID  "the internet": HTTP on :80 ("hello <local address>") and a
+              hold-open server on :81 on 198.51.100.10/.11 and 203.0.113.10/.11,
+              DNS on 203.0.113.53 (www/mail.example.com), and decoys that must
+              stay unreachable: 169.254.169.254, 10.1.2.3.
+Those addresses never exist in the host's own namespace. The helper resolves
+through the test's DNS server (AIRLOCK_NET_DNS_UPSTREAM).
+"""
+
+import json
+import os
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+import unittest
+
+from harness import ApiError, DaemonTestCase
+
+PID = os.getpid()
+NS_H = f"alit-h-{PID}"
+NS_I = f"alit-i-{PID}"
+SERVERS = ["198.51.100.10", "198.51.100.11", "203.0.113.10", "203.0.113.11", "203.0.113.12"]
+DECOYS = ["169.254.169.254", "10.1.2.3"]
+DNS = "203.0.113.53"
+ZONE = {"www.example.com": "203.0.113.10", "mail.example.com": "203.0.113.11",
+        "x.wild.example.org": "203.0.113.12", "wild.example.org": "203.0.113.12"}
+
+
+def serve_internet(querylog):
+    """The internet namespace's servers (runs there until killed); every DNS
+    question that reaches the server is appended to `querylog`."""
+    def handle(c, hold):
+        try:
+            c.settimeout(60)
+            c.recv(4096)
+            body = f"hello {c.getsockname()[0]}\n".encode()
+            c.sendall(b"HTTP/1.0 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+            if hold:
+                while c.recv(4096):  # until the peer goes away
+                    pass
+        except OSError:
+            pass
+        c.close()
+
+    def http(port, hold):
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("0.0.0.0", port))
+        s.listen(64)
+        while True:
+            c, _ = s.accept()
+            threading.Thread(target=handle, args=(c, hold), daemon=True).start()
+
+    def dns():
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        s.bind((DNS, 53))
+        log = open(querylog, "a", buffering=1)
+        while True:
+            d, a = s.recvfrom(2048)
+            try:
+                qid = struct.unpack("!H", d[:2])[0]
+                off, labels = 12, []
+                while d[off]:
+                    labels.append(d[off + 1:off + 1 + d[off]].decode())
+                    off += 1 + d[off]
+                qtype = struct.unpack("!H", d[off + 1:off + 3])[0]
+                name = ".".join(labels).lower()
+                log.write(name + "\n")
+                answer = b""
+                if qtype == 1 and name in ZONE:
+                    rdata = socket.inet_aton(ZONE[name])
+                    answer = struct.pack("!HHHIH", 0xC00C, 1, 1, 30, 4) + rdata
+                rcode = 0 if name in ZONE else 3
+                hdr = struct.pack("!HHHHHH", qid, 0x8180 | rcode, 1, 1 if answer else 0, 0, 0)
+                s.sendto(hdr + d[12:off + 5] + answer, a)
+            except (IndexError, struct.error, UnicodeDecodeError):
+                pass
+
+    for args in ((80, False), (81, True)):
+        threading.Thread(target=http, args=args, daemon=True).start()
+    threading.Thread(target=dns, daemon=True).start()
+    print("ready", flush=True)
+    while True:
+        time.sleep(3600)
+
+
+def serve_loopback():
+    """A decoy on the host namespace's own loopback: must never be reached."""
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("127.0.0.1", 80))
+    s.listen(16)
+    print("ready", flush=True)
+    while True:
+        c, _ = s.accept()
+        c.sendall(b"HTTP/1.0 200 OK\r\n\r\nLOOPBACK REACHED\n")
+        c.close()
+
+
+def sh(*args):
+    subprocess.run(args, check=True, capture_output=True)
+
+
+def can_run():
+    if os.geteuid() != 0:
+        return "needs root (ip netns add)"
+    if subprocess.run(["ip", "netns", "list"], capture_output=True).returncode != 0:
+        return "network namespaces unavailable"
+    return None
+
+
+@unittest.skipIf(can_run(), f"network test skipped: {can_run()}")
+class NetworkTest(DaemonTestCase):
+    daemon_prefix = ["ip", "netns", "exec", NS_H]
+    servers = []
+
+    @classmethod
+    def setUpClass(cls):
+        try:
+            cls.make_internet()
+            os.environ["AIRLOCK_NET_DNS_UPSTREAM"] = DNS
+            super().setUpClass()
+        except BaseException:
+            cls.remove_internet()
+            raise
+
+    @classmethod
+    def tearDownClass(cls):
+        try:
+            super().tearDownClass()
+        finally:
+            os.environ.pop("AIRLOCK_NET_DNS_UPSTREAM", None)
+            cls.remove_internet()
+
+    @classmethod
+    def make_internet(cls):
+        sh("ip", "netns", "add", NS_H)
+        sh("ip", "netns", "add", NS_I)
+        for ns in (NS_H, NS_I):
+            sh("ip", "-n", ns, "link", "set", "lo", "up")
+        # Created inside NS_H with its peer in NS_I: never in the host's namespace.
+        sh("ip", "-n", NS_H, "link", "add", "vh", "type", "veth", "peer", "name", "vi", "netns", NS_I)
+        sh("ip", "-n", NS_H, "addr", "add", "192.0.2.2/24", "dev", "vh")
+        sh("ip", "-n", NS_H, "link", "set", "vh", "up")
+        sh("ip", "-n", NS_H, "route", "add", "default", "via", "192.0.2.1")
+        sh("ip", "-n", NS_I, "addr", "add", "192.0.2.1/24", "dev", "vi")
+        for a in SERVERS + DECOYS + [DNS]:
+            sh("ip", "-n", NS_I, "addr", "add", a + "/32", "dev", "vi")
+        sh("ip", "-n", NS_I, "link", "set", "vi", "up")
+        me = os.path.abspath(__file__)
+        cls.querylog = f"/tmp/alit-dns-{PID}.log"
+        open(cls.querylog, "w").close()
+        for ns, role in ((NS_I, "internet"), (NS_H, "loopback")):
+            extra = [cls.querylog] if role == "internet" else []
+            p = subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, me, role] + extra,
+                                 stdout=subprocess.PIPE, text=True)
+            cls.servers.append(p)
+            if p.stdout.readline().strip() != "ready":
+                raise RuntimeError(f"{role} servers did not start")
+
+    @classmethod
+    def remove_internet(cls):
+        for p in cls.servers:
+            p.kill()
+            p.wait()
+            p.stdout.close()
+        cls.servers = []
+        for ns in (NS_H, NS_I):
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+        if getattr(cls, "querylog", None) and os.path.exists(cls.querylog):
+            os.unlink(cls.querylog)
+
+    # ------------------------------------------------------------ helpers
+
+    def run_in(self, sid, cmd, timeout=60):
+        out, err, ex = self.api.exec(sid, cmd=cmd, timeout=timeout)
+        return out.decode(errors="replace") + err.decode(errors="replace"), ex["exit_code"]
+
+    def timed(self, sid, cmd):
+        t0 = time.time()
+        out, code = self.run_in(sid, cmd)
+        return out, code, time.time() - t0
+
+    def events(self, sid):
+        return self.api.call("GET", f"/v1/sandboxes/{sid}/network/events")
+
+    def flows(self, sid, dst, event="net_flow"):
+        return [e for e in self.events(sid) if e["event"] == event and e.get("dst") == dst]
+
+    def new(self, network):
+        sb = self.api.create(image="minimal", timeout=600, network=network)
+        self.addCleanup(self.cleanup, sb["id"])
+        return sb["id"]
+
+    def cleanup(self, sid):
+        try:
+            self.api.delete(sid)
+        except ApiError:
+            pass
+        self.assertNothingLeft(sid)
+
+    # ------------------------------------------------------------ tests
+
+    def test_default_mode_has_no_interface(self):
+        sid = self.new({"mode": "none"})
+        out, code = self.run_in(sid, "ls /sys/class/net")
+        self.assertEqual(out, "lo\n")
+        with self.assertRaises(ApiError) as cm:
+            self.api.call("PATCH", f"/v1/sandboxes/{sid}/network", {"mode": "open"})
+        self.assertEqual(cm.exception.status, 409)
+
+    def test_bad_policy_is_a_400_naming_the_entry(self):
+        with self.assertRaises(ApiError) as cm:
+            self.api.create(image="minimal", network={"mode": "allowlist",
+                                                      "allow": ["198.51.100.10/32", "169.254.169.254"]})
+        self.assertEqual(cm.exception.status, 400)
+        self.assertEqual(cm.exception.field, "network.allow[1]")
+        self.assertEqual(self.api.call("GET", "/v1/sandboxes"), [])
+
+    def test_allowlist_cidr_and_names_runtime_change_and_journal(self):
+        sid = self.new({"mode": "allowlist",
+                        "allow": ["198.51.100.10/32", "www.example.com", "*.wild.example.org"]})
+        out, _ = self.run_in(sid, "ls /sys/class/net; cat /etc/resolv.conf")
+        self.assertEqual(out, "eth0\nlo\nnameserver 10.0.2.3\n")
+        # The allowed /32: fetched.
+        out, code = self.run_in(sid, "wget -q -O - http://198.51.100.10/")
+        self.assertEqual((out, code), ("hello 198.51.100.10\n", 0))
+        # Its neighbour (a real server is listening there): refused at once.
+        out, code, took = self.timed(sid, "nc -w 20 198.51.100.11 80 </dev/null")
+        self.assertNotEqual(code, 0, out)
+        self.assertLess(took, 5, "a denied connection must be reset, not time out")
+        self.assertIn("refused", out.lower())
+        # The allowed name resolves through the test's DNS server and is fetched.
+        out, code = self.run_in(sid, "wget -q -O - http://www.example.com/")
+        self.assertEqual((out, code), ("hello 203.0.113.10\n", 0))
+        # A sibling name: NXDOMAIN (never asked upstream), so nothing to fetch.
+        out, code = self.run_in(sid, "nslookup mail.example.com")
+        self.assertNotEqual(code, 0, out)
+        self.assertNotIn("203.0.113.11", out)
+        # Its address is not allowed either.
+        out, code = self.run_in(sid, "nc -w 20 203.0.113.11 80 </dev/null")
+        self.assertNotEqual(code, 0, out)
+
+        # Wildcard: a subdomain matches, the apex does not.
+        out, code = self.run_in(sid, "wget -q -O - http://x.wild.example.org/")
+        self.assertEqual((out, code), ("hello 203.0.113.12\n", 0))
+        out, code = self.run_in(sid, "nslookup wild.example.org")
+        self.assertNotEqual(code, 0, out)
+        # DNS exfiltration: random subdomains of a zone that is not allowed get
+        # NXDOMAIN from the helper and never reach the upstream server.
+        secrets = [f"s{os.urandom(6).hex()}.exfil.example.net" for _ in range(3)]
+        for name in secrets:
+            out, code = self.run_in(sid, f"nslookup {name}")
+            self.assertNotEqual(code, 0, out)
+        with open(self.querylog) as f:
+            asked = f.read()
+        self.assertIn("www.example.com", asked)  # the log works
+        self.assertNotIn("exfil", asked)
+        self.assertNotIn("mail.example.com", asked)
+        recorded = {e["name"] for e in self.events(sid) if e["event"] == "net_dns" and not e["allowed"]}
+        self.assertTrue(set(secrets) <= recorded, recorded)
+
+        # Runtime change cuts an open connection: a held connection to the
+        # /32 is reset in the guest when the /32 is removed from the policy.
+        # (busybox nc itself only exits at stdin EOF, so the guest's TCP
+        # state is what is checked.)
+        result = {}
+
+        def hold():
+            result["out"], result["code"] = self.run_in(
+                sid, "(printf 'GET / HTTP/1.0\\r\\n\\r\\n'; sleep 8) | nc 198.51.100.10 81")
+        th = threading.Thread(target=hold)
+        th.start()
+        estab = "netstat -tn | grep '198.51.100.10:81 *ESTABLISHED' || true"
+        deadline = time.time() + 20
+        while time.time() < deadline and "ESTABLISHED" not in self.run_in(sid, estab)[0]:
+            time.sleep(0.2)
+        self.assertIn("ESTABLISHED", self.run_in(sid, estab)[0])
+        r = self.api.call("PATCH", f"/v1/sandboxes/{sid}/network",
+                          {"mode": "allowlist", "allow": ["www.example.com"]})
+        self.assertEqual(r["policy"]["mode"], "allowlist")
+        self.assertEqual(r["policy"]["allow"], ["www.example.com"])
+        self.assertGreaterEqual(r["flows_cut"], 1)
+        deadline = time.time() + 5
+        while time.time() < deadline and "ESTABLISHED" in self.run_in(sid, estab)[0]:
+            time.sleep(0.2)
+        self.assertNotIn("ESTABLISHED", self.run_in(sid, estab)[0], "the held connection was not cut")
+        snmp = self.run_in(sid, "grep Tcp: /proc/net/snmp")[0].splitlines()
+        resets = dict(zip(snmp[0].split()[1:], snmp[1].split()[1:]))["EstabResets"]
+        self.assertGreaterEqual(int(resets), 1, "the guest did not see a reset")
+        th.join(timeout=30)
+        self.assertIn("hello 198.51.100.10", result["out"])
+        out, code = self.run_in(sid, "nc -w 20 198.51.100.10 80 </dev/null")
+        self.assertNotEqual(code, 0, out)
+        self.assertIn("refused", out.lower())
+        # A bad runtime policy: 400 naming the entry, the old one stays.
+        with self.assertRaises(ApiError) as cm:
+            self.api.call("PATCH", f"/v1/sandboxes/{sid}/network",
+                          {"mode": "allowlist", "allow": ["10.0.0.0/8"]})
+        self.assertEqual((cm.exception.status, cm.exception.field), (400, "network.allow[0]"))
+
+        # The journal: flows with their rule, bytes each way, DNS decisions.
+        allowed = [f for f in self.flows(sid, "198.51.100.10", "net_flow_end") if f.get("port") == 80]
+        self.assertTrue(allowed, self.events(sid))
+        self.assertEqual(allowed[0]["rule"], "allow 198.51.100.10/32")
+        self.assertGreater(allowed[0]["bytes_in"], 0)
+        self.assertGreater(allowed[0]["bytes_out"], 0)
+        cut = [f for f in self.flows(sid, "198.51.100.10", "net_flow_end") if f.get("port") == 81]
+        self.assertTrue(cut and cut[0]["reason"] == "policy", cut)
+        denied = self.flows(sid, "198.51.100.11")
+        self.assertTrue(denied and not denied[0]["allowed"], denied)
+        self.assertEqual(denied[0]["rule"], "default deny")
+        named = [f for f in self.flows(sid, "203.0.113.10") if f["allowed"]]
+        self.assertTrue(named and named[0]["name"] == "www.example.com", named)
+        dns = [e for e in self.events(sid) if e["event"] == "net_dns" and e["name"] == "mail.example.com"]
+        self.assertTrue(dns and not dns[0]["allowed"], dns)
+
+    def test_open_mode_still_denies_internal_addresses(self):
+        sid = self.new({"mode": "open"})
+        out, code = self.run_in(sid, "wget -q -O - http://198.51.100.11/")
+        self.assertEqual((out, code), ("hello 198.51.100.11\n", 0))
+        # 10.0.2.2 is slirp's path to the host's loopback (where the decoy
+        # listens); the metadata address and RFC 1918 exist in the test's
+        # internet with servers behind them. All refused at once.
+        for target in ["10.0.2.2", "169.254.169.254", "10.1.2.3"]:
+            # nc, not wget: the image's static busybox wget crashes on a refused connect.
+            out, code, took = self.timed(sid, f"printf 'GET / HTTP/1.0\\r\\n\\r\\n' | nc -w 20 {target} 80")
+            self.assertNotEqual(code, 0, f"{target}: {out}")
+            self.assertNotIn("REACHED", out)
+            self.assertNotIn("hello", out)
+            self.assertIn("refused", out.lower())
+            self.assertLess(took, 5, target)
+        for target in ["169.254.169.254", "10.1.2.3"]:
+            f = self.flows(sid, target)
+            self.assertTrue(f and not f[0]["allowed"], f"{target}: {self.events(sid)}")
+            self.assertTrue(f[0]["rule"].startswith("always-deny"), f)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "internet":
+        serve_internet(sys.argv[2])
+    elif len(sys.argv) > 1 and sys.argv[1] == "loopback":
+        serve_loopback()
+    else:
+        unittest.main()
