@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "common/error.h"
+#include "common/process.h"
 #include "engine/engine.h"
 #include "engine/engine_impl.h"
 #include "engine/net/policy.h"
@@ -37,36 +38,9 @@ fs::path net_pid_file(const fs::path& run_dir) { return run_dir / "net.pid"; }
 fs::path net_log(const fs::path& run_dir) { return run_dir / "net.log"; }
 
 std::string read_capped(const fs::path& p, size_t cap) {
-  std::ifstream in(p, std::ios::binary);
-  std::string s(cap, '\0');
-  in.read(s.data(), static_cast<std::streamsize>(cap));
-  s.resize(static_cast<size_t>(in.gcount()));
+  std::string s = read_file_capped(p, cap);
   while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
   return s;
-}
-
-char proc_state(pid_t pid) {
-  std::string stat = read_capped("/proc/" + std::to_string(pid) + "/stat", 4096);
-  auto close = stat.rfind(')');
-  if (close == std::string::npos || close + 2 >= stat.size()) return 0;
-  return stat[close + 2];
-}
-
-// Same reaping rules as the VMM's QEMU: the helper is our child only if we
-// are a child subreaper; a zombie of someone else's holds nothing.
-bool wait_gone(pid_t pid, std::chrono::milliseconds timeout) {
-  auto deadline = SteadyClock::now() + timeout;
-  for (;;) {
-    if (::waitpid(pid, nullptr, WNOHANG) == pid) return true;
-    char st = proc_state(pid);
-    if (st == 0 || st == 'X') return true;
-    if (st == 'Z') {
-      if (::waitpid(pid, nullptr, WNOHANG) == pid) return true;
-      if (errno == ECHILD) return true;
-    }
-    if (SteadyClock::now() >= deadline) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
 }
 
 }  // namespace
@@ -108,20 +82,8 @@ std::string mac_for(const std::string& id) {
 }
 
 bool is_our_net_helper(pid_t pid, const fs::path& run_dir) {
-  if (pid <= 0 || ::kill(pid, 0) != 0) return false;
-  char st = proc_state(pid);
-  if (st == 0 || st == 'Z' || st == 'X') return false;
   // Pid-reuse guard: the helper's command line names this run_dir's control socket.
-  std::string raw = read_capped("/proc/" + std::to_string(pid) + "/cmdline", 1 << 16);
-  std::string want = (run_dir / "net-ctl.sock").string();
-  size_t at = 0;
-  while (at < raw.size()) {
-    size_t end = raw.find('\0', at);
-    if (end == std::string::npos) end = raw.size();
-    if (raw.compare(at, end - at, want) == 0) return true;
-    at = end + 1;
-  }
-  return false;
+  return alive_with_arg(pid, (run_dir / "net-ctl.sock").string());
 }
 
 pid_t read_net_pid(const fs::path& run_dir) {

@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "common/error.h"
+#include "common/process.h"
 #include "engine/vmm/console.h"
 #include "engine/vmm/qmp.h"
 
@@ -43,14 +44,6 @@ std::string opt_escape(const std::string& s) {
   return out;
 }
 
-std::string read_file_capped(const fs::path& p, size_t cap) {
-  std::ifstream in(p, std::ios::binary);
-  std::string s(cap, '\0');
-  in.read(s.data(), static_cast<std::streamsize>(cap));
-  s.resize(static_cast<size_t>(in.gcount()));
-  return s;
-}
-
 // QEMU's stderr, trimmed to something fit for an error message.
 std::string qemu_stderr(const fs::path& run_dir) {
   std::string s = read_file_capped(qemu_log(run_dir), 4096);
@@ -60,63 +53,10 @@ std::string qemu_stderr(const fs::path& run_dir) {
   return out;
 }
 
-// State letter from /proc/<pid>/stat ('Z' zombie, 'R', 'S', ...); 0 if gone.
-char proc_state(pid_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
-  std::string stat;
-  if (!std::getline(in, stat)) return 0;
-  // comm may contain spaces and ')': the state follows the last ')'.
-  auto close = stat.rfind(')');
-  if (close == std::string::npos || close + 2 >= stat.size()) return 0;
-  return stat[close + 2];
-}
-
-std::vector<std::string> proc_cmdline(pid_t pid) {
-  std::string raw = read_file_capped("/proc/" + std::to_string(pid) + "/cmdline", 1 << 16);
-  std::vector<std::string> args;
-  std::string cur;
-  for (char c : raw) {
-    if (c == '\0') {
-      args.push_back(cur);
-      cur.clear();
-    } else {
-      cur += c;
-    }
-  }
-  if (!cur.empty()) args.push_back(cur);
-  return args;
-}
-
 // True if `pid` is a live (not zombie) QEMU whose command line names this
 // run_dir's pid file: guards against pid reuse by an unrelated process.
 bool is_our_qemu(pid_t pid, const fs::path& run_dir) {
-  if (pid <= 0 || ::kill(pid, 0) != 0) return false;
-  char st = proc_state(pid);
-  if (st == 0 || st == 'Z' || st == 'X') return false;
-  const std::string want = pid_file(run_dir).string();
-  for (const auto& a : proc_cmdline(pid))
-    if (a == want) return true;
-  return false;
-}
-
-// Waits until `pid` has exited. QEMU is not our child unless this process is
-// a child subreaper (then it is re-parented to us and we must reap it);
-// otherwise init reaps it, and a zombie owned by someone else already holds
-// no resources, so it counts as gone.
-bool wait_gone(pid_t pid, std::chrono::milliseconds timeout) {
-  auto deadline = Clock::now() + timeout;
-  for (;;) {
-    if (::waitpid(pid, nullptr, WNOHANG) == pid) return true;
-    char st = proc_state(pid);
-    if (st == 0 || st == 'X') return true;
-    if (st == 'Z') {
-      // Ours to reap? waitpid fails with ECHILD if not.
-      if (::waitpid(pid, nullptr, WNOHANG) == pid) return true;
-      if (errno == ECHILD) return true;
-    }
-    if (Clock::now() >= deadline) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
+  return alive_with_arg(pid, pid_file(run_dir).string());
 }
 
 void remove_runtime_files(const fs::path& run_dir) {

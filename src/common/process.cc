@@ -1,0 +1,69 @@
+#include "common/process.h"
+
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <cerrno>
+#include <fstream>
+#include <thread>
+
+namespace airlock {
+
+std::string read_file_capped(const std::filesystem::path& path, size_t cap) {
+  std::ifstream in(path, std::ios::binary);
+  std::string s(cap, '\0');
+  in.read(s.data(), static_cast<std::streamsize>(cap));
+  s.resize(static_cast<size_t>(in.gcount()));
+  return s;
+}
+
+char proc_state(pid_t pid) {
+  std::string stat = read_file_capped("/proc/" + std::to_string(pid) + "/stat", 4096);
+  // comm may contain spaces and ')': the state follows the last ')'.
+  auto close = stat.rfind(')');
+  if (close == std::string::npos || close + 2 >= stat.size()) return 0;
+  return stat[close + 2];
+}
+
+std::vector<std::string> proc_cmdline(pid_t pid) {
+  std::string raw = read_file_capped("/proc/" + std::to_string(pid) + "/cmdline", 1 << 16);
+  std::vector<std::string> args;
+  std::string cur;
+  for (char c : raw) {
+    if (c == '\0') {
+      args.push_back(cur);
+      cur.clear();
+    } else {
+      cur += c;
+    }
+  }
+  if (!cur.empty()) args.push_back(cur);
+  return args;
+}
+
+bool alive_with_arg(pid_t pid, const std::string& arg) {
+  if (pid <= 0 || ::kill(pid, 0) != 0) return false;
+  char st = proc_state(pid);
+  if (st == 0 || st == 'Z' || st == 'X') return false;
+  for (const auto& a : proc_cmdline(pid))
+    if (a == arg) return true;
+  return false;
+}
+
+bool wait_gone(pid_t pid, std::chrono::milliseconds timeout) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    if (::waitpid(pid, nullptr, WNOHANG) == pid) return true;
+    char st = proc_state(pid);
+    if (st == 0 || st == 'X') return true;
+    if (st == 'Z') {
+      // Ours to reap? waitpid fails with ECHILD if not.
+      if (::waitpid(pid, nullptr, WNOHANG) == pid) return true;
+      if (errno == ECHILD) return true;
+    }
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
+}  // namespace airlock

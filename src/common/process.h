@@ -1,0 +1,38 @@
+// Small /proc helpers for processes airlock starts detached (QEMU, the
+// network helper): they are not the daemon's children, so liveness and
+// identity are read from /proc, never assumed from a pid alone.
+//
+//   if (proc_state(pid) != 0 && cmdline_has_arg(pid, run_dir / "qemu.pid")) ... // ours
+//   ::kill(pid, SIGKILL); wait_gone(pid, 5s);
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <cstddef>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+namespace airlock {
+
+// Up to `cap` bytes of a file; "" if it cannot be read.
+std::string read_file_capped(const std::filesystem::path& path, size_t cap);
+
+// State letter from /proc/<pid>/stat ('R', 'S', 'Z' zombie, ...); 0 if gone.
+char proc_state(pid_t pid);
+
+// The process's argv from /proc/<pid>/cmdline (empty if gone).
+std::vector<std::string> proc_cmdline(pid_t pid);
+
+// True if `pid` is alive (not a zombie) and one of its arguments equals
+// `arg` exactly: the pid-reuse guard for processes we started.
+bool alive_with_arg(pid_t pid, const std::string& arg);
+
+// Waits until `pid` has exited. A detached process is not our child unless
+// this process is a child subreaper (then we must reap it); otherwise init
+// reaps it, and someone else's zombie holds no resources, so it counts as
+// gone. Returns false if it is still running after `timeout`.
+bool wait_gone(pid_t pid, std::chrono::milliseconds timeout);
+
+}  // namespace airlock

@@ -1,0 +1,45 @@
+#include "common/process.h"
+
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <thread>
+
+namespace airlock {
+namespace {
+
+TEST(Process, SeesItselfAndItsArguments) {
+  EXPECT_NE(proc_state(::getpid()), 0);
+  auto argv = proc_cmdline(::getpid());
+  ASSERT_FALSE(argv.empty());
+  EXPECT_TRUE(alive_with_arg(::getpid(), argv[0]));
+  EXPECT_FALSE(alive_with_arg(::getpid(), "no-such-argument-xyz"));
+}
+
+TEST(Process, ChildIsReapedAndThenGone) {
+  pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    ::setpgid(0, 0);  // so the test can kill the shell and its sleep together
+    ::execlp("sh", "sh", "-c", "sleep 30; true", "marker-arg", nullptr);
+    ::_exit(127);
+  }
+  // Wait until exec has happened so the argument is visible.
+  for (int i = 0; i < 200 && !alive_with_arg(pid, "marker-arg"); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  EXPECT_TRUE(alive_with_arg(pid, "marker-arg"));
+  EXPECT_FALSE(wait_gone(pid, std::chrono::milliseconds(50)));
+  ::kill(-pid, SIGKILL);
+  EXPECT_TRUE(wait_gone(pid, std::chrono::seconds(5)));
+  EXPECT_EQ(proc_state(pid), 0);
+  EXPECT_FALSE(alive_with_arg(pid, "marker-arg"));
+}
+
+TEST(Process, MissingFileReadsEmpty) {
+  EXPECT_EQ(read_file_capped("/nonexistent/file", 100), "");
+  EXPECT_TRUE(proc_cmdline(-1).empty());
+}
+
+}  // namespace
+}  // namespace airlock
