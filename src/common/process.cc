@@ -50,6 +50,24 @@ bool alive_with_arg(pid_t pid, const std::string& arg) {
   return false;
 }
 
+std::vector<pid_t> find_processes(const std::vector<std::string>& needles) {
+  std::vector<pid_t> pids;
+  std::error_code ec;
+  for (auto it = std::filesystem::directory_iterator("/proc", ec);
+       !ec && it != std::filesystem::directory_iterator(); it.increment(ec)) {
+    std::string name = it->path().filename();
+    if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
+    pid_t pid = std::stoi(name);
+    char st = proc_state(pid);  // the process may vanish while we read: then 0
+    if (st == 0 || st == 'Z' || st == 'X') continue;
+    std::string cmd = read_file_capped(it->path() / "cmdline", 1 << 16);
+    bool all = true;
+    for (const auto& n : needles) all = all && cmd.find(n) != std::string::npos;
+    if (all) pids.push_back(pid);
+  }
+  return pids;
+}
+
 bool wait_gone(pid_t pid, std::chrono::milliseconds timeout) {
   auto deadline = std::chrono::steady_clock::now() + timeout;
   for (;;) {

@@ -29,6 +29,10 @@ std::vector<std::string> proc_cmdline(pid_t pid);
 // `arg` exactly: the pid-reuse guard for processes we started.
 bool alive_with_arg(pid_t pid, const std::string& arg);
 
+// Live (not zombie) processes whose command line contains every one of
+// `needles` as a substring; for tests and leftover checks.
+std::vector<pid_t> find_processes(const std::vector<std::string>& needles);
+
 // Waits until `pid` has exited. A detached process is not our child unless
 // this process is a child subreaper (then we must reap it); otherwise init
 // reaps it, and someone else's zombie holds no resources, so it counts as

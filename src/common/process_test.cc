@@ -29,11 +29,13 @@ TEST(Process, ChildIsReapedAndThenGone) {
   for (int i = 0; i < 200 && !alive_with_arg(pid, "marker-arg"); ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   EXPECT_TRUE(alive_with_arg(pid, "marker-arg"));
+  EXPECT_EQ(find_processes({"sleep 30; true", "marker-arg"}), std::vector<pid_t>{pid});
   EXPECT_FALSE(wait_gone(pid, std::chrono::milliseconds(50)));
   ::kill(-pid, SIGKILL);
   EXPECT_TRUE(wait_gone(pid, std::chrono::seconds(5)));
   EXPECT_EQ(proc_state(pid), 0);
   EXPECT_FALSE(alive_with_arg(pid, "marker-arg"));
+  EXPECT_TRUE(find_processes({"sleep 30; true", "marker-arg"}).empty());
 }
 
 TEST(Process, MissingFileReadsEmpty) {

@@ -13,66 +13,21 @@
 #include <fstream>
 
 #include "common/error.h"
+#include "common/process.h"
 #include "engine/engine.h"
+#include "engine/engine_test_support.h"
 
 namespace airlock::engine {
 namespace {
 
 namespace fs = std::filesystem;
 
-// Live processes (not zombies) whose command line contains `needle` and `what`.
-std::vector<int> processes(const std::string& what, const std::string& needle) {
-  std::vector<int> pids;
-  for (const auto& e : fs::directory_iterator("/proc")) {
-    std::string name = e.path().filename();
-    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::string cmd, stat;
-    try {
-      std::ifstream in(e.path() / "cmdline", std::ios::binary);
-      cmd.assign(std::istreambuf_iterator<char>(in), {});
-      std::ifstream st(e.path() / "stat");
-      stat.assign(std::istreambuf_iterator<char>(st), {});
-    } catch (const std::exception&) {
-      continue;
-    }
-    auto paren = stat.rfind(')');
-    bool zombie = paren != std::string::npos && stat.size() > paren + 2 && stat[paren + 2] == 'Z';
-    if (!zombie && cmd.find(what) != std::string::npos && cmd.find(needle) != std::string::npos)
-      pids.push_back(std::stoi(name));
-  }
-  return pids;
+// Live processes whose command line contains `what` and `needle`.
+std::vector<pid_t> processes(const std::string& what, const std::string& needle) {
+  return find_processes({what, needle});
 }
 
-class EngineNetworkTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    std::string tmpl = (fs::temp_directory_path() / "airlock-enginenet-XXXXXX").string();
-    ASSERT_NE(mkdtemp(tmpl.data()), nullptr);
-    data_ = tmpl;
-    const char* images = std::getenv("AIRLOCK_IMAGE_DIR");
-    if (!images || !*images) GTEST_SKIP() << "AIRLOCK_IMAGE_DIR not set (run `make image`)";
-    cfg_ = Config{.data_dir = data_, .image_dir = images, .accel = "tcg"};
-    Engine probe(cfg_);
-    if (!probe.images().find("minimal")) probe.images().build("minimal");
-  }
-  void TearDown() override {
-    if (data_.empty()) return;
-    for (const char* what : {"qemu", "airlock-net"})
-      for (int pid : processes(what, data_.string())) ::kill(pid, SIGKILL);
-    fs::remove_all(data_);
-  }
-  std::string sh(Engine& e, const std::string& id, const std::string& cmd, int* code = nullptr) {
-    std::string out;
-    ExecResult r = e.exec(id, {.cmd = cmd}, {.on_output = [&](int, std::string_view b) {
-                            out += b;
-                            return true;
-                          }});
-    if (code) *code = r.exit_code.value_or(-1);
-    return out;
-  }
-  fs::path data_;
-  Config cfg_;
-};
+class EngineNetworkTest : public testing::RealVmTest {};
 
 TEST_F(EngineNetworkTest, BadPolicyIsRefusedBeforeAnythingExists) {
   Engine engine(cfg_);

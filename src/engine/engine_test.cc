@@ -14,6 +14,8 @@
 #include <thread>
 
 #include "common/error.h"
+#include "common/process.h"
+#include "engine/engine_test_support.h"
 
 namespace airlock::engine {
 namespace {
@@ -21,27 +23,9 @@ namespace {
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 
-// QEMU processes whose command line mentions `needle` (a data dir).
-std::vector<int> qemu_processes_mentioning(const std::string& needle) {
-  std::vector<int> pids;
-  for (const auto& e : fs::directory_iterator("/proc")) {
-    std::string name = e.path().filename();
-    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::string cmd, stat;
-    try {  // the process may vanish while we read
-      std::ifstream in(e.path() / "cmdline", std::ios::binary);
-      cmd.assign(std::istreambuf_iterator<char>(in), {});
-      std::ifstream st(e.path() / "stat");
-      stat.assign(std::istreambuf_iterator<char>(st), {});
-    } catch (const std::exception&) {
-      continue;
-    }
-    auto paren = stat.rfind(')');
-    bool zombie = paren != std::string::npos && stat.size() > paren + 2 && stat[paren + 2] == 'Z';
-    if (!zombie && cmd.find("qemu") != std::string::npos && cmd.find(needle) != std::string::npos)
-      pids.push_back(std::stoi(name));
-  }
-  return pids;
+// QEMU processes whose command line mentions `needle` (a data dir or id).
+std::vector<pid_t> qemu_processes_mentioning(const std::string& needle) {
+  return find_processes({"qemu", needle});
 }
 
 size_t entries(const fs::path& dir) {
@@ -69,33 +53,12 @@ Errc error_code_of(F f, std::string* field = nullptr) {
   return Errc::internal;
 }
 
-class EngineTest : public ::testing::Test {
+class EngineTest : public testing::RealVmTest {
  protected:
-  void SetUp() override {
-    std::string tmpl = (fs::temp_directory_path() / "airlock-engine-XXXXXX").string();
-    ASSERT_NE(mkdtemp(tmpl.data()), nullptr);
-    data_ = tmpl;
-    const char* images = std::getenv("AIRLOCK_IMAGE_DIR");
-    if (!images || !*images) GTEST_SKIP() << "AIRLOCK_IMAGE_DIR not set (run `make image`)";
-    cfg_ = Config{.data_dir = data_, .image_dir = images, .accel = "tcg"};
-    // `make image` has normally built it; if not, build it here (a no-op
-    // when current, seconds when the kernel package is cached).
-    Engine probe(cfg_);
-    if (!probe.images().find("minimal")) probe.images().build("minimal");
-  }
-  void TearDown() override {
-    // Whatever a failed test left: kill it, so no QEMU outlives the test.
-    if (!data_.empty()) {
-      for (int pid : qemu_processes_mentioning(data_.string())) ::kill(pid, SIGKILL);
-      fs::remove_all(data_);
-    }
-  }
   void expect_nothing_left() {
     EXPECT_TRUE(qemu_processes_mentioning(data_.string()).empty()) << "QEMU left running";
     EXPECT_EQ(entries(data_ / "sandboxes"), 0u) << "sandbox files left behind";
   }
-  fs::path data_;
-  Config cfg_;
 };
 
 TEST_F(EngineTest, CreateExecDestroyLeavesNothing) {

@@ -16,15 +16,15 @@ through the test's DNS server (AIRLOCK_NET_DNS_UPSTREAM).
 
 import json
 import os
-import socket
-import struct
 import subprocess
 import sys
 import threading
 import time
 import unittest
 
-from harness import ApiError, DaemonTestCase
+from harness import ROOT, ApiError, DaemonTestCase
+
+LITTLE_INTERNET = os.path.join(ROOT, "tests", "netns", "little_internet.py")
 
 PID = os.getpid()
 NS_H = f"alit-h-{PID}"
@@ -34,77 +34,6 @@ DECOYS = ["169.254.169.254", "10.1.2.3"]
 DNS = "203.0.113.53"
 ZONE = {"www.example.com": "203.0.113.10", "mail.example.com": "203.0.113.11",
         "x.wild.example.org": "203.0.113.12", "wild.example.org": "203.0.113.12"}
-
-
-def serve_internet(querylog):
-    """The internet namespace's servers (runs there until killed); every DNS
-    question that reaches the server is appended to `querylog`."""
-    def handle(c, hold):
-        try:
-            c.settimeout(60)
-            c.recv(4096)
-            body = f"hello {c.getsockname()[0]}\n".encode()
-            c.sendall(b"HTTP/1.0 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
-            if hold:
-                while c.recv(4096):  # until the peer goes away
-                    pass
-        except OSError:
-            pass
-        c.close()
-
-    def http(port, hold):
-        s = socket.socket()
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        s.bind(("0.0.0.0", port))
-        s.listen(64)
-        while True:
-            c, _ = s.accept()
-            threading.Thread(target=handle, args=(c, hold), daemon=True).start()
-
-    def dns():
-        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        s.bind((DNS, 53))
-        log = open(querylog, "a", buffering=1)
-        while True:
-            d, a = s.recvfrom(2048)
-            try:
-                qid = struct.unpack("!H", d[:2])[0]
-                off, labels = 12, []
-                while d[off]:
-                    labels.append(d[off + 1:off + 1 + d[off]].decode())
-                    off += 1 + d[off]
-                qtype = struct.unpack("!H", d[off + 1:off + 3])[0]
-                name = ".".join(labels).lower()
-                log.write(name + "\n")
-                answer = b""
-                if qtype == 1 and name in ZONE:
-                    rdata = socket.inet_aton(ZONE[name])
-                    answer = struct.pack("!HHHIH", 0xC00C, 1, 1, 30, 4) + rdata
-                rcode = 0 if name in ZONE else 3
-                hdr = struct.pack("!HHHHHH", qid, 0x8180 | rcode, 1, 1 if answer else 0, 0, 0)
-                s.sendto(hdr + d[12:off + 5] + answer, a)
-            except (IndexError, struct.error, UnicodeDecodeError):
-                pass
-
-    for args in ((80, False), (81, True)):
-        threading.Thread(target=http, args=args, daemon=True).start()
-    threading.Thread(target=dns, daemon=True).start()
-    print("ready", flush=True)
-    while True:
-        time.sleep(3600)
-
-
-def serve_loopback():
-    """A decoy on the host namespace's own loopback: must never be reached."""
-    s = socket.socket()
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    s.bind(("127.0.0.1", 80))
-    s.listen(16)
-    print("ready", flush=True)
-    while True:
-        c, _ = s.accept()
-        c.sendall(b"HTTP/1.0 200 OK\r\n\r\nLOOPBACK REACHED\n")
-        c.close()
 
 
 def sh(*args):
@@ -157,12 +86,13 @@ class NetworkTest(DaemonTestCase):
         for a in SERVERS + DECOYS + [DNS]:
             sh("ip", "-n", NS_I, "addr", "add", a + "/32", "dev", "vi")
         sh("ip", "-n", NS_I, "link", "set", "vi", "up")
-        me = os.path.abspath(__file__)
         cls.querylog = f"/tmp/alit-dns-{PID}.log"
         open(cls.querylog, "w").close()
+        zone = json.dumps({"a": ZONE})
         for ns, role in ((NS_I, "internet"), (NS_H, "loopback")):
-            extra = [cls.querylog] if role == "internet" else []
-            p = subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, me, role] + extra,
+            extra = [cls.querylog, zone, DNS] if role == "internet" else []
+            p = subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, LITTLE_INTERNET, role]
+                                 + extra,
                                  stdout=subprocess.PIPE, text=True)
             cls.servers.append(p)
             if p.stdout.readline().strip() != "ready":
@@ -347,9 +277,4 @@ class NetworkTest(DaemonTestCase):
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 1 and sys.argv[1] == "internet":
-        serve_internet(sys.argv[2])
-    elif len(sys.argv) > 1 and sys.argv[1] == "loopback":
-        serve_loopback()
-    else:
-        unittest.main()
+    unittest.main()

@@ -49,97 +49,6 @@ ZONE6 = {"v6.example.com": "2001:db8:1::80"}
 
 # ---------------------------------------------------------------- servers (in alnet-i)
 
-def serve(querylog):
-    """The little internet's servers; runs inside NS_I until killed."""
-    def http(family, addr, port, hold):
-        s = socket.socket(family, socket.SOCK_STREAM)
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        if family == socket.AF_INET6:
-            s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-        s.bind((addr, port))
-        s.listen(512)
-        while True:
-            c, _ = s.accept()
-            threading.Thread(target=handle, args=(c, hold), daemon=True).start()
-
-    def handle(c, hold):
-        try:
-            c.settimeout(30)
-            c.recv(4096)
-            local = c.getsockname()[0]
-            body = f"hello {local}\n".encode()
-            c.sendall(b"HTTP/1.0 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
-            if hold:
-                c.recv(1)  # until the peer goes away
-        except OSError:
-            pass
-        c.close()
-
-    def echo(addr):
-        # Bound to the address, so replies come from the address the guest asked.
-        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        s.bind((addr, 7))
-        while True:
-            d, a = s.recvfrom(2048)
-            s.sendto(d, a)
-
-    def dns():
-        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        s.bind(("203.0.113.53", 53))
-        log = open(querylog, "a", buffering=1)
-        while True:
-            d, a = s.recvfrom(2048)
-            try:
-                qid, flags = struct.unpack("!HH", d[:4])
-                off, labels = 12, []
-                while d[off]:
-                    labels.append(d[off + 1:off + 1 + d[off]].decode())
-                    off += 1 + d[off]
-                qtype = struct.unpack("!H", d[off + 1:off + 3])[0]
-                name = ".".join(labels).lower()
-                log.write(name + "\n")
-                question = d[12:off + 5]
-                answers = b""
-                table = ZONE if qtype == 1 else ZONE6 if qtype == 28 else {}
-                known = name in ZONE or name in ZONE6
-                if name in table:
-                    fam = socket.AF_INET if qtype == 1 else socket.AF_INET6
-                    rdata = socket.inet_pton(fam, table[name])
-                    answers = struct.pack("!HHHIH", 0xC00C, qtype, 1, 30, len(rdata)) + rdata
-                rcode = 0 if known else 3
-                hdr = struct.pack("!HHHHHH", qid, 0x8180 | rcode, 1, 1 if answers else 0, 0, 0)
-                s.sendto(hdr + question + answers, a)
-            except (IndexError, struct.error, UnicodeDecodeError):
-                pass
-
-    threads = [threading.Thread(target=http, args=(socket.AF_INET, "0.0.0.0", 80, False)),
-               threading.Thread(target=http, args=(socket.AF_INET6, "::", 80, False)),
-               threading.Thread(target=http, args=(socket.AF_INET, "0.0.0.0", 81, True)),
-               threading.Thread(target=echo, args=("198.51.100.10",)),
-               threading.Thread(target=echo, args=("198.51.100.20",)), threading.Thread(target=dns)]
-    for t in threads:
-        t.daemon = True
-        t.start()
-    print("ready", flush=True)
-    while True:
-        time.sleep(3600)
-
-
-def serve_loopback():
-    """A decoy on the helper namespace's own loopback: must never be reachable."""
-    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    s.bind(("127.0.0.1", 80))
-    s.listen(64)
-    print("ready", flush=True)
-    while True:
-        c, _ = s.accept()
-        c.sendall(b"HTTP/1.0 200 OK\r\n\r\nLOOPBACK REACHED\n")
-        c.close()
-
-
-# ---------------------------------------------------------------- packet crafting
-
 def csum(data):
     if len(data) % 2:
         data += b"\0"
@@ -466,9 +375,12 @@ def run(helper):
     try:
         querylog = os.path.join(tmp, "queries.log")
         open(querylog, "w").close()
-        me = os.path.abspath(__file__)
-        procs.append(start_bg(NS_I, sys.executable, me, "serve", querylog))
-        procs.append(start_bg(NS_H, sys.executable, me, "serve-loopback"))
+        little = os.path.join(os.path.dirname(os.path.abspath(__file__)), "little_internet.py")
+        zone = json.dumps({"a": ZONE, "aaaa": ZONE6})
+        procs.append(start_bg(NS_I, sys.executable, little, "internet", querylog, zone,
+                              "203.0.113.53", "--v6", "--echo", "198.51.100.10",
+                              "--echo", "198.51.100.20"))
+        procs.append(start_bg(NS_H, sys.executable, little, "loopback"))
         sock, ctl, events = (os.path.join(tmp, n) for n in ("net.sock", "ctl.sock", "events.jsonl"))
         policy = {"mode": "allowlist",
                   "allow": ["198.51.100.0/28", "www.example.com", "*.wild.example.org",
@@ -643,12 +555,6 @@ def run(helper):
 
 
 def main():
-    if len(sys.argv) >= 2 and sys.argv[1] == "serve":
-        serve(sys.argv[2])
-        return 0
-    if len(sys.argv) >= 2 and sys.argv[1] == "serve-loopback":
-        serve_loopback()
-        return 0
     helper = None
     if "--helper" in sys.argv:
         helper = sys.argv[sys.argv.index("--helper") + 1]
