@@ -12,6 +12,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 
@@ -374,6 +375,157 @@ TEST(Agent, OneMiBStdoutUnderCreditFlowControl) {
   EXPECT_EQ(r.out.size(), 1048576u);
   EXPECT_EQ(r.out, std::string(1048576, '\0'));
   EXPECT_EQ(r.response["exit_code"], 0);
+}
+
+// Output beyond output_limit_bytes is read and dropped without any credit:
+// the process finishes although the host never granted more.
+TEST(Agent, OutputCapDropsAndCountsWithoutCredit) {
+  Agent a;
+  a.hello();
+  a.hold_credit = true;
+  auto& r =
+      a.exec({{"argv", {"sh", "-c", "head -c 3000000 /dev/zero; head -c 70000 /dev/zero >&2"}},
+              {"output_limit_bytes", 100000}});
+  EXPECT_EQ(r.response["exit_code"], 0);
+  EXPECT_EQ(r.response["reason"], "exited");
+  EXPECT_EQ(r.out.size(), 100000u);
+  EXPECT_EQ(r.err.size(), 70000u);
+  EXPECT_EQ(r.response["truncated"], true);
+  EXPECT_EQ(r.response["stdout_bytes"], 3000000);
+  EXPECT_EQ(r.response["stdout_dropped"], 2900000);
+  EXPECT_EQ(r.response["stderr_bytes"], 70000);
+  EXPECT_EQ(r.response["stderr_dropped"], 0);
+  // Below the cap nothing is dropped.
+  a.hold_credit = false;
+  auto& ok = a.exec({{"argv", {"echo", "hi"}}, {"output_limit_bytes", 100000}});
+  EXPECT_EQ(ok.response["truncated"], false);
+  EXPECT_EQ(ok.response["stdout_dropped"], 0);
+}
+
+TEST(Agent, TypedReasons) {
+  Agent a;
+  a.hello();
+  EXPECT_EQ(a.exec({{"argv", {"sh", "-c", "exit 4"}}}).response["reason"], "exited");
+  EXPECT_EQ(a.exec({{"argv", {"sh", "-c", "kill -TERM $$"}}}).response["reason"], "signaled");
+  auto& t = a.exec({{"argv", {"sleep", "30"}}, {"timeout_ms", 200}});
+  EXPECT_EQ(t.response["reason"], "timeout");
+  EXPECT_EQ(t.response["timed_out"], true);
+  // A host signal frame: "killed".
+  uint32_t id = a.next_id_++;
+  a.send_json(Type::request, id, {{"op", "exec"}, {"argv", {"sleep", "30"}}});
+  while (a.streams_[id].events.empty())
+    if (auto f = a.recv(1000)) a.dispatch(*f);
+  a.send_json(Type::signal, id, {{"signal", 9}});
+  EXPECT_EQ(a.wait(id).response["reason"], "killed");
+  // CPU time: RLIMIT_CPU at least (no cgroup here).
+  auto& c = a.exec({{"argv", {"sh", "-c", "while :; do :; done"}},
+                    {"limits", {{"cpu_seconds", 1}}},
+                    {"timeout_ms", 20000}});
+  EXPECT_EQ(c.response["reason"], "cpu_limit") << c.response.dump();
+}
+
+TEST(Agent, LimitsAreValidatedNamingTheField) {
+  Agent a;
+  a.hello();
+  for (auto [limits, field] :
+       std::vector<std::pair<json, std::string>>{{{{"pids", 0}}, "limits.pids"},
+                                                 {{{"memory_mb", "big"}}, "limits.memory_mb"},
+                                                 {{{"cpu_seconds", -1}}, "limits.cpu_seconds"},
+                                                 {{{"nice", 3}}, "limits.nice"},
+                                                 {json(7), "limits"}}) {
+    auto& r = a.exec({{"argv", {"true"}}, {"limits", limits}});
+    EXPECT_EQ(r.response["error"]["code"], "invalid_argument") << limits.dump();
+    EXPECT_NE(r.response["error"]["message"].get<std::string>().find(field), std::string::npos)
+        << r.response.dump();
+  }
+  // pids/memory need a cgroup: refused (not silently ignored) without one.
+  auto& r = a.exec({{"argv", {"true"}}, {"limits", {{"pids", 10}}}});
+  EXPECT_EQ(r.response["error"]["code"], "invalid_argument");
+}
+
+// When the main process ends, what it left behind is killed; with a cgroup
+// also setsid'ed daemons that still hold the exec's stdout.
+TEST(Agent, ExecEndKillsWhatItLeftBehind) {
+  std::string cg = test_cgroup_root();
+  {
+    Agent a(cg);
+    a.hello();
+    auto d = temp_dir();
+    std::string marker = (d / "survived").string();
+    std::string script = cg.empty() ? "(sleep 2; touch " + marker + ") & echo started"
+                                    : "setsid sh -c 'sleep 2; touch " + marker +
+                                          "' & (setsid sleep 30 &); echo started";
+    auto t0 = std::chrono::steady_clock::now();
+    auto& r = a.exec({{"argv", {"sh", "-c", script}}});
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(2));
+    EXPECT_EQ(r.out, "started\n");
+    EXPECT_EQ(r.response["reason"], "exited");
+    sleep(3);
+    EXPECT_FALSE(fs::exists(marker)) << "a process of the exec outlived it";
+    fs::remove_all(d);
+  }
+  if (!cg.empty()) rmdir(cg.c_str());
+}
+
+TEST(Agent, BackgroundJobsListedWaitedKilled) {
+  std::string cg = test_cgroup_root();
+  {
+    Agent a(cg);
+    a.hello();
+    json bg = a.call({{"op", "exec"},
+                      {"argv", {"sh", "-c", "sleep 30"}},
+                      {"background", true},
+                      {"exec_id", "ex-a"}});
+    EXPECT_EQ(bg["exec_id"], "ex-a");
+    EXPECT_EQ(bg["running"], true);
+    EXPECT_GT(bg["pid"].get<int>(), 0);
+    json quick = a.call({{"op", "exec"}, {"argv", {"sh", "-c", "exit 3"}}, {"background", true}});
+    EXPECT_EQ(a.call({{"op", "exec"},
+                      {"argv", {"true"}},
+                      {"background", true},
+                      {"exec_id", "ex-a"}})["error"]["code"],
+              "exists");
+    json done = a.call({{"op", "wait_job"}, {"exec_id", quick["exec_id"]}, {"timeout_ms", 10000}});
+    EXPECT_EQ(done["running"], false);
+    EXPECT_EQ(done["exit_code"], 3);
+    EXPECT_EQ(done["reason"], "exited");
+    json list = a.call({{"op", "jobs"}})["jobs"];
+    ASSERT_EQ(list.size(), 2u);
+    EXPECT_EQ(list[0]["exec_id"], "ex-a");
+    EXPECT_EQ(list[0]["running"], true);
+    EXPECT_EQ(list[0]["argv"], json({"sh", "-c", "sleep 30"}));
+    // A wait that times out answers with the job still running.
+    EXPECT_EQ(a.call({{"op", "wait_job"}, {"exec_id", "ex-a"}, {"timeout_ms", 100}})["running"],
+              true);
+    // A waiter is answered when the job is killed.
+    uint32_t w = a.next_id_++;
+    a.send_json(Type::request, w, {{"op", "wait_job"}, {"exec_id", "ex-a"}, {"timeout_ms", 20000}});
+    EXPECT_EQ(a.call({{"op", "kill_job"}, {"exec_id", "ex-a"}})["exec_id"], "ex-a");
+    json killed = a.wait(w).response;
+    EXPECT_EQ(killed["running"], false);
+    EXPECT_EQ(killed["reason"], "killed");
+    EXPECT_EQ(a.call({{"op", "wait_job"}, {"exec_id", "nope"}})["error"]["code"], "not_found");
+  }
+  {
+    // One left running: the agent kills it when it goes (the sandbox ends).
+    pid_t pid;
+    {
+      Agent a(cg);
+      a.hello();
+      pid = a.call({{"op", "exec"}, {"argv", {"sleep", "30"}}, {"background", true}})["pid"];
+      EXPECT_EQ(kill(pid, 0), 0);
+    }  // waits for the agent to exit
+    // Dead (possibly a zombie for a moment until init reaps it).
+    auto state = [&] {
+      std::ifstream st("/proc/" + std::to_string(pid) + "/stat");
+      std::string a, b, c;
+      st >> a >> b >> c;
+      return c;
+    };
+    for (int i = 0; i < 100 && !state().empty() && state() != "Z"; ++i) usleep(20000);
+    EXPECT_TRUE(state().empty() || state() == "Z") << "background job outlived the agent";
+  }
+  if (!cg.empty()) rmdir(cg.c_str());
 }
 
 TEST(Agent, FilesRoundTripBinary) {

@@ -13,6 +13,7 @@
 
 #include "common/error.h"
 #include "guest/init.h"
+#include "guest/jobs.h"
 #include "guest/log.h"
 #include "guest/ops.h"
 #include "protocol/messages.h"
@@ -52,12 +53,14 @@ Server::Server(ServerOptions options) : opts_(std::move(options)) {
   if (sigfd_ < 0) throw_errno("signalfd");
   watch(sigfd_, EPOLLIN, [this](uint32_t) { on_sigchld(); });
   watch(opts_.fd, EPOLLIN | EPOLLOUT | EPOLLET, [this](uint32_t ev) { on_port(ev); });
+  jobs_ = std::make_unique<Jobs>(*this);
 }
 
 Server::~Server() {
   for (auto& [id, s] : streams_) s->abort();
   streams_.clear();
   graveyard_.clear();
+  jobs_.reset();  // kills the background execs' trees
   // Leaving (test mode only): do not leave exec cgroups behind. Kill what is
   // left in them and wait briefly for the kernel to empty them.
   for (const auto& cg : lingering_) {
@@ -419,6 +422,8 @@ void Server::handle_request(Frame& f) {
       stream = start_write_file(*this, id, req);
     } else if (op == "read_file") {
       stream = start_read_file(*this, id, req);
+    } else if (op == "wait_job") {
+      stream = jobs_->wait(id, req);
     } else {
       json result;
       if (op == "ping")
@@ -433,6 +438,10 @@ void Server::handle_request(Frame& f) {
         result = op_remove(req);
       else if (op == "info")
         result = op_info(req);
+      else if (op == "jobs")
+        result = jobs_->list();
+      else if (op == "kill_job")
+        result = jobs_->kill(req);
       else
         throw Error(Errc::invalid_argument, "unknown op '" + op + "'", "op");
       finish(id, result);

@@ -20,6 +20,7 @@
 namespace airlock::guest {
 
 class Server;
+class Jobs;
 
 // One open operation. Created by a `request`, ended by Server::finish().
 class Stream {
@@ -85,6 +86,8 @@ class Server {
   // A cgroup that still had processes when its exec ended: removed once empty.
   void linger_cgroup(std::string path) { lingering_.push_back(std::move(path)); }
   const std::string& cgroup_root() const { return opts_.cgroup_root; }
+  // Background execs (jobs.h); they outlive connections.
+  Jobs& jobs() { return *jobs_; }
   uint64_t next_serial() { return ++serial_; }
 
  private:
@@ -120,6 +123,7 @@ class Server {
   std::vector<std::unique_ptr<Stream>> graveyard_;
   std::unordered_map<pid_t, std::function<void(int)>> children_;
   std::vector<std::string> lingering_;
+  std::unique_ptr<Jobs> jobs_;
 };
 
 }  // namespace airlock::guest

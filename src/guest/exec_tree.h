@@ -1,0 +1,109 @@
+// One exec's process tree inside the guest: its request fields parsed, its
+// own cgroup v2 (with the exec's limits), the fork/exec of its main process,
+// its timeout and CPU-time watch, killing the whole tree, and the typed
+// outcome once the main process ended. Used by the streaming exec
+// (exec.cc) and by background jobs (jobs.cc). Protocol: api/guest-protocol.md §5.
+//
+//   ExecSpec spec = parse_exec_spec(req);          // Error(invalid_argument, field) on bad input
+//   ProcTree tree(server, "exec-7");
+//   tree.spawn(spec, -1, out_w, err_w, [&](int status) { ...; });   // throws GuestError
+//   tree.kill();                                   // SIGKILL to every process, setsid'ed ones too
+//   nlohmann::json o = tree.outcome();             // {"exit_code","signal","reason",...}
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "guest/server.h"
+#include "guest/users.h"
+
+namespace airlock::guest {
+
+// Per-stream output cap when the request gives none (64 MiB).
+inline constexpr uint64_t kDefaultOutputLimit = 64ull << 20;
+
+// Optional resource limits of one exec; 0 = not limited.
+struct ExecLimits {
+  int64_t pids = 0;        // pids.max of the exec's cgroup (1 .. 1048576)
+  int64_t memory_mb = 0;   // memory.max (swap 0) of the exec's cgroup (1 .. 1048576)
+  double cpu_seconds = 0;  // CPU time of the whole tree (0.01 .. 31536000)
+};
+
+struct ExecSpec {
+  std::vector<std::string> argv;
+  User user;
+  std::vector<std::string> env;  // "K=V"
+  std::string cwd;
+  bool want_stdin = false;
+  int64_t timeout_ms = 0;
+  ExecLimits limits;
+  uint64_t output_limit = kDefaultOutputLimit;  // per stream, bytes
+  bool background = false;
+  std::string exec_id;  // the host's name for a background exec (optional)
+};
+
+// Parses an exec request. Throws Error(invalid_argument, message, field)
+// (field e.g. "limits.pids") or GuestError(not_found) for an unknown user.
+ExecSpec parse_exec_spec(const nlohmann::json& req);
+
+class ProcTree {
+ public:
+  // `name` names the cgroup under the server's cgroup root (e.g. "exec-7").
+  ProcTree(Server& server, std::string name);
+  // Kills whatever is left of the tree and releases the cgroup (removed
+  // now, or by the server once its last process is gone).
+  ~ProcTree();
+  ProcTree(const ProcTree&) = delete;
+  ProcTree& operator=(const ProcTree&) = delete;
+
+  // Creates the cgroup with `spec.limits`, forks, moves the child into the
+  // cgroup and a new session, sets stdio (fd -1 = /dev/null), cwd, user and
+  // execs. Arms the timeout and CPU watch. `on_exit` runs (from the server
+  // loop) when the main process is reaped. Throws GuestError naming the
+  // step that failed (no such binary, bad cwd, ...); nothing is left then.
+  void spawn(const ExecSpec& spec, int in_fd, int out_fd, int err_fd,
+             std::function<void(int status)> on_exit);
+
+  pid_t pid() const { return pid_; }
+  bool running() const { return pid_ > 0; }
+  // Signals every process of the tree. `from_host` marks a kill_exec /
+  // client-gone signal, so the outcome says "killed".
+  void signal(int signo, bool from_host);
+  // SIGKILL to every process of the tree (cgroup.kill; without a cgroup the
+  // process group, which setsid'ed processes escape).
+  void kill();
+  // True if the cgroup (or, without one, the process group) has no process.
+  bool empty() const;
+
+  // After on_exit: {"exit_code","signal","reason","timed_out","duration_ms"}.
+  // reason: killed | cpu_limit | oom_killed | pids_limit | no_space |
+  // timeout | signaled | exited (first that applies, in this order).
+  nlohmann::json outcome() const;
+
+ private:
+  void on_timeout();
+  void on_cpu_tick();
+  uint64_t cgroup_value(const std::string& file, const std::string& key) const;
+  void release();
+
+  Server& server_;
+  std::string name_;
+  std::string cgroup_;
+  pid_t pid_ = -1;   // while the main process runs
+  pid_t pgid_ = -1;  // the session / process group (fallback tree kill)
+  int timer_fd_ = -1, cpu_fd_ = -1;
+  ExecLimits limits_;
+  std::string cwd_;
+  bool exited_ = false, timed_out_ = false, cpu_killed_ = false, host_signaled_ = false;
+  bool no_space_ = false;
+  int status_ = 0;
+  std::chrono::steady_clock::time_point start_, end_;
+};
+
+}  // namespace airlock::guest
