@@ -274,6 +274,81 @@ nlohmann::json net_control(const fs::path& run_dir, const nlohmann::json& reques
   }
 }
 
+bool net_helper_alive(const Live& sb) {
+  // Mode none has no helper; a re-adopted sandbox whose helper was already
+  // gone has net_pid 0 and was recorded then (adopted.net_pid = null).
+  if (sb.net_pid <= 0 || !network_enabled(sb.rec.info.spec.network)) return true;
+  return is_our_net_helper(sb.net_pid, sb.rec.run_dir);
+}
+
+nlohmann::json hello_network(const std::string& id) {
+  // slirp's fixed addresses (the helper's virtual network), IPv4 and IPv6,
+  // and the MAC: a VM restored from a template keeps the template's MAC
+  // unless the agent sets this one.
+  return {{"address", "10.0.2.15/24"}, {"gateway", "10.0.2.2"}, {"dns", "10.0.2.3"},
+          {"address6", "fec0::15/64"}, {"gateway6", "fec0::2"}, {"mac", mac_for(id)}};
+}
+
+namespace {
+
+// The helper's error reply as an Error with the same code and field.
+[[noreturn]] void throw_helper_error(const nlohmann::json& e, const std::string& fallback) {
+  std::string code = e.value("code", "internal");
+  Errc c = Errc::internal;
+  for (Errc x : {Errc::invalid_argument, Errc::not_found, Errc::conflict, Errc::unavailable})
+    if (code == to_string(x)) c = x;
+  throw Error(c, e.value("message", fallback), e.value("field", std::string()));
+}
+
+// Conflict naming why if the sandbox has no network.
+std::shared_ptr<Live> networked(std::shared_ptr<Live> sb, const std::string& id, const char* what) {
+  if (!network_enabled(sb->rec.info.spec.network))
+    throw Error(Errc::conflict, "sandbox " + id +
+                                    " was created with network mode \"none\": it has no network "
+                                    "interface to " +
+                                    what);
+  return sb;
+}
+
+}  // namespace
+
+nlohmann::json Engine::add_port(const std::string& id, int guest_port, int host_port) {
+  if (guest_port < 1 || guest_port > 65535)
+    throw Error(Errc::invalid_argument,
+                "guest_port must be 1..65535, got " + std::to_string(guest_port), "guest_port");
+  if (host_port != 0 && (host_port < 1024 || host_port > 65535))
+    throw Error(
+        Errc::invalid_argument,
+        "host_port must be 1024..65535 or 0 (a free port), got " + std::to_string(host_port),
+        "host_port");
+  auto sb = networked(impl_->running(id), id, "forward a port to");
+  std::lock_guard net_lock(sb->net_mu);
+  // The helper records the net_port event in the journal itself.
+  auto reply = net_control(sb->rec.run_dir,
+                           {{"port_add", {{"guest_port", guest_port}, {"host_port", host_port}}}});
+  if (reply.contains("error")) throw_helper_error(reply["error"], "the network helper refused");
+  return {{"host", reply.value("host", "127.0.0.1")},
+          {"host_port", reply.value("host_port", 0)},
+          {"guest_port", reply.value("guest_port", guest_port)}};
+}
+
+nlohmann::json Engine::list_ports(const std::string& id) {
+  auto sb = networked(impl_->running(id), id, "forward ports to");
+  std::lock_guard net_lock(sb->net_mu);
+  auto reply = net_control(sb->rec.run_dir, {{"ports", true}});
+  if (reply.contains("error")) throw_helper_error(reply["error"], "the network helper refused");
+  return reply.value("ports", nlohmann::json::array());
+}
+
+void Engine::remove_port(const std::string& id, int host_port) {
+  if (host_port < 1 || host_port > 65535)
+    throw Error(Errc::invalid_argument, "host_port must be 1..65535", "host_port");
+  auto sb = networked(impl_->running(id), id, "forward ports to");
+  std::lock_guard net_lock(sb->net_mu);
+  auto reply = net_control(sb->rec.run_dir, {{"port_remove", {{"host_port", host_port}}}});
+  if (reply.contains("error")) throw_helper_error(reply["error"], "the network helper refused");
+}
+
 nlohmann::json Engine::set_network(const std::string& id, const nlohmann::json& policy) {
   auto& impl = *impl_;
   auto sb = impl.running(id);

@@ -33,7 +33,12 @@ SERVERS = ["198.51.100.10", "198.51.100.11", "203.0.113.10", "203.0.113.11", "20
 DECOYS = ["169.254.169.254", "10.1.2.3"]
 DNS = "203.0.113.53"
 ZONE = {"www.example.com": "203.0.113.10", "mail.example.com": "203.0.113.11",
-        "x.wild.example.org": "203.0.113.12", "wild.example.org": "203.0.113.12"}
+        "x.wild.example.org": "203.0.113.12", "wild.example.org": "203.0.113.12",
+        # DNS rebinding: an allowed name pointing at internal addresses.
+        "rebind.example.com": "10.1.2.3", "lo.example.com": "127.0.0.1"}
+# UDP echo on :53 of two servers (the image's busybox has no `nc -u`: its
+# nslookup is the guest's UDP client).
+ECHO = ["198.51.100.10:53", "198.51.100.11:53"]
 
 
 def sh(*args):
@@ -86,11 +91,17 @@ class NetworkTest(DaemonTestCase):
         for a in SERVERS + DECOYS + [DNS]:
             sh("ip", "-n", NS_I, "addr", "add", a + "/32", "dev", "vi")
         sh("ip", "-n", NS_I, "link", "set", "vi", "up")
+        # slirp sends the guest's pings with unprivileged ICMP sockets (the
+        # helper has no CAP_NET_RAW); this namespace's default forbids them.
+        sh("ip", "netns", "exec", NS_H, "sysctl", "-qw", "net.ipv4.ping_group_range=0 2147483647")
         cls.querylog = f"/tmp/alit-dns-{PID}.log"
         open(cls.querylog, "w").close()
         zone = json.dumps({"a": ZONE})
         for ns, role in ((NS_I, "internet"), (NS_H, "loopback")):
             extra = [cls.querylog, zone, DNS] if role == "internet" else []
+            if role == "internet":
+                for a in ECHO:
+                    extra += ["--echo", a]
             p = subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, LITTLE_INTERNET, role]
                                  + extra,
                                  stdout=subprocess.PIPE, text=True)
@@ -274,6 +285,167 @@ class NetworkTest(DaemonTestCase):
             f = self.flows(sid, target)
             self.assertTrue(f and not f[0]["allowed"], f"{target}: {self.events(sid)}")
             self.assertTrue(f[0]["rule"].startswith("always-deny"), f)
+
+
+    def test_udp_icmp_ipv6_rebinding_and_spellings(self):
+        sid = self.new({"mode": "allowlist",
+                        "allow": ["198.51.100.10/32", "rebind.example.com", "lo.example.com"]})
+        # UDP: the allowed address echoes (datagrams reach the guest's
+        # socket), its neighbour (also echoing) is denied (none do).
+        def udp_in():
+            snmp = self.run_in(sid, "grep Udp: /proc/net/snmp")[0].splitlines()
+            return int(dict(zip(snmp[0].split()[1:], snmp[1].split()[1:]))["InDatagrams"])
+        before = udp_in()
+        self.run_in(sid, "nslookup probe.test 198.51.100.10")
+        self.assertGreaterEqual(udp_in() - before, 1, "the allowed UDP echo did not come back")
+        before = udp_in()
+        self.run_in(sid, "nslookup probe.test 198.51.100.11")
+        self.assertEqual(udp_in() - before, 0, "a denied UDP destination answered")
+        udp = [f for f in self.flows(sid, "198.51.100.11") if f["proto"] == "udp"]
+        self.assertTrue(udp and not udp[0]["allowed"], self.events(sid))
+        self.assertEqual(udp[0]["rule"], "default deny")
+        ok = [f for f in self.flows(sid, "198.51.100.10") if f["proto"] == "udp"]
+        self.assertTrue(ok and ok[0]["allowed"] and ok[0]["port"] == 53, ok)
+        # ICMP: ping the allowed address, not its neighbour.
+        out, code = self.run_in(sid, "ping -c 1 -W 5 198.51.100.10")
+        self.assertEqual(code, 0, out)
+        out, code = self.run_in(sid, "ping -c 1 -W 3 198.51.100.11")
+        self.assertNotEqual(code, 0, out)
+        icmp = [f for f in self.flows(sid, "198.51.100.11") if f["proto"] == "icmp"]
+        self.assertTrue(icmp and not icmp[0]["allowed"], self.events(sid))
+        self.assertTrue([f for f in self.flows(sid, "198.51.100.10") if f["proto"] == "icmp" and f["allowed"]])
+        # An IPv6 literal the policy does not allow: refused, never connected.
+        out, code, took = self.timed(sid, "nc -w 10 2001:db8::10 80 </dev/null")
+        self.assertNotEqual(code, 0, out)
+        self.assertLess(took, 5, out)
+        if "fec0::15" in self.run_in(sid, "ip -6 addr show dev eth0 2>&1 || true")[0]:
+            v6 = self.flows(sid, "2001:db8::10")
+            self.assertTrue(v6 and not v6[0]["allowed"], self.events(sid))
+        # DNS rebinding: allowed names answered with internal addresses get
+        # no address, and the dropped answers are recorded.
+        for name, bad in (("rebind.example.com", "10.1.2.3"), ("lo.example.com", "127.0.0.1")):
+            out, _ = self.run_in(sid, f"nslookup {name}")
+            self.assertNotIn(bad, out.split("Name:")[-1] if "Name:" in out else out)
+            dns = [e for e in self.events(sid) if e["event"] == "net_dns" and e["name"] == name
+                   and e.get("dropped")]
+            self.assertTrue(dns, self.events(sid))
+            self.assertEqual(dns[0]["dropped"][0]["ip"], bad)
+            self.assertTrue(dns[0]["dropped"][0]["rule"].startswith("always-deny"), dns)
+            self.assertEqual(dns[0]["answers"], [])
+        # Other spellings of slirp's host address (10.0.2.2, the path to the
+        # host's loopback) from inside the guest: canonicalised, denied.
+        for spelling in ["167772674", "0x0a.0.0x2.2", "10.0.514"]:
+            out, code, took = self.timed(sid, f"printf 'GET / HTTP/1.0\\r\\n\\r\\n' | nc -w 10 {spelling} 80")
+            self.assertNotEqual(code, 0, f"{spelling}: {out}")
+            self.assertNotIn("REACHED", out)
+            self.assertLess(took, 5, spelling)
+        host = [f for f in self.flows(sid, "10.0.2.2") if f.get("port") == 80]
+        self.assertGreaterEqual(len(host), 3, self.events(sid))
+        self.assertTrue(all(not f["allowed"] and f["rule"].startswith("always-deny") for f in host), host)
+        # The loopback spellings in a policy are refused, naming the entry.
+        for spelling in ["0x7f.0.0.1", "2130706433", "127.1"]:
+            with self.assertRaises(ApiError) as cm:
+                self.api.create(image="minimal", network={"mode": "allowlist", "allow": [spelling]})
+            self.assertEqual((cm.exception.status, cm.exception.field), (400, "network.allow[0]"), spelling)
+
+    def connect_host_port(self, port, send=b""):
+        """Connects to 127.0.0.1:port inside the daemon's namespace; returns what came back."""
+        code = ("import socket,sys\n"
+                f"s=socket.create_connection(('127.0.0.1',{port}),timeout=20)\n"
+                f"s.sendall({send!r})\n"
+                "s.shutdown(socket.SHUT_WR)\n"
+                "d=b''\n"
+                "while True:\n"
+                "    c=s.recv(4096)\n"
+                "    if not c: break\n"
+                "    d+=c\n"
+                "sys.stdout.write(d.decode())\n")
+        return subprocess.run(["ip", "netns", "exec", NS_H, sys.executable, "-c", code],
+                              capture_output=True, text=True, timeout=60)
+
+    def test_port_forward_from_host_loopback(self):
+        none = self.new({"mode": "none"})
+        with self.assertRaises(ApiError) as cm:
+            self.api.call("POST", f"/v1/sandboxes/{none}/ports", {"guest_port": 8080})
+        self.assertEqual(cm.exception.status, 409)
+        self.assertIn("none", str(cm.exception))
+
+        sid = self.new({"mode": "allowlist"})
+        self.assertEqual(self.api.call("GET", f"/v1/sandboxes/{sid}/ports"), [])
+        with self.assertRaises(ApiError) as cm:
+            self.api.call("POST", f"/v1/sandboxes/{sid}/ports", {"guest_port": 70000})
+        self.assertEqual((cm.exception.status, cm.exception.field), (400, "guest_port"))
+        # A one-shot listener in the guest (busybox nc), in an exec of its own
+        # (an exec's background children end with it).
+        listener = threading.Thread(target=self.run_in, args=(
+            sid, "echo hello-from-guest | nc -l -p 8080 > /tmp/got"), daemon=True)
+        listener.start()
+        deadline = time.time() + 20
+        while time.time() < deadline and ":8080" not in self.run_in(sid, "netstat -tln")[0]:
+            time.sleep(0.2)
+        fwd = self.api.call("POST", f"/v1/sandboxes/{sid}/ports", {"guest_port": 8080})
+        self.assertEqual(fwd["host"], "127.0.0.1")
+        self.assertEqual(fwd["guest_port"], 8080)
+        hp = fwd["host_port"]
+        self.assertGreaterEqual(hp, 1024)
+        self.assertEqual(self.api.call("GET", f"/v1/sandboxes/{sid}/ports"), [fwd])
+        with self.assertRaises(ApiError) as cm:  # the same guest port twice
+            self.api.call("POST", f"/v1/sandboxes/{sid}/ports", {"guest_port": 8080})
+        self.assertEqual(cm.exception.status, 409)
+        r = self.connect_host_port(hp, b"hello-from-host\n")
+        self.assertIn("hello-from-guest", r.stdout,
+                      f"{r.stderr}\nguest: {self.run_in(sid, 'netstat -tln; cat /tmp/got')}\n"
+                      f"events: {self.events(sid)}")
+        listener.join(timeout=30)
+        self.assertIn("hello-from-host", self.run_in(sid, "cat /tmp/got")[0])
+        ev = self.events(sid)
+        ports = [e for e in ev if e["event"] == "net_port"]
+        self.assertEqual([(p["action"], p["host_port"], p["guest_port"]) for p in ports],
+                         [("add", hp, 8080)])
+        inbound = [e for e in ev if e["event"] == "net_flow" and e.get("direction") == "in"]
+        self.assertTrue(inbound and inbound[-1]["allowed"] and inbound[-1]["port"] == 8080, ev)
+        self.assertEqual(inbound[-1]["rule"], f"port 127.0.0.1:{hp}")
+        # Removed: nothing listens on the host port any more.
+        self.api.call("DELETE", f"/v1/sandboxes/{sid}/ports/{hp}")
+        self.assertEqual(self.api.call("GET", f"/v1/sandboxes/{sid}/ports"), [])
+        r = self.connect_host_port(hp)
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("refused", r.stderr.lower())
+        with self.assertRaises(ApiError) as cm:
+            self.api.call("DELETE", f"/v1/sandboxes/{sid}/ports/{hp}")
+        self.assertEqual(cm.exception.status, 404)
+        self.assertEqual([e["action"] for e in self.events(sid) if e["event"] == "net_port"],
+                         ["add", "remove"])
+
+    def test_helper_is_confined_and_its_death_fails_the_sandbox(self):
+        sid = self.new({"mode": "allowlist", "allow": ["198.51.100.10/32"]})
+        pids = [p for p in subprocess.run(["pgrep", "-f", f"airlock-net .*--sandbox {sid}"],
+                                          capture_output=True, text=True).stdout.split()]
+        self.assertEqual(len(pids), 1, pids)
+        pid = int(pids[0])
+        # Its own user and mount namespaces, but the host's (here: the test
+        # namespace's) network: it reached the test's internet above.
+        ns = lambda p, kind: os.readlink(f"/proc/{p}/ns/{kind}")
+        self.assertNotEqual(ns(pid, "user"), ns("self", "user"))
+        self.assertNotEqual(ns(pid, "mnt"), ns("self", "mnt"))
+        self.assertEqual(ns(pid, "net"), ns(self.daemon.pid, "net"))  # `ip netns exec` execs airlockd
+        with open(f"/proc/{pid}/status") as f:
+            status = f.read()
+        self.assertIn("NoNewPrivs:\t1", status)
+        self.assertIn("Seccomp:\t2", status)
+        self.assertIn("CapEff:\t0000000000000000", status)
+        out, code = self.run_in(sid, "wget -q -O - http://198.51.100.10/")
+        self.assertEqual((out, code), ("hello 198.51.100.10\n", 0))
+
+        os.kill(pid, 9)
+        deadline = time.time() + 15
+        while time.time() < deadline and self.api.call("GET", f"/v1/sandboxes/{sid}")["state"] == "running":
+            time.sleep(0.2)
+        sb = self.api.call("GET", f"/v1/sandboxes/{sid}")
+        self.assertEqual((sb["state"], sb["reason"]), ("failed", "network helper died"))
+        log = self.api.call("GET", f"/v1/sandboxes/{sid}/logs")
+        self.assertTrue([e for e in log if e["event"] == "net_helper_died"], log)
+        self.assertNothingLeft(sid)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ until killed.
       (keeps the connection until the peer goes away), a DNS server on
       DNS_ADDR:53 answering A (and AAAA) from ZONE_JSON
       ({"a": {name: ip}, "aaaa": {name: ip}}), NXDOMAIN otherwise, logging
-      every question to QUERYLOG; optional UDP echo on ADDR:7.
+      every question to QUERYLOG; optional UDP echo on ADDR:7 (or ADDR:PORT).
   loopback
       A decoy HTTP server on 127.0.0.1:80 that must never be reached.
 """
@@ -50,8 +50,11 @@ def _http(family, addr, port, hold):
 
 def _echo(addr):
     # Bound to the address, so replies come from the address the guest asked.
+    # "ADDR" = port 7, "ADDR:PORT" another port (e.g. 53, for a guest whose
+    # only UDP client is nslookup).
+    host, _, port = addr.partition(":")
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    s.bind((addr, 7))
+    s.bind((host, int(port or 7)))
     while True:
         d, a = s.recvfrom(2048)
         s.sendto(d, a)

@@ -64,6 +64,11 @@ void Filter::emit(nlohmann::json event, bool limited) {
 }
 
 nlohmann::json Filter::flow_fields(const Key& key, const Flow& flow) const {
+  if (flow.inbound) {
+    return {{"proto", "tcp"},    {"direction", "in"},     {"dst", key.guest.to_string()},
+            {"port", key.gport}, {"src_port", key.rport}, {"host_port", flow.host_port},
+            {"name", ""},        {"rule", flow.rule}};
+  }
   nlohmann::json j{{"proto", to_string(flow.proto)},
                    {"dst", key.remote.to_string()},
                    {"name", flow.name},
@@ -129,7 +134,9 @@ Filter::Output Filter::from_guest(std::span<const uint8_t> raw) {
       fl.bytes_out += f.payload_len;
       uint32_t end = f.seq + static_cast<uint32_t>(f.payload_len) +
                      ((f.tcp_flags & (kTcpSyn | kTcpFin)) ? 1 : 0);
-      if (seq_after(end, fl.guest_nxt)) fl.guest_nxt = end;
+      // An inbound flow learns the guest's sequence numbers from its SYN-ACK.
+      if (seq_after(end, fl.guest_nxt) || (fl.inbound && (f.tcp_flags & kTcpSyn)))
+        fl.guest_nxt = end;
       if (f.tcp_flags & kTcpAck) {
         fl.guest_ack = f.ack;
         if (!(f.tcp_flags & kTcpSyn)) fl.established = true;
@@ -222,9 +229,9 @@ Filter::Output Filter::new_flow(const Frame& f, const Key& key, Proto proto) {
   return out;
 }
 
-void Filter::from_net(std::span<const uint8_t> raw) {
+bool Filter::from_net(std::span<const uint8_t> raw) {
   auto parsed = parse_frame(raw);
-  if (!parsed || parsed->fragment) return;
+  if (!parsed || parsed->fragment) return true;
   const Frame& f = *parsed;
   Key key;
   if (f.l4 == kIpTCP || f.l4 == kIpUDP) {
@@ -232,14 +239,50 @@ void Filter::from_net(std::span<const uint8_t> raw) {
   } else if ((f.l4 == kIpICMP && f.icmp_type == 0) || (f.l4 == kIpICMPv6 && f.icmp_type == 129)) {
     key = Key{f.l4, f.dst, f.icmp_id, f.src, 0};
   } else {
-    return;
+    return true;
   }
   auto it = flows_.find(key);
-  if (it == flows_.end() || it->second.closed) return;
+  if (f.l4 == kIpTCP && (f.tcp_flags & (kTcpSyn | kTcpAck | kTcpRst)) == kTcpSyn &&
+      (it == flows_.end() || it->second.closed)) {
+    // slirp only sends a SYN for a port forward (slirp_add_hostfwd).
+    auto in = inbound_.find(f.dport);
+    if (in == inbound_.end()) return true;
+    if (it != flows_.end()) flows_.erase(it);
+    if (flows_.size() >= config_.max_flows) tick();
+    std::string rule = "port 127.0.0.1:" + std::to_string(in->second);
+    if (flows_.size() >= config_.max_flows) {
+      emit({{"event", "net_flow"},
+            {"direction", "in"},
+            {"proto", "tcp"},
+            {"dst", f.dst.to_string()},
+            {"port", f.dport},
+            {"src_port", f.sport},
+            {"host_port", in->second},
+            {"name", ""},
+            {"rule", "flow table full"},
+            {"allowed", false}},
+           true);
+      return false;  // slirp retransmits; the host client waits or gives up
+    }
+    Flow fl{};
+    fl.proto = Proto::tcp;
+    fl.rule = rule;
+    fl.inbound = true;
+    fl.host_port = in->second;
+    fl.start = fl.last = clock_();
+    memcpy(fl.guest_mac, f.dst_mac, 6);
+    memcpy(fl.gw_mac, f.src_mac, 6);
+    it = flows_.emplace(key, std::move(fl)).first;
+    auto ev = flow_fields(key, it->second);
+    ev["event"] = "net_flow";
+    ev["allowed"] = true;
+    emit(std::move(ev), false);
+  }
+  if (it == flows_.end() || it->second.closed) return true;
   Flow& fl = it->second;
   fl.last = clock_();
   fl.bytes_in += f.payload_len;
-  if (f.l4 != kIpTCP) return;
+  if (f.l4 != kIpTCP) return true;
   uint32_t end =
       f.seq + static_cast<uint32_t>(f.payload_len) + ((f.tcp_flags & (kTcpSyn | kTcpFin)) ? 1 : 0);
   if (!fl.net_ack || seq_after(end, fl.net_nxt)) fl.net_nxt = end;
@@ -250,6 +293,27 @@ void Filter::from_net(std::span<const uint8_t> raw) {
     fl.fin_net = true;
     if (fl.fin_guest) end_flow(key, fl, "fin");
   }
+  return true;
+}
+
+void Filter::add_inbound(uint16_t guest_port, uint16_t host_port) {
+  inbound_[guest_port] = host_port;
+}
+
+Filter::Cut Filter::remove_inbound(uint16_t guest_port) {
+  inbound_.erase(guest_port);
+  Cut out;
+  for (auto it = flows_.begin(); it != flows_.end();) {
+    Flow& fl = it->second;
+    if (!fl.inbound || it->first.gport != guest_port || fl.closed) {
+      ++it;
+      continue;
+    }
+    cut_tcp(it->first, fl, out);
+    end_flow(it->first, fl, "port closed");
+    it = flows_.erase(it);
+  }
+  return out;
 }
 
 void Filter::end_flow(const Key& key, Flow& fl, const std::string& reason) {
@@ -281,7 +345,8 @@ Filter::Cut Filter::set_policy(NetworkPolicy policy) {
   Cut out;
   for (auto it = flows_.begin(); it != flows_.end();) {
     Flow& fl = it->second;
-    if (fl.closed) {
+    // Inbound flows come from a port forward, not the egress policy.
+    if (fl.closed || fl.inbound) {
       ++it;
       continue;
     }

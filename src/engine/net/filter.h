@@ -18,8 +18,15 @@
 //     flow pass; TCP segments of no tracked flow get a RST;
 //   - IPv4 fragments, IPv6 extension headers, other ethertypes and malformed
 //     frames are dropped.
-// Network → guest: everything is delivered; frames of tracked flows are
-// counted (payload bytes each way) and TCP FIN/RST end the flow.
+// Network → guest: everything is delivered (except an inbound SYN beyond the
+// flow cap); frames of tracked flows are counted (payload bytes each way) and
+// TCP FIN/RST end the flow.
+//
+// Inbound (port forwards, add_inbound): slirp's SYN to a forwarded guest port
+// starts an inbound flow (recorded like the others, with "direction": "in"),
+// so the guest's SYN-ACK and the rest pass. Inbound flows are not subject to
+// the egress policy (their remote is slirp's host alias 10.0.2.2, always
+// denied for egress); removing the forward cuts them.
 //
 // Bounded: at most max_flows tracked flows (beyond: denied with rule "flow
 // table full"), max_pending_tcp TCP flows in their handshake (beyond: rule
@@ -33,6 +40,9 @@
 //   {"ts","event":"net_flow_end","proto","src_port","dst","port","name","rule",
 //    "bytes_out","bytes_in","duration_ms","reason":"fin|rst|idle|policy"}
 //   {"ts","event":"net_suppressed","count"}
+//   inbound flows: {"event":"net_flow","direction":"in","proto":"tcp","dst":<guest ip>,
+//    "port":<guest port>,"src_port":<slirp's port>,"host_port","name":"","rule":"port
+//    127.0.0.1:N","allowed"} (net_flow_end alike; bytes_in = host → guest)
 #pragma once
 
 #include <chrono>
@@ -87,8 +97,10 @@ class Filter {
   };
   Output from_guest(std::span<const uint8_t> frame);
 
-  // A frame slirp sends to the guest: accounting only; always delivered.
-  void from_net(std::span<const uint8_t> frame);
+  // A frame slirp sends to the guest: accounting, and the start of inbound
+  // flows. Returns false if the frame must not be delivered (an inbound SYN
+  // beyond the flow cap).
+  bool from_net(std::span<const uint8_t> frame);
 
   // The answer frame for a finished resolution (pins its addresses first).
   std::vector<uint8_t> dns_resolved(const DnsRequest& request, const Resolution& result);
@@ -96,6 +108,11 @@ class Filter {
   struct Cut {
     std::vector<std::vector<uint8_t>> to_guest, to_slirp;
   };
+  // Lets slirp's connections to guest TCP port `guest_port` (a port forward
+  // from host loopback port `host_port`) through as inbound flows.
+  void add_inbound(uint16_t guest_port, uint16_t host_port);
+  // Stops that; the port's open inbound flows are cut (RST both ways).
+  Cut remove_inbound(uint16_t guest_port);
   // Replaces the policy; flows it no longer allows are cut (RST both ways).
   Cut set_policy(NetworkPolicy policy);
   // Expires idle flows (cutting TCP ones) and pins; call about once a second.
@@ -127,6 +144,8 @@ class Filter {
     uint64_t bytes_out = 0, bytes_in = 0;
     uint8_t guest_mac[6], gw_mac[6];
     bool established = false, fin_guest = false, fin_net = false;
+    bool inbound = false;                        // started by a port forward (slirp's SYN)
+    uint16_t host_port = 0;                      // inbound: the forwarded host loopback port
     uint32_t guest_nxt = 0, net_nxt = 0;         // next seq each side will send
     std::optional<uint32_t> guest_ack, net_ack;  // what each side expects next
   };
@@ -144,6 +163,7 @@ class Filter {
   Clock clock_;
   PinTable pins_;
   std::map<Key, Flow> flows_;
+  std::map<uint16_t, uint16_t> inbound_;  // guest port -> host port
   size_t dns_inflight_ = 0;
   // rate limiting of denied/DNS events
   std::chrono::steady_clock::time_point window_start_{};

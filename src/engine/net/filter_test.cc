@@ -345,3 +345,49 @@ TEST(StreamDecoder, SplitsLengthPrefixedFrames) {
   d.append(bad.data(), bad.size());
   EXPECT_THROW(d.next(), Error);
 }
+
+TEST(Filter, InboundPortForwardFlowsPassOnlyForForwardedPorts) {
+  Rig r(R"({"mode":"allowlist","allow":["198.51.100.10"]})");
+  auto host = r.remote("10.0.2.2", 51000);  // slirp's alias for the host
+  auto g = r.guest(8080);
+  // Not forwarded: the guest's SYN-ACK to slirp's SYN is answered with a RST.
+  EXPECT_TRUE(r.filter.from_net(make_tcp(host, g, 7000, 0, kTcpSyn)));
+  auto out = r.filter.from_guest(make_tcp(g, host, 100, 7001, kTcpSyn | kTcpAck));
+  EXPECT_FALSE(out.to_slirp);
+  ASSERT_EQ(out.to_guest.size(), 1u);
+  EXPECT_EQ(r.filter.flow_count(), 0u);
+
+  r.filter.add_inbound(8080, 40123);
+  auto h2 = r.remote("10.0.2.2", 51001);
+  EXPECT_TRUE(r.filter.from_net(make_tcp(h2, g, 9000, 0, kTcpSyn)));
+  EXPECT_TRUE(r.filter.from_guest(make_tcp(g, h2, 500, 9001, kTcpSyn | kTcpAck)).to_slirp);
+  r.filter.from_net(tcp_data(h2, g, 9001, 501, kTcpAck | kTcpPsh, 10));
+  EXPECT_TRUE(r.filter.from_guest(tcp_data(g, h2, 501, 9011, kTcpAck | kTcpPsh, 30)).to_slirp);
+  auto ev = r.of("net_flow");
+  ASSERT_EQ(ev.size(), 1u);
+  EXPECT_EQ(ev[0]["direction"], "in");
+  EXPECT_EQ(ev[0]["port"], 8080);
+  EXPECT_EQ(ev[0]["host_port"], 40123);
+  EXPECT_EQ(ev[0]["rule"], "port 127.0.0.1:40123");
+  EXPECT_EQ(ev[0]["allowed"], true);
+  // Egress policy changes leave inbound flows alone...
+  auto cut = r.filter.set_policy(NetworkPolicy::parse(json::parse(R"({"mode":"allowlist"})"), {}));
+  EXPECT_TRUE(cut.to_guest.empty());
+  EXPECT_EQ(r.filter.flow_count(), 1u);
+  // ...removing the forward cuts them, both ways.
+  cut = r.filter.remove_inbound(8080);
+  ASSERT_EQ(cut.to_guest.size(), 1u);
+  ASSERT_EQ(cut.to_slirp.size(), 1u);
+  auto rst = parse_frame(cut.to_guest[0]);
+  ASSERT_TRUE(rst);
+  EXPECT_EQ(rst->seq, 9011u);  // the sequence number the guest expects next (RFC 5961)
+  auto end = r.of("net_flow_end");
+  ASSERT_EQ(end.size(), 1u);
+  EXPECT_EQ(end[0]["reason"], "port closed");
+  EXPECT_EQ(end[0]["bytes_in"], 10);
+  EXPECT_EQ(end[0]["bytes_out"], 30);
+  EXPECT_EQ(r.filter.flow_count(), 0u);
+  // Gone: a new SYN to the port is no flow of ours.
+  r.filter.from_net(make_tcp(h2, g, 12000, 0, kTcpSyn));
+  EXPECT_EQ(r.filter.flow_count(), 0u);
+}

@@ -1,25 +1,32 @@
 #include "engine/net/helper.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <sched.h>
 #include <seccomp.h>
 #include <signal.h>
 #include <sys/capability.h>
 #include <sys/eventfd.h>
+#include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/statvfs.h>
 #include <sys/uio.h>
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <fstream>
 #include <iostream>
 #include <list>
 #include <mutex>
+#include <sstream>
 #include <thread>
 
 #include "common/error.h"
@@ -374,7 +381,11 @@ class Helper {
                 {"flows_cut", before - filter_.flow_count()}};
       }
       if (j.is_object() && j.contains("stats")) return {{"ok", true}, {"stats", filter_.stats()}};
-      throw Error(Errc::invalid_argument, "expected {\"policy\": {...}} or {\"stats\": true}");
+      if (j.is_object() && j.contains("port_add")) return port_add(j["port_add"]);
+      if (j.is_object() && j.contains("port_remove")) return port_remove(j["port_remove"]);
+      if (j.is_object() && j.contains("ports")) return {{"ok", true}, {"ports", ports_json()}};
+      throw Error(Errc::invalid_argument,
+                  "expected one of policy, stats, port_add, port_remove, ports");
     } catch (const Error& e) {
       return {
           {"error", {{"code", to_string(e.code())}, {"message", e.what()}, {"field", e.field()}}}};
@@ -383,11 +394,115 @@ class Helper {
     }
   }
 
+  struct PortFwd {
+    uint16_t guest_port, host_port;
+  };
+
+  static uint16_t port_field(const nlohmann::json& j, const char* name, bool zero_ok) {
+    auto v = j.is_object() ? j.find(name) : j.end();
+    if (v == j.end() && zero_ok) return 0;
+    if (v == j.end() || !v->is_number_integer() || v->get<int64_t>() < (zero_ok ? 0 : 1) ||
+        v->get<int64_t>() > 65535)
+      throw Error(Errc::invalid_argument,
+                  std::string(name) + " must be a TCP port number (1..65535)", name);
+    return static_cast<uint16_t>(v->get<int64_t>());
+  }
+
+  nlohmann::json ports_json() const {
+    nlohmann::json a = nlohmann::json::array();
+    for (auto& p : ports_)
+      a.push_back(
+          {{"host", "127.0.0.1"}, {"host_port", p.host_port}, {"guest_port", p.guest_port}});
+    return a;
+  }
+
+  // A free port on 127.0.0.1 chosen by the kernel (bind to port 0). slirp
+  // cannot report the port it bound, so it is picked here and handed to
+  // slirp_add_hostfwd; a race with another process is reported as in use.
+  static uint16_t free_loopback_port() {
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) throw_errno("socket");
+    sockaddr_in sa{};
+    sa.sin_family = AF_INET;
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof sa;
+    if (bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0 ||
+        getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len) != 0) {
+      int err = errno;
+      close(fd);
+      throw Error(Errc::unavailable, std::string("no free port on 127.0.0.1: ") + strerror(err));
+    }
+    close(fd);
+    return ntohs(sa.sin_port);
+  }
+
+  nlohmann::json port_add(const nlohmann::json& req) {
+    uint16_t guest = port_field(req, "guest_port", false);
+    uint16_t host = port_field(req, "host_port", true);
+    // The helper has no capabilities: privileged ports cannot be bound.
+    if (host != 0 && host < 1024)
+      throw Error(
+          Errc::invalid_argument,
+          "host_port must be 1024..65535 (or 0 for a free one), got " + std::to_string(host),
+          "host_port");
+    if (ports_.size() >= kMaxPorts)
+      throw Error(Errc::conflict,
+                  "at most " + std::to_string(kMaxPorts) + " port forwards per sandbox");
+    for (auto& p : ports_) {
+      if (p.guest_port == guest)
+        throw Error(Errc::conflict,
+                    "guest port " + std::to_string(guest) +
+                        " is already forwarded from 127.0.0.1:" + std::to_string(p.host_port),
+                    "guest_port");
+      if (p.host_port == host)
+        throw Error(Errc::conflict, "host port " + std::to_string(host) + " is already forwarded",
+                    "host_port");
+    }
+    if (host == 0) host = free_loopback_port();
+    in_addr lo{htonl(INADDR_LOOPBACK)}, guest_ip{};
+    inet_pton(AF_INET, "10.0.2.15", &guest_ip);
+    if (slirp_add_hostfwd(slirp_, 0, lo, host, guest_ip, guest) != 0)
+      throw Error(Errc::conflict, "host port " + std::to_string(host) + " on 127.0.0.1 is in use",
+                  "host_port");
+    ports_.push_back({guest, host});
+    filter_.add_inbound(guest, host);
+    filter_.record({{"event", "net_port"},
+                    {"action", "add"},
+                    {"host", "127.0.0.1"},
+                    {"host_port", host},
+                    {"guest_port", guest}});
+    return {{"ok", true}, {"host", "127.0.0.1"}, {"host_port", host}, {"guest_port", guest}};
+  }
+
+  nlohmann::json port_remove(const nlohmann::json& req) {
+    uint16_t host = port_field(req, "host_port", false);
+    auto it = std::find_if(ports_.begin(), ports_.end(),
+                           [host](const PortFwd& p) { return p.host_port == host; });
+    if (it == ports_.end())
+      throw Error(Errc::not_found, "no port forward from 127.0.0.1:" + std::to_string(host),
+                  "host_port");
+    in_addr lo{htonl(INADDR_LOOPBACK)};
+    slirp_remove_hostfwd(slirp_, 0, lo, host);
+    uint16_t guest = it->guest_port;
+    ports_.erase(it);
+    size_t before = filter_.flow_count();
+    apply(filter_.remove_inbound(guest));
+    size_t cut = before - filter_.flow_count();
+    filter_.record({{"event", "net_port"},
+                    {"action", "remove"},
+                    {"host", "127.0.0.1"},
+                    {"host_port", host},
+                    {"guest_port", guest},
+                    {"flows_cut", cut}});
+    return {{"ok", true}, {"host_port", host}, {"guest_port", guest}, {"flows_cut", cut}};
+  }
+
+  static constexpr size_t kMaxPorts = 32;
+
   static ssize_t cb_send(const void* buf, size_t len, void* op) {
     auto* h = static_cast<Helper*>(op);
     auto* p = static_cast<const uint8_t*>(buf);
-    h->filter_.from_net(std::span(p, len));
-    h->write_frame(p, len);
+    if (h->filter_.from_net(std::span(p, len))) h->write_frame(p, len);
     return static_cast<ssize_t>(len);
   }
   static int cb_add_poll(int fd, int events, void* op) {
@@ -423,9 +538,57 @@ class Helper {
   std::vector<pollfd> pfds_;
   std::list<Timer> timers_;
   std::vector<Client> clients_;
+  std::vector<PortFwd> ports_;
 };
 
 }  // namespace
+
+nlohmann::json enter_namespaces() {
+  nlohmann::json out{{"userns", false}, {"mountns", false}, {"readonly_mounts", 0}};
+  // New user namespace without a uid map: inside it the helper is the
+  // overflow user with no capability over anything outside it (no
+  // DAC_OVERRIDE on host files, no CAP_KILL/ptrace on other processes, no
+  // privileged ports). Its network namespace stays the host's: slirp opens
+  // the guest's flows as ordinary host sockets.
+  if (unshare(CLONE_NEWUSER | CLONE_NEWNS) != 0) {
+    std::cerr << "airlock-net: note: no own user/mount namespace (unshare: " << strerror(errno)
+              << "); running with no_new_privs, no capabilities and seccomp only\n";
+    return out;
+  }
+  out["userns"] = out["mountns"] = true;
+  // Nothing done in this mount namespace propagates back to the host.
+  if (mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) {
+    std::cerr << "airlock-net: note: cannot make mounts private: " << strerror(errno) << "\n";
+    return out;
+  }
+  // Every mount read-only (in this namespace only): the helper writes only
+  // through descriptors it opened before (events file, sockets). Locked
+  // flags (nosuid, nodev, noexec) must be kept or the kernel refuses.
+  std::vector<std::string> points;
+  std::ifstream mi("/proc/self/mountinfo");
+  for (std::string line; std::getline(mi, line);) {
+    std::istringstream ls(line);
+    std::string id, parent, dev, root, mp;
+    if (ls >> id >> parent >> dev >> root >> mp) points.push_back(mp);
+  }
+  int ro = 0;
+  for (auto& mp : points) {
+    // mountinfo escapes spaces etc. as \ooo; such mount points are skipped.
+    if (mp.find('\\') != std::string::npos) continue;
+    struct statvfs sv {};
+    if (statvfs(mp.c_str(), &sv) != 0) continue;
+    unsigned long flags = MS_REMOUNT | MS_BIND | MS_RDONLY;
+    if (sv.f_flag & ST_NOSUID) flags |= MS_NOSUID;
+    if (sv.f_flag & ST_NODEV) flags |= MS_NODEV;
+    if (sv.f_flag & ST_NOEXEC) flags |= MS_NOEXEC;
+    if (sv.f_flag & ST_NOATIME) flags |= MS_NOATIME;
+    if (sv.f_flag & ST_NODIRATIME) flags |= MS_NODIRATIME;
+    if (sv.f_flag & ST_RELATIME) flags |= MS_RELATIME;
+    if (mount(nullptr, mp.c_str(), nullptr, flags, nullptr) == 0) ++ro;
+  }
+  out["readonly_mounts"] = ro;
+  return out;
+}
 
 void lock_down() {
   if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) throw_errno("prctl(NO_NEW_PRIVS)");
@@ -441,21 +604,67 @@ void lock_down() {
   scmp_filter_ctx ctx = seccomp_init(SCMP_ACT_ERRNO(EPERM));
   if (!ctx) throw Error(Errc::internal, "seccomp_init failed");
   seccomp_attr_set(ctx, SCMP_FLTATR_CTL_TSYNC, 1);
-  for (const char* name : {"read",          "write",           "readv",        "writev",
-                           "pread64",       "recvfrom",        "sendto",       "recvmsg",
-                           "sendmsg",       "recvmmsg",        "sendmmsg",     "poll",
-                           "ppoll",         "select",          "pselect6",     "connect",
-                           "bind",          "listen",          "accept",       "accept4",
-                           "getsockopt",    "setsockopt",      "getsockname",  "getpeername",
-                           "shutdown",      "close",           "fcntl",        "ioctl",
-                           "clock_gettime", "clock_nanosleep", "nanosleep",    "gettimeofday",
-                           "time",          "futex",           "brk",          "mmap",
-                           "munmap",        "mremap",          "madvise",      "mprotect",
-                           "rt_sigreturn",  "rt_sigprocmask",  "rt_sigaction", "exit",
-                           "exit_group",    "getpid",          "gettid",       "getrandom",
-                           "sched_yield",   "restart_syscall", "lseek",        "fstat",
-                           "newfstatat",    "statx",           "uname",        "tgkill",
-                           "unlink",        "set_robust_list", "rseq",         "dup"}) {
+  for (const char* name : {"read",
+                           "write",
+                           "readv",
+                           "writev",
+                           "pread64",
+                           "recvfrom",
+                           "sendto",
+                           "recvmsg",
+                           "sendmsg",
+                           "recvmmsg",
+                           "sendmmsg",
+                           "poll",
+                           "ppoll",
+                           "select",
+                           "pselect6",
+                           "connect",
+                           "bind",
+                           "listen",
+                           "accept",
+                           "accept4",
+                           "getsockopt",
+                           "setsockopt",
+                           "getsockname",
+                           "getpeername",
+                           "shutdown",
+                           "close",
+                           "fcntl",
+                           "ioctl",
+                           "clock_gettime",
+                           "clock_nanosleep",
+                           "nanosleep",
+                           "gettimeofday",
+                           "time",
+                           "futex",
+                           "brk",
+                           "mmap",
+                           "munmap",
+                           "mremap",
+                           "madvise",
+                           "mprotect",
+                           "rt_sigreturn",
+                           "rt_sigprocmask",
+                           "rt_sigaction",
+                           "exit",
+                           "exit_group",
+                           "getpid",
+                           "gettid",
+                           "getrandom",
+                           "sched_yield",
+                           "restart_syscall",
+                           "lseek",
+                           "fstat",
+                           "newfstatat",
+                           "statx",
+                           "uname",
+                           "tgkill",
+                           "unlinkat",
+                           "unlink",
+                           "set_robust_list",
+                           "rseq",
+                           "dup"}) {
     int nr = seccomp_syscall_resolve_name(name);
     if (nr == __NR_SCMP_ERROR) continue;  // not on this architecture
     seccomp_rule_add(ctx, SCMP_ACT_ALLOW, nr, 0);
@@ -482,11 +691,25 @@ int run_helper(const HelperOptions& o) {
   int qemu_listen = listen_unix(o.qemu_socket);
   int ctl_listen = o.control_socket.empty() ? -1 : listen_unix(o.control_socket);
   if (ctl_listen >= 0) fcntl(ctl_listen, F_SETFL, O_NONBLOCK);
+  // Directory descriptors opened before confinement keep the original
+  // (writable) mount, so the socket files can still be removed later.
+  auto dir_of = [](const std::string& path) {
+    std::string dir =
+        path.find('/') == std::string::npos ? "." : path.substr(0, path.rfind('/') + 1);
+    return std::pair(open(dir.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC),
+                     path.substr(path.rfind('/') + 1));
+  };
+  auto [qemu_dir, qemu_name] = dir_of(o.qemu_socket);
+  auto [ctl_dir, ctl_name] = dir_of(o.control_socket);
+  // After the files it creates (sockets, events) and before any thread:
+  // unshare(CLONE_NEWUSER) refuses a multi-threaded process.
+  nlohmann::json confined = o.namespaces ? enter_namespaces() : nlohmann::json{{"userns", false}};
   // Leaked on purpose: its workers may sit in res_nquery or on its condition
   // variable when the helper exits; exit() does not wait for them.
   ResolverPool& pool = *new ResolverPool(std::max(1, o.resolver_threads), o.dns_upstream);
   helper.start_slirp();
-  std::cout << nlohmann::json{{"ready", true}, {"pid", getpid()}}.dump() << std::endl;
+  std::cout << nlohmann::json{{"ready", true}, {"pid", getpid()}, {"confined", confined}}.dump()
+            << std::endl;
 
   pollfd pfd{qemu_listen, POLLIN, 0};
   int rc = poll(&pfd, 1, o.accept_timeout_s * 1000);
@@ -497,8 +720,8 @@ int run_helper(const HelperOptions& o) {
   }
   int qemu_fd = accept4(qemu_listen, nullptr, nullptr, SOCK_CLOEXEC);
   if (qemu_fd < 0) throw_errno("accept QEMU");
-  close(qemu_listen);
-  unlink(o.qemu_socket.c_str());  // one QEMU per helper: nobody else may connect
+  close(qemu_listen);  // one QEMU per helper: nobody else may connect
+  unlinkat(qemu_dir, qemu_name.c_str(), 0);
   if (o.seccomp) lock_down();
   try {
     helper.serve(qemu_fd, ctl_listen, pool);
@@ -508,7 +731,7 @@ int run_helper(const HelperOptions& o) {
     return 1;
   }
   helper.shutdown();
-  if (ctl_listen >= 0 && !o.control_socket.empty()) unlink(o.control_socket.c_str());
+  if (ctl_listen >= 0 && !o.control_socket.empty()) unlinkat(ctl_dir, ctl_name.c_str(), 0);
   return 0;
 }
 

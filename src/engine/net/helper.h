@@ -13,13 +13,21 @@
 //   ← {"ok": true, "stats": {"flows": 3, "pins": 5, ...}}
 //   ← {"error": {"code": "invalid_argument", "message": "...", "field": "network.allow[0]"}}
 //
-// Lifecycle: sockets are created and listening before the helper prints
-// {"ready": true} on stdout; the engine starts QEMU after that line. The
-// helper accepts one QEMU connection (within accept_timeout), removes the
-// listening socket file, drops privileges (no_new_privs, no capabilities,
-// seccomp allowlist) and serves until QEMU closes the connection, then
-// records the end of every open flow and exits 0. Exit 2 for bad options,
-// 1 for a runtime failure (message on stderr).
+// Inbound port forwards (slirp_add_hostfwd on 127.0.0.1, to guest 10.0.2.15):
+//   → {"port_add": {"guest_port": 8080, "host_port": 0}}   (0 = a free port)
+//   ← {"ok": true, "host": "127.0.0.1", "host_port": 40123, "guest_port": 8080}
+//   → {"port_remove": {"host_port": 40123}}  ← {"ok": true, ..., "flows_cut": 0}
+//   → {"ports": true}  ← {"ok": true, "ports": [{"host", "host_port", "guest_port"}]}
+// Errors carry code conflict (port in use / already forwarded), not_found,
+// invalid_argument with the field. Each change is a net_port event.
+//
+// Lifecycle: sockets are created and listening, then the helper enters its
+// own user + mount namespaces (enter_namespaces), then prints
+// {"ready": true, "pid": N, "confined": {...}} on stdout; the engine starts QEMU after that line.
+// The helper accepts one QEMU connection (within accept_timeout), removes the listening socket
+// file, drops privileges (no_new_privs, no capabilities, seccomp allowlist) and serves until QEMU
+// closes the connection, then records the end of every open flow and exits 0. Exit 2 for bad
+// options, 1 for a runtime failure (message on stderr).
 //
 // QEMU's stream framing: each frame is preceded by its length as a 4-byte
 // big-endian integer, both directions.
@@ -45,6 +53,7 @@ struct HelperOptions {
   nlohmann::json policy;       // initial policy, the NetworkPolicy JSON form
   std::string dns_upstream;    // "a.b.c.d[:port]" instead of the host's resolv.conf
   bool seccomp = true;
+  bool namespaces = true;  // own user + mount namespaces (enter_namespaces)
   int accept_timeout_s = 60;
   int resolver_threads = 4;
   FilterConfig filter;
@@ -66,6 +75,14 @@ class StreamDecoder {
 
 // Runs the helper; returns the process exit code.
 int run_helper(const HelperOptions& options);
+
+// Moves the (still single-threaded) helper into its own user and mount
+// namespaces and makes every mount read-only there. Returns what it got,
+// {"userns", "mountns", "readonly_mounts"}; when the kernel refuses
+// (unprivileged user namespaces disabled, nested limits) it logs a note on
+// stderr and the helper continues with no_new_privs + seccomp only. The
+// network namespace is NOT changed: slirp needs the host's network.
+nlohmann::json enter_namespaces();
 
 // Installs the helper's seccomp allowlist (all threads) after setting
 // no_new_privs and dropping capabilities. Throws Error(internal) on failure.

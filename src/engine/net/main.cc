@@ -15,7 +15,7 @@ int main(int argc, char** argv) {
   airlock::net::HelperOptions o;
   std::string policy_text, policy_file;
   size_t max_flows = o.filter.max_flows;
-  bool no_seccomp = false;
+  bool no_seccomp = false, no_namespaces = false;
   app.add_option("--qemu-socket", o.qemu_socket, "unix socket to listen on for QEMU -netdev stream")
       ->required();
   app.add_option("--control-socket", o.control_socket,
@@ -31,8 +31,11 @@ int main(int argc, char** argv) {
   app.add_option("--max-flows", max_flows, "tracked flows at most (beyond: denied)");
   app.add_option("--resolver-threads", o.resolver_threads, "resolver worker threads");
   app.add_flag("--no-seccomp", no_seccomp, "do not install the seccomp filter (debugging)");
+  app.add_flag("--no-namespaces", no_namespaces,
+               "stay in the caller's user/mount namespaces (debugging)");
   CLI11_PARSE(app, argc, argv);
   o.seccomp = !no_seccomp;
+  o.namespaces = !no_namespaces;
   o.filter.max_flows = max_flows;
   try {
     if (!policy_file.empty()) {
