@@ -1,0 +1,263 @@
+// The warm pool: per image, N sandboxes cloned and idle, handed out whole
+// by a create of the same shape (docs/design.md, "Warm pool").
+//
+// Invariants: a member is in exactly one place — a slot's `ready` queue or
+// `live` (handed out) — and moves once, under pool_mu, so it is never handed
+// out twice; no exec ever reaches a member before it is handed out (execs
+// look only in `live`). Dead members are replaced; under memory pressure
+// members are shed instead of refilled.
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <fstream>
+#include <sstream>
+
+#include "common/error.h"
+#include "engine/engine_impl.h"
+#include "engine/types_json.h"
+#include "engine/validate.h"
+
+namespace airlock::engine {
+
+namespace {
+
+constexpr int kMaxPoolSize = 64;
+constexpr auto kPoolTick = std::chrono::milliseconds(500);
+
+template <typename Slot>
+bool matches(const Slot& slot, const SandboxSpec& s) {
+  return slot.cpus == s.cpus && slot.memory_mb == s.memory_mb && slot.disk_mb == s.disk_mb &&
+         !network_enabled(s.network);
+}
+
+bool member_alive(Live& sb) {
+  return sb.vm && sb.vm->alive() && sb.channel && !sb.channel->closed();
+}
+
+// Memory pressure: less than 10% of RAM available, or tasks stalled on
+// memory more than 10% of the last 10 s (PSI). Pool members are a luxury:
+// they go first.
+bool memory_pressure() {
+  std::ifstream mi("/proc/meminfo");
+  std::string key;
+  uint64_t value = 0, total = 0, avail = 0;
+  std::string unit;
+  while (mi >> key >> value >> unit) {
+    if (key == "MemTotal:") total = value;
+    if (key == "MemAvailable:") avail = value;
+  }
+  if (total > 0 && avail * 10 < total) return true;
+  std::ifstream psi("/proc/pressure/memory");
+  std::string line;
+  if (std::getline(psi, line)) {
+    auto at = line.find("avg10=");
+    if (at != std::string::npos && std::stod(line.substr(at + 6)) > 10.0) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+std::optional<SandboxInfo> Engine::Impl::take_pooled(const SandboxSpec& checked) {
+  std::shared_ptr<Live> sb;
+  std::vector<std::shared_ptr<Live>> dead;
+  {
+    std::lock_guard lock(pool_mu);
+    auto it = pool_slots.find(checked.image);
+    if (it == pool_slots.end() || it->second.target <= 0) return std::nullopt;
+    PoolSlot& slot = it->second;
+    if (!matches(slot, checked)) return std::nullopt;
+    while (!slot.ready.empty() && !sb) {
+      auto cand = slot.ready.front();
+      slot.ready.pop_front();
+      if (member_alive(*cand))
+        sb = cand;
+      else
+        dead.push_back(cand);
+    }
+    slot.replaced += static_cast<int64_t>(dead.size());
+    ++(sb ? slot.hits : slot.misses);
+  }
+  pool_wake.notify_all();  // refill
+  for (auto& d : dead) teardown(*d, State::deleted, "pool member died while idle", "deleted");
+  if (!sb) return std::nullopt;
+
+  auto t0 = std::chrono::steady_clock::now();
+  auto& info = sb->rec.info;
+  info.spec = checked;  // the caller's env, metadata, lifetime
+  info.start = "pool";
+  info.created_at_ms = now_ms();
+  info.expires_at_ms = info.created_at_ms + int64_t{checked.timeout_s} * 1000;
+  info.state = State::running;
+  registry.update(sb->rec);
+  info.boot_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                     std::chrono::steady_clock::now() - t0)
+                     .count();
+  registry.set_running(info.id, info.pid, info.boot_ms);
+  journal.append(info.id, "created",
+                 {{"spec", spec_to_json(checked)},
+                  {"accel", info.accel},
+                  {"boot_ms", info.boot_ms},
+                  {"start", info.start},
+                  {"pid", info.pid}},
+                 Durability::sync);
+  {
+    std::lock_guard lock(mu);
+    live[info.id] = sb;
+  }
+  wake.notify_all();  // the reaper's earliest expiry
+  return info;
+}
+
+void Engine::Impl::pool_loop() {
+  std::unique_lock lock(pool_mu);
+  while (!pool_stopping) {
+    pool_wake.wait_for(lock, kPoolTick);
+    if (pool_stopping) break;
+    // Collect what to do under the lock; do it (slow: VMs) outside.
+    std::vector<std::shared_ptr<Live>> drop;
+    std::optional<PoolSlot> fill;  // the shape to make one member of
+    bool pressure = false;
+    lock.unlock();
+    pressure = memory_pressure();
+    lock.lock();
+    for (auto& [image, slot] : pool_slots) {
+      for (auto it = slot.ready.begin(); it != slot.ready.end();) {
+        if (!member_alive(**it)) {
+          drop.push_back(*it);
+          it = slot.ready.erase(it);
+          ++slot.replaced;
+        } else {
+          ++it;
+        }
+      }
+      while (static_cast<int>(slot.ready.size()) > slot.target) {
+        drop.push_back(slot.ready.back());
+        slot.ready.pop_back();
+      }
+      if (pressure && !slot.ready.empty()) {
+        drop.push_back(slot.ready.back());
+        slot.ready.pop_back();
+        ++slot.shed;
+      }
+      if (!pressure && !fill && static_cast<int>(slot.ready.size()) < slot.target) fill = slot;
+    }
+    lock.unlock();
+    for (auto& d : drop) teardown(*d, State::deleted, "dropped from the warm pool", "deleted");
+    if (pressure && !drop.empty()) spdlog::warn("memory pressure: shed {} pool member(s)", drop.size());
+    if (fill) {
+      try {
+        SandboxSpec spec;
+        spec.image = fill->image;
+        spec.cpus = fill->cpus;
+        spec.memory_mb = fill->memory_mb;
+        spec.disk_mb = fill->disk_mb;
+        spec.network = normalize_network(spec.network);
+        auto img = images.find(spec.image);
+        if (!img) img = images.build(spec.image);
+        vmm::AccelVerdict accel = resolve_accel(*img);
+        auto sb = launch(spec, *img, accel, true);
+        lock.lock();
+        auto it = pool_slots.find(fill->image);
+        bool wanted = !pool_stopping && it != pool_slots.end() && matches(it->second, spec) &&
+                      static_cast<int>(it->second.ready.size()) < it->second.target;
+        if (wanted) it->second.ready.push_back(sb);
+        lock.unlock();
+        if (!wanted) teardown(*sb, State::deleted, "not needed by the warm pool any more", "deleted");
+      } catch (const std::exception& e) {
+        spdlog::warn("warm pool for {}: could not make a member: {}", fill->image, e.what());
+        // Back off instead of spinning on a persistent failure.
+        lock.lock();
+        pool_wake.wait_for(lock, std::chrono::seconds(5), [&] { return pool_stopping; });
+        lock.unlock();
+      }
+    }
+    lock.lock();
+  }
+}
+
+void Engine::Impl::drain_pool() {
+  std::vector<std::shared_ptr<Live>> all;
+  {
+    std::lock_guard lock(pool_mu);
+    for (auto& [image, slot] : pool_slots) {
+      for (auto& m : slot.ready) all.push_back(m);
+      slot.ready.clear();
+    }
+  }
+  for (auto& m : all) teardown(*m, State::deleted, "warm pool drained (daemon stopping)", "deleted");
+}
+
+nlohmann::json Engine::set_pool(const std::string& image, int size, const nlohmann::json& shape) {
+  auto& impl = *impl_;
+  if (size < 0 || size > kMaxPoolSize)
+    throw Error(Errc::invalid_argument,
+                "size must be 0.." + std::to_string(kMaxPoolSize) + ", got " + std::to_string(size),
+                "size");
+  SandboxSpec spec;
+  spec.image = image;
+  if (!shape.is_null() && !shape.is_object())
+    throw Error(Errc::invalid_argument, "shape must be an object", "shape");
+  const nlohmann::json fields = shape.is_object() ? shape : nlohmann::json::object();
+  for (const auto& [k, v] : fields.items()) {
+    if (!v.is_number_integer()) throw Error(Errc::invalid_argument, k + " must be an integer", k);
+    if (k == "cpus")
+      spec.cpus = v.get<int>();
+    else if (k == "memory_mb")
+      spec.memory_mb = v.get<int>();
+    else if (k == "disk_mb")
+      spec.disk_mb = v.get<int>();
+    else
+      throw Error(Errc::invalid_argument, "unknown pool shape field '" + k + "'", k);
+  }
+  validate_spec(spec);
+  auto recipes = impl.images.recipes();
+  bool known = std::find(recipes.begin(), recipes.end(), image) != recipes.end();
+  if (!known) {
+    try {
+      known = impl.images.find(image).has_value();
+    } catch (const Error&) {
+    }
+  }
+  if (!known) throw Error(Errc::invalid_argument, "unknown image '" + image + "'", "image");
+  std::deque<std::shared_ptr<Live>> old;
+  {
+    std::lock_guard lock(impl.pool_mu);
+    auto& slot = impl.pool_slots[image];
+    bool reshaped = slot.cpus != spec.cpus || slot.memory_mb != spec.memory_mb ||
+                    slot.disk_mb != spec.disk_mb;
+    slot.image = image;
+    slot.cpus = spec.cpus;
+    slot.memory_mb = spec.memory_mb;
+    slot.disk_mb = spec.disk_mb;
+    slot.target = size;
+    // Members of another shape cannot serve this one.
+    if (reshaped) old.swap(slot.ready);
+  }
+  for (auto& m : old) impl.teardown(*m, State::deleted, "warm pool reshaped", "deleted");
+  impl.pool_wake.notify_all();
+  return pool_info();
+}
+
+nlohmann::json Engine::pool_info() {
+  auto& impl = *impl_;
+  nlohmann::json out = nlohmann::json::array();
+  std::lock_guard lock(impl.pool_mu);
+  for (const auto& [image, slot] : impl.pool_slots) {
+    nlohmann::json members = nlohmann::json::array();
+    for (const auto& m : slot.ready) members.push_back(m->rec.info.id);
+    out.push_back({{"image", image},
+                   {"shape",
+                    {{"cpus", slot.cpus}, {"memory_mb", slot.memory_mb}, {"disk_mb", slot.disk_mb}}},
+                   {"target", slot.target},
+                   {"ready", slot.ready.size()},
+                   {"members", members},
+                   {"hits", slot.hits},
+                   {"misses", slot.misses},
+                   {"replaced", slot.replaced},
+                   {"shed", slot.shed}});
+  }
+  return out;
+}
+
+}  // namespace airlock::engine

@@ -1,0 +1,166 @@
+// Templates: finding, checking and building the frozen guest a clone is
+// made from (docs/design.md, "Templates and clones").
+#include <spdlog/spdlog.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+
+#include "common/error.h"
+#include "engine/engine_impl.h"
+
+namespace airlock::engine {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// The template VM's NIC needs a peer at start (QEMU connects its stream
+// netdev once); the template never sends traffic (its hello configures no
+// network), so a listening socket nobody accepts on is enough. The clone
+// gets the real helper.
+int listen_unix(const fs::path& path) {
+  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) throw_errno("socket");
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || ::listen(fd, 1) != 0) {
+    int err = errno;
+    ::close(fd);
+    errno = err;
+    throw_errno("listen on " + path.string());
+  }
+  return fd;
+}
+
+}  // namespace
+
+templates::Template Engine::Impl::build_template(const storage::Image& img,
+                                                 const templates::Shape& shape, vmm::Accel accel,
+                                                 const std::string& key) {
+  auto t0 = std::chrono::steady_clock::now();
+  templates::Staging st = templates->stage(key);
+  std::unique_ptr<vmm::Vm> vm;
+  int net_fd = -1;
+  auto cleanup = [&] {
+    if (vm) {
+      try {
+        vm->kill();
+      } catch (const std::exception& e) {
+        spdlog::error("template {}: kill: {}", key, e.what());
+      }
+    }
+    if (net_fd >= 0) ::close(net_fd);
+    net_fd = -1;
+  };
+  try {
+    storage::create_overlay(img.rootfs, st.disk, static_cast<uint64_t>(shape.disk_mb));
+    vmm::VmConfig vc;
+    vc.id = "template-" + key;
+    vc.run_dir = st.dir;
+    vc.kernel = img.kernel;
+    vc.initrd = img.initrd;
+    vc.disk = st.disk;
+    vc.cpus = shape.cpus;
+    vc.memory_mb = shape.memory_mb;
+    vc.accel = accel;
+    vc.memory_file = st.ram;
+    vc.memory_shared = true;
+    if (shape.nic) {
+      vc.net_socket = st.dir / "net.sock";
+      net_fd = listen_unix(vc.net_socket);
+    }
+    auto deadline = channel::Clock::now() + std::chrono::seconds(cfg.boot_timeout_s);
+    vm = vmm::Vm::start(vc);
+    {
+      auto ch = channel::GuestChannel::connect(vm->agent_socket(), deadline);
+      channel::HelloParams hello;
+      hello.hostname = "airlock-template";
+      ch->hello(hello, deadline);
+    }  // closed: the saved guest waits for a host, as after a daemon restart
+    uint64_t bytes = vm->save_state(st.state);
+    vm->kill();
+    vm.reset();
+    cleanup();
+    std::error_code ec;
+    for (const char* f : {"net.sock", "console.log", "console.log.old", "qemu.log"})
+      fs::remove(st.dir / f, ec);
+    templates::Template meta;
+    meta.image = img.name;
+    meta.image_key = img.key;
+    meta.accel = vmm::to_string(accel);
+    meta.shape = shape;
+    meta.build_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                        std::chrono::steady_clock::now() - t0)
+                        .count();
+    templates::Template t = templates->commit(st, meta);
+    spdlog::info("template {} for {} {} built in {} ms ({} bytes of device state)", key, img.name,
+                 templates::to_json(shape).dump(), meta.build_ms, bytes);
+    return t;
+  } catch (...) {
+    cleanup();
+    templates->abandon(st);
+    throw;
+  }
+}
+
+std::optional<templates::Template> Engine::Impl::template_for(const storage::Image& img,
+                                                              const SandboxSpec& spec,
+                                                              vmm::Accel accel,
+                                                              const std::string& id) {
+  if (!cfg.templates || !templates) return std::nullopt;
+  auto note = [&](const char* event, const nlohmann::json& fields) {
+    try {
+      journal.append(id, event, fields);
+    } catch (const std::exception& e) {
+      spdlog::error("sandbox {}: audit: {}", id, e.what());
+    }
+  };
+  templates::Shape shape{spec.cpus, spec.memory_mb, spec.disk_mb, network_enabled(spec.network)};
+  std::string key;
+  try {
+    key = templates::TemplateStore::key_for(
+        img.key, shape, vmm::to_string(accel),
+        templates::TemplateStore::qemu_identity(vmm::VmConfig{}.qemu_binary));
+  } catch (const std::exception& e) {
+    note("template_failed", {{"reason", e.what()}});
+    return std::nullopt;
+  }
+  std::shared_ptr<std::mutex> building;
+  {
+    std::lock_guard lock(tpl_mu);
+    auto& m = tpl_building[key];
+    if (!m) m = std::make_shared<std::mutex>();
+    building = m;
+  }
+  std::lock_guard build_lock(*building);
+  std::string why;
+  std::optional<templates::Template> t = templates->find(key, &why);
+  if (!why.empty()) {
+    spdlog::warn("{}; rebuilding it", why);
+    note("template_invalid", {{"template", key}, {"reason", why}});
+  }
+  if (t) {
+    templates->touch(key);
+    return t;
+  }
+  try {
+    t = build_template(img, shape, accel, key);
+    note("template_built", {{"template", key},
+                            {"shape", templates::to_json(shape)},
+                            {"build_ms", t->build_ms},
+                            {"state_bytes", t->state_bytes}});
+    for (const std::string& old : templates->prune(cfg.max_templates))
+      spdlog::info("template {} pruned (least recently used)", old);
+    return t;
+  } catch (const std::exception& e) {
+    spdlog::warn("template {} could not be built, cold boot instead: {}", key, e.what());
+    note("template_failed", {{"template", key}, {"reason", e.what()}});
+    return std::nullopt;
+  }
+}
+
+}  // namespace airlock::engine
