@@ -37,6 +37,7 @@ nlohmann::json create_body(const CreateOptions& o) {
   if (o.memory_mb) j["memory_mb"] = *o.memory_mb;
   if (o.disk_mb) j["disk_mb"] = *o.disk_mb;
   if (o.timeout_s) j["timeout"] = *o.timeout_s;
+  if (o.idle_timeout_s) j["idle_timeout"] = *o.idle_timeout_s;
   if (!o.env.empty()) j["env"] = parse_kvs(o.env, "--env");
   if (!o.meta.empty()) j["metadata"] = parse_kvs(o.meta, "--meta");
   if (auto net = network_policy(o.network, o.allow, o.deny)) j["network"] = *net;
@@ -84,6 +85,17 @@ nlohmann::json exec_body(const ExecOptions& o, const std::vector<std::string>& a
   }
   if (stdin_data) {
     j["stdin_b64"] = daemon::base64_encode(*stdin_data);
+  }
+  // Ranges are the daemon's to check: its 400 names the field.
+  nlohmann::json limits = nlohmann::json::object();
+  if (o.pids) limits["pids"] = *o.pids;
+  if (o.memory_limit_mb) limits["memory_mb"] = *o.memory_limit_mb;
+  if (o.cpu_seconds) limits["cpu_seconds"] = *o.cpu_seconds;
+  if (!limits.empty()) j["limits"] = limits;
+  if (o.output_limit) j["output_limit_bytes"] = *o.output_limit;
+  if (o.background) {
+    if (stdin_data) throw UsageError("--background takes no stdin (it runs detached)");
+    j["background"] = true;
   }
   return j;
 }
@@ -183,8 +195,11 @@ std::string format_sandbox_table(const nlohmann::json& sandboxes, int64_t now_ms
         meta +=
             (meta.empty() ? "" : ",") + k + "=" + (v.is_string() ? v.get<std::string>() : v.dump());
     std::string state = str(sb, "state");
+    // A failed sandbox's typed cause belongs next to its state.
+    std::string failure = sb.value("failure", "");
+    std::string shown = failure.empty() ? state : state + "/" + failure;
     rows.push_back(
-        {str(sb, "id"), str(sb, "image"), state, str(sb, "cpus"), str(sb, "memory_mb") + "M",
+        {str(sb, "id"), str(sb, "image"), shown, str(sb, "cpus"), str(sb, "memory_mb") + "M",
          duration(now_ms - sb.value("created_at_ms", now_ms)),
          state == "running" ? "in " + duration(sb.value("expires_at_ms", now_ms) - now_ms) : "-",
          meta.empty() ? "-" : meta});
@@ -262,6 +277,53 @@ std::string format_net_event(const nlohmann::json& e) {
 std::string format_network_change(const nlohmann::json& answer) {
   std::string out = "policy: " + (answer.contains("policy") ? answer["policy"].dump() : "-") + "\n";
   out += "flows cut: " + str(answer, "flows_cut") + "\n";
+  return out;
+}
+
+std::string format_posture(const nlohmann::json& p) {
+  const nlohmann::json proc = p.value("process", nlohmann::json::object());
+  auto val = [](const nlohmann::json& v) -> std::string {
+    if (v.is_null()) return "unlimited";
+    return v.is_string() ? v.get<std::string>() : v.dump();
+  };
+  std::string out = "isolation: " + p.value("isolation", "?") + " (" + p.value("note", "") + ")\n";
+  const auto& caps = proc.value("capabilities", nlohmann::json::object());
+  std::string eff = caps.value("effective", "?");
+  bool no_caps = !eff.empty() && eff.find_first_not_of('0') == std::string::npos;
+  int seccomp = proc.value("seccomp", -1);
+  out += "jail: " + p.value("jail", "?") + "    uid: " +
+         val(proc.contains("uid") ? proc["uid"].value("effective", nlohmann::json()) : nullptr) +
+         "    capabilities: " + (no_caps ? std::string("none") : eff) + "    seccomp: " +
+         (seccomp == 2 ? "filter" : seccomp == 1 ? "strict" : "off") +
+         "    no_new_privs: " + (proc.value("no_new_privs", false) ? "yes" : "no") + "\n";
+  std::string own, shared;
+  const nlohmann::json nss = proc.value("namespaces", nlohmann::json::object());
+  for (const auto& [ns, v] : nss.items())
+    (v.value("own", false) ? own : shared) += (ns + " ");
+  out += "namespaces: own: " + (own.empty() ? "none " : own) +
+         "shared with the host: " + (shared.empty() ? "none" : shared) + "\n";
+  const auto& root = proc.value("root", nlohmann::json::object());
+  std::string entries;
+  const nlohmann::json ents = root.value("entries", nlohmann::json::array());
+  for (const auto& e : ents)
+    entries += (entries.empty() ? "" : " ") + e.get<std::string>();
+  out += std::string("root: ") + (root.value("own", false) ? "own" : "the host's /") + " (" +
+         entries + ")\n";
+  const auto& cg = proc.value("cgroup", nlohmann::json::object());
+  auto mem = cg.value("memory_max", nlohmann::json());
+  out += "cgroup: memory " + (mem.is_number() ? human_bytes(mem.get<uint64_t>()) : "unlimited") +
+         ", pids " + val(cg.value("pids_max", nlohmann::json())) + ", cpu " +
+         val(cg.value("cpu_max", nlohmann::json())) + "\n";
+  std::string rl;
+  const nlohmann::json rls = proc.value("rlimits", nlohmann::json::object());
+  for (const auto& [name, v] : rls.items())
+    rl += (rl.empty() ? "" : ", ") + name + " " + val(v.value("hard", nlohmann::json()));
+  out += "rlimits: " + rl + "\n";
+  std::string missing;
+  const nlohmann::json miss = p.value("missing", nlohmann::json::array());
+  for (const auto& m : miss)
+    missing += (missing.empty() ? "" : ", ") + m.get<std::string>();
+  out += "missing: " + (missing.empty() ? std::string("none") : missing) + "\n";
   return out;
 }
 

@@ -41,6 +41,7 @@ std::optional<nlohmann::json> network_policy(const std::optional<std::string>& m
 struct CreateOptions {
   std::optional<std::string> image;
   std::optional<int> cpus, memory_mb, disk_mb, timeout_s;
+  std::optional<int> idle_timeout_s;   // --idle-timeout (0 = none)
   std::vector<std::string> env, meta;  // raw "K=V"
   std::optional<std::string> network;  // --network
   std::vector<std::string> allow, deny;
@@ -52,6 +53,11 @@ struct ExecOptions {
   std::vector<std::string> env;  // raw "K=V"
   std::string cwd, user;
   std::optional<double> timeout_s;
+  // --pids, --memory-limit (MiB), --cpu-seconds: the exec's "limits".
+  std::optional<int> pids, memory_limit_mb;
+  std::optional<double> cpu_seconds;
+  std::optional<uint64_t> output_limit;  // --output-limit BYTES per stream
+  bool background = false;               // -d/--background (exec only)
 };
 // Body for POST /v1/sandboxes/{id}/exec. `stdin_data` (if any) is sent as
 // stdin_b64 so arbitrary bytes survive JSON.
@@ -94,6 +100,14 @@ std::string format_audit_line(const nlohmann::json& record);
 std::string format_net_event(const nlohmann::json& event);
 // `airlock network ID` output for PATCH's {"policy", "flows_cut"}.
 std::string format_network_change(const nlohmann::json& answer);
+// `airlock inspect ID --posture`: GET .../posture as lines, e.g.
+//   isolation: tcg (TCG: QEMU's own security policy does not ...)
+//   jail: full    uid: 200123    capabilities: none    seccomp: filter    no_new_privs: yes
+//   namespaces: mnt pid ipc uts net (own)    root: own (dev run tmp usr)
+//   cgroup: memory 512.0 MiB, pids 1024, cpu 100000 100000
+//   rlimits: core 0, nofile 4096, nproc 1024, fsize 1.1 GiB
+//   missing: none
+std::string format_posture(const nlohmann::json& posture);
 
 // "12.3 MiB" style size.
 std::string human_bytes(uint64_t bytes);

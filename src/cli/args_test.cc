@@ -29,11 +29,12 @@ TEST(Args, CreateBodyHasOnlyGivenOptions) {
   o.cpus = 2;
   o.memory_mb = 512;
   o.timeout_s = 60;
+  o.idle_timeout_s = 30;
   o.env = {"A=1"};
   o.meta = {"team=x"};
   json j = create_body(o);
   EXPECT_EQ(j, json::parse(R"({"image":"debian","cpus":2,"memory_mb":512,"timeout":60,
-                              "env":{"A":"1"},"metadata":{"team":"x"}})"));
+                              "idle_timeout":30,"env":{"A":"1"},"metadata":{"team":"x"}})"));
   o.env = {"bad"};
   EXPECT_THROW(create_body(o), UsageError);
 }
@@ -190,7 +191,35 @@ TEST(Args, Formatting) {
       R"({"ts":"T","sandbox":"sb-1","event":"exec","argv":["sh","-c","x"],"cwd":"/a b"})"));
   EXPECT_EQ(line, R"(T exec argv=["sh","-c","x"] cwd="/a b")");
   EXPECT_EQ(human_bytes(512), "512 B");
+  json failed = json::parse(R"([{"id":"sb-2","image":"minimal","state":"failed",
+    "failure":"vmm_died","cpus":1,"memory_mb":256,"created_at_ms":1000}])");
+  EXPECT_NE(format_sandbox_table(failed, 61000).find("failed/vmm_died"), std::string::npos);
   EXPECT_EQ(human_bytes(12897485), "12.3 MiB");
+}
+
+TEST(Args, FormatPostureNamesWhatIsMissing) {
+  json p = {{"isolation", "tcg"},
+            {"note", "TCG: not a boundary"},
+            {"jail", "userns"},
+            {"missing", json::array({"uid", "cgroup_memory"})},
+            {"process",
+             {{"uid", {{"effective", 1000}}},
+              {"capabilities", {{"effective", "0000000000000000"}}},
+              {"seccomp", 2},
+              {"no_new_privs", true},
+              {"namespaces", {{"mnt", {{"own", true}}}, {"user", {{"own", false}}}}},
+              {"root", {{"own", true}, {"entries", json::array({"dev", "usr"})}}},
+              {"cgroup", {{"memory_max", nullptr}, {"pids_max", 64}, {"cpu_max", nullptr}}},
+              {"rlimits", {{"core", {{"hard", 0}}}}}}}};
+  std::string s = format_posture(p);
+  EXPECT_NE(s.find("isolation: tcg (TCG: not a boundary)"), std::string::npos) << s;
+  EXPECT_NE(s.find("uid: 1000    capabilities: none    seccomp: filter    no_new_privs: yes"),
+            std::string::npos) << s;
+  EXPECT_NE(s.find("own: mnt shared with the host: user"), std::string::npos) << s;
+  EXPECT_NE(s.find("root: own (dev usr)"), std::string::npos) << s;
+  EXPECT_NE(s.find("cgroup: memory unlimited, pids 64, cpu unlimited"), std::string::npos) << s;
+  EXPECT_NE(s.find("rlimits: core 0"), std::string::npos) << s;
+  EXPECT_NE(s.find("missing: uid, cgroup_memory"), std::string::npos) << s;
 }
 
 }  // namespace

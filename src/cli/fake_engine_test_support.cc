@@ -252,4 +252,27 @@ storage::ImageStore& Engine::images() {
   throw Error(Errc::internal, "the fake engine has no image store");
 }
 
+// Features the CLI's HTTP tests do not exercise: real errors, not stubs
+// pretending success (their behaviour is tested against the real engine).
+namespace {
+[[noreturn]] void unsupported(const char* what) {
+  throw Error(Errc::unavailable, std::string("the fake engine has no ") + what);
+}
+}  // namespace
+ExecStatus Engine::exec_background(const std::string&, const ExecRequest&) {
+  unsupported("background execs");
+}
+std::vector<ExecStatus> Engine::list_execs(const std::string&) { unsupported("background execs"); }
+ExecStatus Engine::wait_exec(const std::string&, const std::string&, double) {
+  unsupported("background execs");
+}
+nlohmann::json Engine::posture(const std::string&) { unsupported("jail"); }
+nlohmann::json Engine::add_port(const std::string&, int, int) { unsupported("port forwards"); }
+nlohmann::json Engine::list_ports(const std::string&) { unsupported("port forwards"); }
+void Engine::remove_port(const std::string&, int) { unsupported("port forwards"); }
+nlohmann::json Engine::set_pool(const std::string&, int, const nlohmann::json&) {
+  unsupported("warm pool");
+}
+nlohmann::json Engine::pool_info() { return nlohmann::json::array(); }
+
 }  // namespace airlock::engine

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <optional>
 #include <chrono>
 #include <cstdio>
 #include <iostream>
@@ -15,6 +16,7 @@
 
 #include "cli/args.h"
 #include "cli/client.h"
+#include "cli/probe.h"
 #include "cli/spawn.h"
 #include "common/error.h"
 #include "daemon/base64.h"
@@ -91,6 +93,14 @@ int run_exec(const Client& c, const std::string& id, const ExecOptions& opts,
   if (exit.value("timed_out", false))
     std::fprintf(stderr, "airlock: command timed out after %.3g s\n",
                  exit.value("duration_ms", 0) / 1000.0);
+  std::string reason = exit.value("reason", "");
+  if (reason == "pids_limit" || reason == "oom_killed" || reason == "cpu_limit" ||
+      reason == "no_space" || reason == "killed")
+    std::fprintf(stderr, "airlock: command ended: %s\n", reason.c_str());
+  if (exit.value("truncated", false))
+    std::fprintf(stderr, "airlock: output truncated (%llu stdout + %llu stderr bytes dropped)\n",
+                 static_cast<unsigned long long>(exit.value("stdout_dropped", uint64_t{0})),
+                 static_cast<unsigned long long>(exit.value("stderr_dropped", uint64_t{0})));
   return exit_code_of(exit);
 }
 
@@ -109,6 +119,8 @@ void add_create_flags(CLI::App* app, CreateOptions& o) {
   app->add_option("--memory", o.memory_mb, "memory in MiB (64..65536)");
   app->add_option("--disk", o.disk_mb, "disk size in MiB");
   app->add_option("--lifetime", o.timeout_s, "seconds before the sandbox is destroyed");
+  app->add_option("--idle-timeout", o.idle_timeout_s,
+                  "destroy it after this many seconds without an exec or call (0 = never)");
   add_network_flags(app, o.network, o.allow, o.deny);
 }
 
@@ -116,6 +128,11 @@ void add_exec_flags(CLI::App* app, ExecOptions& o, bool& interactive) {
   app->add_flag("-i,--interactive", interactive, "forward stdin even if it is a terminal");
   app->add_option("--cwd", o.cwd, "working directory in the sandbox");
   app->add_option("--user", o.user, "user name or uid (default root)");
+  app->add_option("--pids", o.pids, "limit: processes/threads of the command");
+  app->add_option("--memory-limit", o.memory_limit_mb, "limit: MiB of memory of the command");
+  app->add_option("--cpu-seconds", o.cpu_seconds, "limit: CPU seconds of the command");
+  app->add_option("--output-limit", o.output_limit,
+                  "bytes per stream kept (default 64 MiB); the rest is dropped");
 }
 
 void print_progress(const storage::BuildProgress& p, bool tty, std::string& last_step) {
@@ -180,6 +197,8 @@ int main_impl(int argc, char** argv) {
   add_exec_flags(exec, eopts, interactive);
   exec->add_option("--env", eopts.env, "KEY=VALUE");
   exec->add_option("--timeout", exec_timeout, "seconds before the command is killed");
+  exec->add_flag("-d,--background", eopts.background,
+                 "run detached; print its exec id (output is not kept)");
   exec->add_option("id", id, "sandbox id")->required();
   exec->add_option("argv", argv_rest, "command and arguments (after --)");
 
@@ -217,8 +236,45 @@ int main_impl(int argc, char** argv) {
       ->allow_extra_args(false);
   network->add_flag("--json", json_out, "print JSON");
 
+  std::optional<int> guest_port, host_port, remove_port;
+  auto* port = app.add_subcommand(
+      "port", "forward a host loopback port to a guest TCP port (no GUEST_PORT: list them)");
+  port->add_option("id", id)->required();
+  port->add_option("guest_port", guest_port, "the guest's TCP port")->check(CLI::Range(1, 65535));
+  port->add_option("--host-port", host_port, "the 127.0.0.1 port (default: a free one)")
+      ->check(CLI::Range(1024, 65535));
+  port->add_option("--rm", remove_port, "stop the forward from this host port")
+      ->check(CLI::Range(1, 65535));
+  port->add_flag("--json", json_out, "print JSON");
+
+  bool posture = false;
+  auto* inspect = app.add_subcommand("inspect", "a sandbox's details; --posture: its QEMU jail");
+  inspect->add_option("id", id)->required();
+  inspect->add_flag("--posture", posture, "the jail as read back from /proc, and what is missing");
+  inspect->add_flag("--json", json_out, "print JSON");
+
+  std::string pool_image;
+  std::optional<int> pool_size, pool_cpus, pool_memory, pool_disk;
+  auto* pool = app.add_subcommand(
+      "pool", "warm pool: keep SIZE sandboxes of IMAGE ready (0 disables; no args: show it)");
+  pool->add_option("image", pool_image, "image name");
+  pool->add_option("size", pool_size, "members to keep ready")->check(CLI::Range(0, 64));
+  pool->add_option("--cpus", pool_cpus, "members' vCPUs (default 1)");
+  pool->add_option("--memory", pool_memory, "members' RAM in MiB (default 256)");
+  pool->add_option("--disk", pool_disk, "members' disk in MiB (default 1024)");
+  pool->add_flag("--json", json_out, "print JSON");
+
   auto* info = app.add_subcommand("info", "daemon and host facts");
   info->add_flag("--json", json_out, "print JSON");
+
+  ProbeOptions popts;
+  auto* probe = app.add_subcommand(
+      "probe", "run the containment battery against fresh sandboxes on this host");
+  probe->add_option("--image", popts.image, "guest image (default: minimal)");
+  probe->add_option("--network", popts.network, "policy of the ordinary task: none (default), open")
+      ->check(CLI::IsMember({"none", "open"}));
+  probe->add_flag("--json", popts.json, "print JSON");
+  probe->add_flag("--quick", popts.quick, "fewer samples (time to a new instance over 3, not 10)");
 
   auto* image = app.add_subcommand("image", "guest images");
   image->require_subcommand(1);
@@ -267,6 +323,12 @@ int main_impl(int argc, char** argv) {
   }
   if (exec->parsed()) {
     eopts.timeout_s = exec_timeout;
+    if (eopts.background) {
+      json body = exec_body(eopts, argv_rest, std::nullopt);
+      json r = connect(g).call("POST", "/v1/sandboxes/" + id + "/exec", body);
+      std::cout << r.value("exec_id", "") << "\n";
+      return 0;
+    }
     Client c = connect(g);
     return run_exec(c, id, eopts, argv_rest, interactive);
   }
@@ -404,6 +466,35 @@ int main_impl(int argc, char** argv) {
     return 0;
   }
   if (logs->parsed() && follow) throw UsageError("logs --follow needs --network");
+  if (port->parsed()) {
+    if (remove_port && (guest_port || host_port))
+      throw UsageError("port --rm takes no GUEST_PORT or --host-port");
+    if (host_port && !guest_port) throw UsageError("--host-port needs a GUEST_PORT");
+    Client c = connect(g);
+    std::string target = "/v1/sandboxes/" + id + "/ports";
+    if (remove_port) {
+      c.call("DELETE", target + "/" + std::to_string(*remove_port));
+      return 0;
+    }
+    auto line = [](const json& p) {
+      return p.value("host", "127.0.0.1") + ":" + std::to_string(p.value("host_port", 0)) +
+             " -> guest port " + std::to_string(p.value("guest_port", 0)) + "\n";
+    };
+    if (guest_port) {
+      json body{{"guest_port", *guest_port}};
+      if (host_port) body["host_port"] = *host_port;
+      json answer = c.call("POST", target, body);
+      std::cout << (json_out ? answer.dump(2) + "\n" : line(answer));
+    } else {
+      json answer = c.call("GET", target);
+      if (json_out) {
+        std::cout << answer.dump(2) << "\n";
+      } else {
+        for (const auto& p : answer) std::cout << line(p);
+      }
+    }
+    return 0;
+  }
   if (network->parsed()) {
     auto policy = network_policy(net_mode, net_allow, net_deny);
     Client c = connect(g);
@@ -425,6 +516,45 @@ int main_impl(int argc, char** argv) {
       for (const auto& r : records) std::cout << format_audit_line(r) << "\n";
     }
     return 0;
+  }
+  if (inspect->parsed()) {
+    json j = connect(g).call("GET", "/v1/sandboxes/" + id + (posture ? "/posture" : ""));
+    if (json_out || !posture)
+      std::cout << j.dump(2) << "\n";
+    else
+      std::cout << format_posture(j);
+    return 0;
+  }
+  if (pool->parsed()) {
+    if (!pool_image.empty() && !pool_size) throw UsageError("pool IMAGE needs a SIZE");
+    Client c = connect(g);
+    json answer;
+    if (pool_size) {
+      json body{{"image", pool_image}, {"size", *pool_size}};
+      if (pool_cpus) body["cpus"] = *pool_cpus;
+      if (pool_memory) body["memory_mb"] = *pool_memory;
+      if (pool_disk) body["disk_mb"] = *pool_disk;
+      answer = c.call("PUT", "/v1/pool", body);
+    } else {
+      answer = c.call("GET", "/v1/pool");
+    }
+    if (json_out) {
+      std::cout << answer.dump(2) << "\n";
+    } else {
+      for (const auto& slot : answer) {
+        const json& sh = slot["shape"];
+        std::cout << slot.value("image", "?") << " (" << sh.value("cpus", 0) << " cpu, "
+                  << sh.value("memory_mb", 0) << "M, disk " << sh.value("disk_mb", 0)
+                  << "M): " << slot.value("ready", 0) << "/" << slot.value("target", 0)
+                  << " ready, " << slot.value("hits", 0) << " hits, " << slot.value("misses", 0)
+                  << " misses\n";
+      }
+    }
+    return 0;
+  }
+  if (probe->parsed()) {
+    Client c = connect(g);
+    return run_probe(c, popts, g.paths());
   }
   if (info->parsed()) {
     json j = connect(g).call("GET", "/v1/info");

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <thread>
 
 #include "daemon/base64.h"
@@ -67,6 +68,11 @@ class HangupWatch {
 
 void handle_exec(engine::Engine& engine, Exchange& ex, const std::string& id) {
   engine::ExecRequest req = parse_exec(ex.read_body(kMaxJsonBody));
+  if (req.background) {
+    // Nothing to stream: the exec runs on in the guest (GET .../exec lists it).
+    ex.send_json(201, engine::to_json(engine.exec_background(id, req)));
+    return;
+  }
   std::unique_ptr<HangupWatch> watch;
   auto line = [&](const json& j) { return ex.write_chunk(j.dump() + "\n"); };
   engine::ExecCallbacks cb;
@@ -210,6 +216,17 @@ void dispatch(engine::Engine& engine, Exchange& ex) {
       ex.send_json(200, j);
       return;
     }
+    case Route::get_pool:
+      check_query_keys(q, {});
+      expect_no_body(ex);
+      ex.send_json(200, engine.pool_info());
+      return;
+    case Route::set_pool: {
+      check_query_keys(q, {});
+      PoolRequest req = parse_pool(ex.read_body(kMaxJsonBody));
+      ex.send_json(200, engine.set_pool(req.image, req.size, req.shape));
+      return;
+    }
     case Route::create_sandbox: {
       check_query_keys(q, {});
       engine::SandboxSpec spec = parse_create(ex.read_body(kMaxJsonBody));
@@ -241,6 +258,27 @@ void dispatch(engine::Engine& engine, Exchange& ex) {
       check_query_keys(q, {});
       handle_exec(engine, ex, id);
       return;
+    case Route::list_execs: {
+      check_query_keys(q, {});
+      expect_no_body(ex);
+      json arr = json::array();
+      for (const auto& e : engine.list_execs(id)) arr.push_back(engine::to_json(e));
+      ex.send_json(200, arr);
+      return;
+    }
+    case Route::get_exec: {
+      check_query_keys(q, {"wait"});
+      double wait = 0;
+      if (auto it = q.find("wait"); it != q.end()) {
+        char* end = nullptr;
+        wait = std::strtod(it->second.c_str(), &end);
+        if (it->second.empty() || *end != '\0' || !(wait >= 0) || wait > 3600)
+          throw Error(Errc::invalid_argument, "wait must be 0..3600 seconds", "wait");
+      }
+      expect_no_body(ex);
+      ex.send_json(200, engine::to_json(engine.wait_exec(id, m.exec_id, wait)));
+      return;
+    }
     case Route::kill_exec: {
       check_query_keys(q, {"signal"});
       int sig = query_signal(q, 9);
@@ -309,6 +347,11 @@ void dispatch(engine::Engine& engine, Exchange& ex) {
       expect_no_body(ex);
       ex.send_json(200, engine.guest_info(id));
       return;
+    case Route::posture:
+      check_query_keys(q, {});
+      expect_no_body(ex);
+      ex.send_json(200, engine.posture(id));
+      return;
     case Route::set_network: {
       check_query_keys(q, {});
       json policy = parse_network_patch(ex.read_body(kMaxJsonBody));
@@ -321,6 +364,45 @@ void dispatch(engine::Engine& engine, Exchange& ex) {
       expect_no_body(ex);
       handle_network_events(engine, ex, id, query_bool(q, "follow", false));
       return;
+    case Route::add_port: {
+      check_query_keys(q, {});
+      json body = parse_object(ex.read_body(kMaxJsonBody));
+      for (auto& [k, v] : body.items())
+        if (k != "guest_port" && k != "host_port")
+          throw Error(Errc::invalid_argument, "unknown field " + k, k);
+      auto port = [&](const char* k, bool required) -> int {
+        if (!body.contains(k)) {
+          if (required) throw Error(Errc::invalid_argument, std::string(k) + " is required", k);
+          return 0;
+        }
+        if (!body[k].is_number_integer())
+          throw Error(Errc::invalid_argument, std::string(k) + " must be an integer", k);
+        int64_t v = body[k].get<int64_t>();
+        if (v < 0 || v > 65535)
+          throw Error(Errc::invalid_argument, std::string(k) + " must be 0..65535", k);
+        return static_cast<int>(v);
+      };
+      int guest = port("guest_port", true);
+      int host = port("host_port", false);
+      ex.send_json(201, engine.add_port(id, guest, host));
+      return;
+    }
+    case Route::list_ports:
+      check_query_keys(q, {});
+      expect_no_body(ex);
+      ex.send_json(200, engine.list_ports(id));
+      return;
+    case Route::remove_port: {
+      check_query_keys(q, {});
+      expect_no_body(ex);
+      const std::string& hp = m.host_port;
+      if (hp.empty() || hp.size() > 5 || hp.find_first_not_of("0123456789") != std::string::npos)
+        throw Error(Errc::invalid_argument, "host_port must be a port number, got " + hp,
+                    "host_port");
+      engine.remove_port(id, std::stoi(hp));
+      ex.send_empty(204);
+      return;
+    }
   }
   ex.send_error(500, "internal", "route without a handler");
 }

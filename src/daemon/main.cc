@@ -27,6 +27,15 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"auto", "kvm", "tcg"}));
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}));
+  std::vector<std::string> pools;
+  app.add_option("--pool", pools,
+                 "IMAGE=N: keep N sandboxes of IMAGE cloned and ready (repeatable; default none)");
+  bool no_templates = false;
+  app.add_flag("--no-templates", no_templates,
+               "always cold-boot (no VM templates or copy-on-write clones)");
+  std::string template_ram_dir;
+  app.add_option("--template-ram-dir", template_ram_dir,
+                 "where template RAM files live; tmpfs (default /dev/shm/airlock-<hash>)");
   app.set_version_flag("--version", AIRLOCK_VERSION);
   CLI11_PARSE(app, argc, argv);
 
@@ -44,9 +53,24 @@ int main(int argc, char** argv) {
 
     engine::Config config;
     config.data_dir = data;
-    config.image_dir =
-        image_dir.empty() ? daemon::default_image_dir(data) : std::filesystem::path(image_dir);
+    // Absolute: QEMU runs in a jail whose bind mounts need absolute paths.
+    config.image_dir = std::filesystem::absolute(
+        image_dir.empty() ? daemon::default_image_dir(data) : std::filesystem::path(image_dir));
     config.accel = accel == "auto" ? "" : accel;
+    config.templates = !no_templates;
+    if (!template_ram_dir.empty())
+      config.template_ram_dir = std::filesystem::absolute(template_ram_dir);
+    for (const std::string& p : pools) {
+      auto eq = p.find('=');
+      int n = -1;
+      try {
+        if (eq != std::string::npos) n = std::stoi(p.substr(eq + 1));
+      } catch (const std::exception&) {
+      }
+      if (eq == std::string::npos || eq == 0 || n < 0)
+        throw Error(Errc::invalid_argument, "--pool wants IMAGE=N, got '" + p + "'", "pool");
+      config.pool[p.substr(0, eq)] = n;
+    }
     auto eng = std::make_unique<engine::Engine>(config);
     spdlog::info("data dir {}, images {}", data.string(), config.image_dir.string());
     if (!server.run(*eng)) {

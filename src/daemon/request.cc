@@ -115,7 +115,8 @@ json parse_object(std::string_view body) {
 engine::SandboxSpec parse_create(std::string_view body) {
   json j = parse_object(body);
   reject_unknown(
-      j, {"image", "cpus", "memory_mb", "disk_mb", "timeout", "env", "metadata", "network"});
+      j, {"image", "cpus", "memory_mb", "disk_mb", "timeout", "idle_timeout", "env", "metadata",
+          "network"});
   engine::SandboxSpec spec;
   if (j.contains("image")) {
     spec.image = get_string(j["image"], "image");
@@ -130,6 +131,9 @@ engine::SandboxSpec parse_create(std::string_view body) {
     spec.memory_mb = int(get_int(j["memory_mb"], "memory_mb", 64, 65536));
   if (j.contains("disk_mb")) spec.disk_mb = int(get_int(j["disk_mb"], "disk_mb", 1, 1048576));
   if (j.contains("timeout")) spec.timeout_s = int(get_int(j["timeout"], "timeout", 1, 604800));
+  // 0 = no idle timeout (the default).
+  if (j.contains("idle_timeout"))
+    spec.idle_timeout_s = int(get_int(j["idle_timeout"], "idle_timeout", 0, 604800));
   if (j.contains("env")) spec.env = get_string_map(j["env"], "env", true);
   if (j.contains("metadata")) spec.metadata = get_string_map(j["metadata"], "metadata", false);
   if (j.contains("network")) spec.network = parse_network(j["network"]);
@@ -174,9 +178,28 @@ json parse_network_patch(std::string_view body) {
   return parse_network(j);
 }
 
+PoolRequest parse_pool(std::string_view body) {
+  json j = parse_object(body);
+  reject_unknown(j, {"image", "size", "cpus", "memory_mb", "disk_mb"});
+  PoolRequest r;
+  if (!j.contains("image") || !j["image"].is_string() || j["image"].get<std::string>().empty())
+    bad("image must be a non-empty string", "image");
+  r.image = j["image"].get<std::string>();
+  if (!j.contains("size") || !j["size"].is_number_integer())
+    bad("size must be an integer (0 disables the pool)", "size");
+  r.size = j["size"].get<int>();
+  for (const char* k : {"cpus", "memory_mb", "disk_mb"}) {
+    if (!j.contains(k)) continue;
+    if (!j[k].is_number_integer()) bad(std::string(k) + " must be an integer", k);
+    r.shape[k] = j[k];
+  }
+  return r;
+}
+
 engine::ExecRequest parse_exec(std::string_view body) {
   json j = parse_object(body);
-  reject_unknown(j, {"argv", "cmd", "env", "cwd", "user", "stdin", "stdin_b64", "timeout"});
+  reject_unknown(j, {"argv", "cmd", "env", "cwd", "user", "stdin", "stdin_b64", "timeout", "limits",
+                     "output_limit_bytes", "background"});
   engine::ExecRequest req;
   if (j.contains("argv") && j.contains("cmd")) bad("give either argv or cmd, not both", "argv");
   if (j.contains("argv")) {
@@ -233,6 +256,30 @@ engine::ExecRequest parse_exec(std::string_view body) {
     if (s > 604800) bad("timeout must be at most 604800", "timeout");
     req.timeout_s = s;
   }
+  if (j.contains("limits") && !j["limits"].is_null()) {
+    const json& l = j["limits"];
+    if (!l.is_object()) bad("limits must be an object {pids, memory_mb, cpu_seconds}", "limits");
+    reject_unknown(l, {"pids", "memory_mb", "cpu_seconds"});
+    if (l.contains("pids") && !l["pids"].is_null())
+      req.limits.pids = static_cast<int>(get_int(l["pids"], "limits.pids", 1, 1048576));
+    if (l.contains("memory_mb") && !l["memory_mb"].is_null())
+      req.limits.memory_mb =
+          static_cast<int>(get_int(l["memory_mb"], "limits.memory_mb", 1, 1048576));
+    if (l.contains("cpu_seconds") && !l["cpu_seconds"].is_null()) {
+      const json& c = l["cpu_seconds"];
+      if (!c.is_number())
+        bad("limits.cpu_seconds must be a number of seconds", "limits.cpu_seconds");
+      double s = c.get<double>();
+      if (!std::isfinite(s) || s < 0.01 || s > 31536000)
+        bad("limits.cpu_seconds must be between 0.01 and 31536000", "limits.cpu_seconds");
+      req.limits.cpu_seconds = s;
+    }
+  }
+  if (j.contains("output_limit_bytes"))
+    req.output_limit_bytes = static_cast<uint64_t>(
+        get_int(j["output_limit_bytes"], "output_limit_bytes", 0, int64_t{1} << 40));
+  if (j.contains("background")) req.background = get_bool(j["background"], "background");
+  if (req.background && req.stdin_data) bad("a background exec takes no stdin", "stdin");
   return req;
 }
 

@@ -50,6 +50,14 @@ nlohmann::json parse_network(const nlohmann::json& value);
 // PATCH /v1/sandboxes/{id}/network: the body is the policy itself.
 nlohmann::json parse_network_patch(std::string_view body);
 
+// PUT /v1/pool: {"image": "minimal", "size": 2, "cpus"?, "memory_mb"?, "disk_mb"?}.
+struct PoolRequest {
+  std::string image;
+  int size = 0;
+  nlohmann::json shape = nlohmann::json::object();  // cpus / memory_mb / disk_mb given
+};
+PoolRequest parse_pool(std::string_view body);
+
 // POST /v1/sandboxes/{id}/exec {argv | cmd, env, cwd, user, stdin | stdin_b64, timeout}
 engine::ExecRequest parse_exec(std::string_view body);
 

@@ -46,6 +46,10 @@ TEST(ParseCreate, DefaultsAndFullSpec) {
 }
 
 TEST(ParseCreate, UnknownFieldRejected) {
+  EXPECT_EQ(parse_create("{}").idle_timeout_s, 0);
+  EXPECT_EQ(parse_create(R"({"idle_timeout":90})").idle_timeout_s, 90);
+  expect_bad([] { parse_create(R"({"idle_timeout":-1})"); }, "idle_timeout", "idle_timeout");
+  expect_bad([] { parse_create(R"({"idle_timeout":604801})"); }, "idle_timeout", "idle_timeout");
   expect_bad([] { parse_create(R"({"cpu":2})"); }, "cpu", "unknown field 'cpu'");
   expect_bad([] { parse_create(R"({"networks":{}})"); }, "networks", "unknown field");
 }

@@ -26,12 +26,16 @@ bool match_template(const std::vector<std::string_view>& segs, std::string_view 
     if (t[i] == "{id}" || t[i] == "{exec_id}") {
       if (segs[i].empty()) return false;
       (t[i] == "{id}" ? m.id : m.exec_id) = std::string(segs[i]);
+    } else if (t[i] == "{host_port}") {
+      if (segs[i].empty()) return false;
+      m.host_port = std::string(segs[i]);
     } else if (t[i] != segs[i]) {
       return false;
     }
   }
   out.id = std::move(m.id);
   out.exec_id = std::move(m.exec_id);
+  out.host_port = std::move(m.host_port);
   return true;
 }
 
@@ -40,12 +44,16 @@ bool match_template(const std::vector<std::string_view>& segs, std::string_view 
 const std::vector<RouteSpec>& routes() {
   static const std::vector<RouteSpec> table = {
       {"GET", "/v1/info", Route::info},
+      {"GET", "/v1/pool", Route::get_pool},
+      {"PUT", "/v1/pool", Route::set_pool},
       {"POST", "/v1/sandboxes", Route::create_sandbox},
       {"GET", "/v1/sandboxes", Route::list_sandboxes},
       {"GET", "/v1/sandboxes/{id}", Route::get_sandbox},
       {"DELETE", "/v1/sandboxes/{id}", Route::delete_sandbox},
       {"POST", "/v1/sandboxes/{id}/exec", Route::exec},
       {"DELETE", "/v1/sandboxes/{id}/exec/{exec_id}", Route::kill_exec},
+      {"GET", "/v1/sandboxes/{id}/exec", Route::list_execs},
+      {"GET", "/v1/sandboxes/{id}/exec/{exec_id}", Route::get_exec},
       {"PUT", "/v1/sandboxes/{id}/files", Route::put_file},
       {"GET", "/v1/sandboxes/{id}/files", Route::get_file},
       {"DELETE", "/v1/sandboxes/{id}/files", Route::delete_file},
@@ -54,8 +62,12 @@ const std::vector<RouteSpec>& routes() {
       {"POST", "/v1/sandboxes/{id}/files/mkdir", Route::make_dir},
       {"GET", "/v1/sandboxes/{id}/logs", Route::logs},
       {"GET", "/v1/sandboxes/{id}/info", Route::guest_info},
+      {"GET", "/v1/sandboxes/{id}/posture", Route::posture},
       {"PATCH", "/v1/sandboxes/{id}/network", Route::set_network},
       {"GET", "/v1/sandboxes/{id}/network/events", Route::network_events},
+      {"POST", "/v1/sandboxes/{id}/ports", Route::add_port},
+      {"GET", "/v1/sandboxes/{id}/ports", Route::list_ports},
+      {"DELETE", "/v1/sandboxes/{id}/ports/{host_port}", Route::remove_port},
   };
   return table;
 }

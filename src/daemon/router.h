@@ -15,12 +15,16 @@
 namespace airlock::daemon {
 
 enum class Route {
+  get_pool,  // warm pool state
+  set_pool,  // warm pool size and shape for one image
   create_sandbox,
   list_sandboxes,
   get_sandbox,
   delete_sandbox,
   exec,
   kill_exec,
+  list_execs,
+  get_exec,
   put_file,
   get_file,
   delete_file,
@@ -29,8 +33,12 @@ enum class Route {
   make_dir,
   logs,
   guest_info,
+  posture,  // the QEMU jail read back from /proc
   set_network,
   network_events,
+  add_port,
+  list_ports,
+  remove_port,
   info,
 };
 
@@ -50,6 +58,7 @@ struct RouteMatch {
   Route route = Route::info;
   std::string id;       // {id}, if the template has one
   std::string exec_id;  // {exec_id}, if the template has one
+  std::string host_port;  // {host_port}, if the template has one (not yet checked)
   std::string allow;    // for method_not_allowed: the Allow header value
 };
 

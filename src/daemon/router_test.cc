@@ -47,9 +47,13 @@ TEST(Router, WrongMethodIs405WithAllow) {
   RouteMatch m = match_route("PATCH", "/v1/sandboxes/x");
   EXPECT_EQ(m.status, RouteStatus::method_not_allowed);
   EXPECT_EQ(m.allow, "GET, DELETE");
-  m = match_route("GET", "/v1/sandboxes/x/exec");
+  m = match_route("PUT", "/v1/sandboxes/x/exec");
   EXPECT_EQ(m.status, RouteStatus::method_not_allowed);
-  EXPECT_EQ(m.allow, "POST");
+  EXPECT_EQ(m.allow, "POST, GET");
+  m = match_route("GET", "/v1/sandboxes/x/exec/ex-1");
+  EXPECT_EQ(m.status, RouteStatus::ok);
+  EXPECT_EQ(m.route, Route::get_exec);
+  EXPECT_EQ(m.exec_id, "ex-1");
   EXPECT_EQ(match_route("DELETE", "/v1/sandboxes").allow, "POST, GET");
   m = match_route("GET", "/v1/sandboxes/x/network");
   EXPECT_EQ(m.status, RouteStatus::method_not_allowed);

@@ -13,6 +13,7 @@
 
 #include "common/error.h"
 #include "engine/engine_impl.h"
+#include "engine/storage/digest.h"
 #include "engine/types_json.h"
 #include "engine/validate.h"
 #include "protocol/messages.h"
@@ -68,6 +69,14 @@ Config with_defaults(Config c) {
   if (c.boot_timeout_s < 1 || c.boot_timeout_s > 3600)
     throw Error(Errc::invalid_argument, "boot_timeout_s must be between 1 and 3600",
                 "boot_timeout_s");
+  if (c.template_dir.empty()) c.template_dir = c.data_dir / "templates";
+  if (c.template_ram_dir.empty()) {
+    // RAM files belong on tmpfs: their pages are then page cache that every
+    // clone maps, never written back to a disk.
+    std::string tag = storage::sha256_hex({c.data_dir.string()}).substr(0, 12);
+    c.template_ram_dir = fs::is_directory("/dev/shm", ec) ? fs::path("/dev/shm") / ("airlock-" + tag)
+                                                          : c.template_dir / "ram";
+  }
   for (const fs::path& d : {c.data_dir, c.data_dir / "sandboxes", c.data_dir / "audit"}) {
     fs::create_directories(d, ec);
     if (ec) throw Error(Errc::internal, "cannot create " + d.string() + ": " + ec.message());
@@ -82,6 +91,7 @@ Engine::Impl::Impl(Config c)
       registry(cfg.data_dir / "registry.db"),
       journal(cfg.data_dir / "audit"),
       images(cfg.image_dir, cfg.share_dir / "images", cfg.guest_agent) {
+  if (cfg.templates) templates.emplace(cfg.template_dir, cfg.template_ram_dir);
   if (!cfg.accel.empty()) {
     accel = vmm::AccelVerdict{cfg.accel == "kvm" ? vmm::Accel::kvm : vmm::Accel::tcg,
                               "configured (accel=" + cfg.accel + ")", false};
@@ -122,7 +132,10 @@ std::shared_ptr<Live> Engine::Impl::running(const std::string& id) {
     auto it = live.find(id);
     if (it != live.end()) {
       std::lock_guard sl(it->second->mu);
-      if (it->second->state == State::running) return it->second;
+      if (it->second->state == State::running) {
+        it->second->last_activity_ms = now_ms();  // any call counts for idle_timeout
+        return it->second;
+      }
       throw Error(Errc::conflict,
                   "sandbox " + id + " is " + to_string(it->second->state) + ", not running");
     }
@@ -130,6 +143,7 @@ std::shared_ptr<Live> Engine::Impl::running(const std::string& id) {
   auto rec = registry.get(id);
   if (!rec) throw Error(Errc::not_found, "no sandbox " + id, "id");
   std::string why = rec->info.reason.empty() ? "" : " (" + rec->info.reason + ")";
+  if (!rec->info.failure.empty()) why = " (" + rec->info.failure + ": " + rec->info.reason + ")";
   // "running" in the registry but not live: the reaper or destroy() is
   // tearing it down right now.
   std::string state = rec->info.state == State::running ? "stopping" : to_string(rec->info.state);
@@ -137,7 +151,8 @@ std::shared_ptr<Live> Engine::Impl::running(const std::string& id) {
 }
 
 void Engine::Impl::teardown(Live& sb, State state, const std::string& reason,
-                            const std::string& event) {
+                            const std::string& event, const std::string& failure,
+                            const nlohmann::json& details) {
   const std::string& id = sb.rec.info.id;
   {
     std::lock_guard lock(sb.mu);
@@ -161,18 +176,26 @@ void Engine::Impl::teardown(Live& sb, State state, const std::string& reason,
   if (ec)
     spdlog::error("sandbox {}: removing {} failed: {}", id, sb.rec.run_dir.string(), ec.message());
   try {
-    registry.set_state(id, state, reason);
+    registry.set_state(id, state, reason, failure);
   } catch (const std::exception& e) {
     spdlog::error("sandbox {}: registry update failed: {}", id, e.what());
   }
   try {
-    journal.append(id, event, {{"reason", reason}}, Durability::sync);
+    nlohmann::json ev = details.is_object() ? details : nlohmann::json::object();
+    ev["reason"] = reason;
+    if (!failure.empty()) ev["failure"] = failure;
+    journal.append(id, event, ev, Durability::sync);
   } catch (const std::exception& e) {
     spdlog::error("sandbox {}: audit append failed: {}", id, e.what());
   }
-  std::lock_guard lock(sb.mu);
-  sb.state = state;
-  sb.execs.clear();
+  {
+    std::lock_guard lock(sb.mu);
+    sb.state = state;
+    sb.failure = state == State::failed ? failure : std::string();
+    sb.end_reason = reason;
+    sb.execs.clear();
+  }
+  sb.ended.notify_all();  // calls that lost the guest name the cause (engine_ops.cc)
 }
 
 void Engine::Impl::reaper_loop() {
@@ -182,30 +205,34 @@ void Engine::Impl::reaper_loop() {
     // Wake at the earliest expiry, and at least every second to notice QEMU
     // processes that died on their own.
     int64_t next = now + 1000;
-    std::vector<std::tuple<std::shared_ptr<Live>, State, std::string, std::string>> victims;
+    // Every check is in check_health (engine_failure.cc): expiry, idle,
+    // QEMU gone, channel closed, network helper, agent ping.
+    std::vector<std::pair<std::shared_ptr<Live>, Verdict>> victims;
     for (auto it = live.begin(); it != live.end();) {
       auto& sb = it->second;
-      const auto& info = sb->rec.info;
-      if (now >= info.expires_at_ms) {
-        victims.emplace_back(sb, State::timed_out,
-                             "lifetime of " + std::to_string(info.spec.timeout_s) + " s expired",
-                             "timed_out");
-      } else if (!sb->vm || !sb->vm->alive()) {
-        victims.emplace_back(sb, State::failed, "vmm exited", "failed");
-      } else if (sb->channel && sb->channel->closed()) {
-        victims.emplace_back(sb, State::failed, sb->channel->closed_reason(), "failed");
-      } else {
-        next = std::min(next, info.expires_at_ms);
+      std::optional<Verdict> v;
+      try {
+        v = check_health(sb, now);
+      } catch (const std::exception& e) {
+        spdlog::error("sandbox {}: health check failed: {}", it->first, e.what());
+      }
+      if (!v) {
+        next = std::min(next, sb->rec.info.expires_at_ms);
         ++it;
         continue;
       }
+      victims.emplace_back(sb, std::move(*v));
       it = live.erase(it);
     }
     if (!victims.empty()) {
       lock.unlock();
-      for (auto& [sb, state, reason, event] : victims) {
-        spdlog::info("sandbox {}: {}", sb->rec.info.id, reason);
-        teardown(*sb, state, reason, event);
+      for (auto& [sb, v] : victims) {
+        if (v.details.value("classify", false))
+          v = classify_death(sb->rec.run_dir, sb->vm ? sb->vm->pid() : sb->rec.info.pid,
+                             sb->memory_cgroup);
+        spdlog::info("sandbox {}: {}{}", sb->rec.info.id,
+                     v.failure.empty() ? "" : v.failure + ": ", v.reason);
+        teardown(*sb, v.state, v.reason, v.event, v.failure, v.details);
       }
       lock.lock();
       continue;  // re-evaluate: time has passed
@@ -236,11 +263,22 @@ void Engine::Impl::recover() {
     }
     auto sb = std::make_shared<Live>();
     sb->rec = rec;
-    std::string reason;
+    std::string reason, failure;
+    nlohmann::json details = nlohmann::json::object();
+    if (rec.info.spec.metadata.count(kPoolMarker)) {
+      // An idle pool member of the previous daemon: nobody's sandbox.
+      sb->vm = std::move(vm);
+      teardown(*sb, State::deleted, "warm pool member dropped at daemon restart", "deleted");
+      continue;
+    }
     if (rec.info.state != State::running) {
       reason = "the daemon stopped while the sandbox was " + std::string(to_string(rec.info.state));
     } else if (!vm || !vm->alive()) {
-      reason = "vmm exited while the daemon was down";
+      // What the console and qemu.log say (its cgroup is not known here).
+      Verdict v = classify_death(rec.run_dir, rec.info.pid, "");
+      failure = v.failure;
+      reason = v.reason + " (while the daemon was down)";
+      details = v.details;
     } else {
       try {
         auto deadline = channel::Clock::now() + std::chrono::seconds(cfg.boot_timeout_s);
@@ -268,12 +306,13 @@ void Engine::Impl::recover() {
         continue;
       } catch (const std::exception& e) {
         reason = std::string("guest agent unreachable after daemon restart: ") + e.what();
+        failure = "agent_lost";
         sb->channel.reset();
       }
     }
     sb->vm = std::move(vm);
     spdlog::warn("sandbox {}: cleaning up: {}", id, reason);
-    teardown(*sb, State::failed, reason, "failed");
+    teardown(*sb, State::failed, reason, "failed", failure, details);
   }
 }
 
@@ -292,9 +331,19 @@ Engine::Engine(Config config) : impl_(std::make_unique<Impl>(std::move(config)))
     }
   }
   impl_->reaper = std::thread([this] { impl_->reaper_loop(); });
+  for (const auto& [image, size] : impl_->cfg.pool) set_pool(image, size);
+  impl_->pool_thread = std::thread([this] { impl_->pool_loop(); });
 }
 
 Engine::~Engine() {
+  {
+    std::lock_guard lock(impl_->pool_mu);
+    impl_->pool_stopping = true;
+  }
+  impl_->pool_wake.notify_all();
+  if (impl_->pool_thread.joinable()) impl_->pool_thread.join();
+  // Pool members are nobody's sandboxes yet: they do not outlive the engine.
+  impl_->drain_pool();
   {
     std::lock_guard lock(impl_->mu);
     impl_->stopping = true;
@@ -313,6 +362,7 @@ Engine::~Engine() {
 std::vector<SandboxInfo> Engine::list(const std::map<std::string, std::string>& filter, bool all) {
   std::vector<SandboxInfo> out;
   for (auto& rec : impl_->registry.list(all)) {
+    if (rec.info.spec.metadata.count(kPoolMarker)) continue;  // not handed out: nobody's
     bool match = true;
     for (const auto& [k, v] : filter) {
       auto it = rec.info.spec.metadata.find(k);
@@ -335,6 +385,7 @@ storage::ImageStore& Engine::images() { return impl_->images; }
 
 nlohmann::json Engine::info() {
   nlohmann::json j{{"version", AIRLOCK_VERSION}};
+  j["data_dir"] = impl_->cfg.data_dir.string();  // `airlock probe` checks run dirs under it
   auto imgs = impl_->images.list();
   if (!impl_->accel && !imgs.empty()) {
     try {
@@ -362,6 +413,11 @@ nlohmann::json Engine::info() {
                            {"built_at", img.built_at}});
   }
   j["recipes"] = impl_->images.recipes();
+  j["templates"] = nlohmann::json::array();
+  if (impl_->templates)
+    for (const auto& t : impl_->templates->list()) j["templates"].push_back(templates::to_json(t));
+  j["templates_enabled"] = impl_->cfg.templates;
+  j["pool"] = pool_info();
   return j;
 }
 

@@ -34,6 +34,20 @@ struct Config {
   std::filesystem::path guest_agent;  // default: <exe dir>/airlock-guest
   int boot_timeout_s = 60;          // agent must answer within this, else retry once
   std::string accel;                // "", "kvm" or "tcg": "" = probe (cached)
+  // Templates (docs/design.md, "Templates and clones"): a create whose shape
+  // has a template starts as a copy-on-write clone of it instead of booting.
+  bool templates = true;
+  std::filesystem::path template_dir;      // default: data_dir / "templates"
+  std::filesystem::path template_ram_dir;  // default: /dev/shm/airlock-<hash of data_dir>
+  size_t max_templates = 8;                // least recently used ones beyond are removed
+  // Warm pool: image name -> sandboxes kept cloned and ready (default shape,
+  // no network). Changeable at runtime with Engine::set_pool.
+  std::map<std::string, int> pool;
+  // Agent liveness (docs/design.md, "Failure states"): the reaper pings each
+  // running sandbox's agent every agent_ping_interval_ms; one unanswered
+  // for agent_ping_timeout_ms fails the sandbox as `agent_lost`.
+  int agent_ping_interval_ms = 5000;
+  int agent_ping_timeout_ms = 30000;
 };
 
 enum class State { starting, running, stopping, deleted, timed_out, failed };
@@ -45,6 +59,9 @@ struct SandboxSpec {
   int memory_mb = 256;       // 64 .. 65536
   int disk_mb = 1024;        // >= image size, <= 1048576
   int timeout_s = 600;       // life; 1 .. 604800
+  // Destroyed (timed_out, "idle for N s") after this long with no exec
+  // running and no call on it; 0 = never, else 1 .. 604800.
+  int idle_timeout_s = 0;
   std::map<std::string, std::string> env;       // defaults for every exec
   std::map<std::string, std::string> metadata;  // free-form labels, list filter
   // Egress policy {"mode": "none"|"allowlist"|"open", "allow": [...], "deny": [...]},
@@ -57,8 +74,14 @@ struct SandboxInfo {
   SandboxSpec spec;
   State state = State::starting;
   std::string reason;  // why it is failed/timed_out/deleted, if it is
+  // Typed cause of a `failed` sandbox (empty otherwise): guest_panic (kernel
+  // panic/reset on the console), vmm_died (QEMU exited or was killed),
+  // agent_lost (channel closed or agent unresponsive while QEMU runs), oom
+  // (QEMU's cgroup hit its memory limit), net_helper_died. `reason` has the
+  // details; a create that never booted is failed with "boot_failed".
+  std::string failure;
   std::string accel;   // "kvm" | "tcg"
-  std::string start;   // how it started: "boot"
+  std::string start;   // how it started: "pool" | "clone" | "boot"
   int64_t created_at_ms = 0;
   int64_t expires_at_ms = 0;
   int64_t boot_ms = 0;  // create call -> agent ready
@@ -74,6 +97,17 @@ struct ExecRequest {
   std::string user;    // name or numeric uid; default root
   std::optional<std::string> stdin_data;  // bytes fed to stdin, then EOF
   double timeout_s = 0;                   // 0 = none (the sandbox's life still applies)
+  // Limits of this exec's own cgroup in the guest; 0 = not limited.
+  struct Limits {
+    int pids = 0;            // 1 .. 1048576 processes/threads
+    int memory_mb = 0;       // 1 .. 1048576 (no swap)
+    double cpu_seconds = 0;  // 0.01 .. 31536000, CPU time of the whole tree
+  } limits;
+  // Per stream (stdout, stderr): beyond it the guest drops and counts output.
+  uint64_t output_limit_bytes = 64ull << 20;  // 0 .. 2^40
+  // Start and return at once (exec_background()); listed by list_execs(),
+  // waited on by wait_exec(); its tree lives until killed or the sandbox ends.
+  bool background = false;
 };
 
 struct ExecResult {
@@ -82,9 +116,26 @@ struct ExecResult {
   std::optional<int> signal;     // set if a signal ended it
   bool timed_out = false;
   int64_t duration_ms = 0;
+  // stdout/stderr_bytes: produced by the process (delivered + dropped).
   uint64_t stdin_bytes = 0, stdout_bytes = 0, stderr_bytes = 0;
+  // How it ended: exited | signaled | timeout | killed (kill_exec, client
+  // gone) | pids_limit | oom_killed | cpu_limit | no_space.
+  std::string reason;
+  bool truncated = false;  // output beyond output_limit_bytes was dropped
+  uint64_t stdout_dropped = 0, stderr_dropped = 0;
 };
 nlohmann::json to_json(const ExecResult& result);
+
+// A background exec as the guest reports it.
+struct ExecStatus {
+  std::string exec_id;
+  std::vector<std::string> argv;
+  int pid = 0;
+  bool running = true;
+  int64_t started_at_ms = 0;
+  ExecResult result;  // exit_code, signal, reason, duration_ms once !running
+};
+nlohmann::json to_json(const ExecStatus& status);
 
 struct ExecCallbacks {
   // Called once the process runs.
@@ -128,8 +179,18 @@ class Engine {
   // call); guest errors (no such binary/cwd/user) keep the guest's Errc.
   ExecResult exec(const std::string& id, const ExecRequest& request,
                   const ExecCallbacks& callbacks);
-  // Sends `signal` to a running exec's process (tree).
+  // Sends `signal` to a running exec's process (tree); for a background
+  // exec, 9 kills its whole tree even after its main process ended.
   void kill_exec(const std::string& id, const std::string& exec_id, int signal = 9);
+  // Starts request.background-style: returns once the process runs. Errors
+  // as exec(). The exec's output goes nowhere (redirect it in the command).
+  ExecStatus exec_background(const std::string& id, const ExecRequest& request);
+  // The sandbox's background execs, oldest first (finished ones included,
+  // the guest keeps the last 128).
+  std::vector<ExecStatus> list_execs(const std::string& id);
+  // A background exec, once it ended or after `timeout_s` (0 = now).
+  // not_found for an unknown exec_id.
+  ExecStatus wait_exec(const std::string& id, const std::string& exec_id, double timeout_s = 0);
 
   uint64_t write_file(const std::string& id, const std::string& path, uint32_t mode,
                       const ChunkSource& source);
@@ -140,6 +201,12 @@ class Engine {
   void make_dir(const std::string& id, const std::string& path, bool parents);
   void remove_file(const std::string& id, const std::string& path, bool recursive);
   nlohmann::json guest_info(const std::string& id);  // kernel, uptime, memory, disk
+  // The running sandbox's QEMU jail as read back from /proc and its cgroup
+  // (vmm/posture.h), plus "isolation": "kvm"|"tcg" with a "note" (under TCG
+  // QEMU is not a security boundary by its own policy: the jail is what
+  // protects the host), "jail": full|userns|none and "missing": the
+  // protections not in force. conflict unless running (engine_posture.cc).
+  nlohmann::json posture(const std::string& id);
 
   // The sandbox's audit journal (kept after delete), oldest first.
   std::vector<nlohmann::json> audit(const std::string& id);
@@ -151,8 +218,28 @@ class Engine {
   // The sandbox's network events (net_dns, net_flow, net_flow_end, ...) from
   // its journal, oldest first, skipping the first `skip` of them (for polling).
   std::vector<nlohmann::json> network_events(const std::string& id, size_t skip = 0);
+  // Inbound port forwards (off by default): host 127.0.0.1:host_port (0 = a
+  // free port) to the guest's TCP guest_port, through the network helper;
+  // recorded as net_port events, connections through it as inbound flows.
+  // Returns {"host": "127.0.0.1", "host_port", "guest_port"}. Errors:
+  // invalid_argument + field (port out of range; host_port below 1024),
+  // conflict (mode "none": no NIC; host port in use; guest port already
+  // forwarded), not_found (remove: no such forward).
+  nlohmann::json add_port(const std::string& id, int guest_port, int host_port = 0);
+  nlohmann::json list_ports(const std::string& id);  // [{"host", "host_port", "guest_port"}]
+  void remove_port(const std::string& id, int host_port);
 
-  // version, accelerator + why, images.
+  // Warm pool: keep `size` sandboxes of `image` cloned and ready (0..64;
+  // 0 disables). `shape` may set cpus, memory_mb, disk_mb (default: the
+  // SandboxSpec defaults); a create with that image and shape and no network
+  // takes a member (start "pool"). Returns pool_info().
+  nlohmann::json set_pool(const std::string& image, int size,
+                          const nlohmann::json& shape = nlohmann::json());
+  // [{"image", "shape", "target", "ready", "members", "hits", "misses",
+  //   "replaced", "shed"}, ...]
+  nlohmann::json pool_info();
+
+  // version, accelerator + why, images, templates, pool.
   nlohmann::json info();
   storage::ImageStore& images();
 

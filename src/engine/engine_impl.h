@@ -3,7 +3,10 @@
 // (exec and files). Not part of the public API.
 #pragma once
 
+#include <algorithm>
+#include <atomic>
 #include <condition_variable>
+#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -17,12 +20,16 @@
 #include "engine/engine.h"
 #include "engine/registry/registry.h"
 #include "engine/storage/image_store.h"
+#include "engine/templates/template_store.h"
 #include "engine/vmm/accel.h"
 #include "engine/vmm/vm.h"
 
 namespace airlock::engine {
 
 int64_t now_ms();
+// Metadata key marking a warm-pool member (value: its image) until it is
+// handed out; never visible on a user's sandbox.
+inline constexpr const char* kPoolMarker = "airlock.pool";
 // "<prefix>" + 12 lowercase hex digits from getrandom.
 std::string random_id(const std::string& prefix);
 
@@ -37,6 +44,44 @@ struct Live {
   std::map<std::string, uint32_t> execs;  // exec_id -> stream, while running
   pid_t net_pid = 0;                      // the airlock-net helper (0 = none: mode "none")
   std::mutex net_mu;                      // serialises policy changes
+
+  // Failure detection (engine.cc reaper; docs/design.md "Failure states").
+  // Once teardown has set a terminal state it stores the failure and reason
+  // here (under mu) and notifies `ended`, so a call that lost the guest
+  // mid-way can name the cause instead of a bare "connection lost".
+  std::condition_variable ended;
+  std::string failure, end_reason;
+  // Activity for idle_timeout: the last call on it (0 = not seen yet) and
+  // the calls in flight (ActivityGuard).
+  std::atomic<int64_t> last_activity_ms{0};
+  std::atomic<int> busy{0};
+  // Agent ping: at most one in flight; ping_sent_ms is when it was sent.
+  std::atomic<bool> ping_in_flight{false};
+  std::atomic<int64_t> ping_sent_ms{0};
+  // Reaper-only: when it last pinged, when it first saw the channel closed
+  // while QEMU ran, QEMU's memory cgroup (read while it ran: gone with it).
+  int64_t last_ping_ms = 0;
+  int64_t closed_seen_ms = 0;
+  std::string memory_cgroup;
+};
+
+// Marks a call on `sb` in flight for idle_timeout: the sandbox is active
+// from construction to destruction (the end of the call counts too).
+class ActivityGuard {
+ public:
+  explicit ActivityGuard(Live& sb) : sb_(sb) {
+    sb_.last_activity_ms = now_ms();
+    ++sb_.busy;
+  }
+  ~ActivityGuard() {
+    sb_.last_activity_ms = now_ms();
+    --sb_.busy;
+  }
+  ActivityGuard(const ActivityGuard&) = delete;
+  ActivityGuard& operator=(const ActivityGuard&) = delete;
+
+ private:
+  Live& sb_;
 };
 
 // Network (engine_network.cc; docs/network.md).
@@ -66,6 +111,30 @@ pid_t read_net_pid(const std::filesystem::path& run_dir);
 void kill_net_helper(pid_t pid, const std::filesystem::path& run_dir);
 // One request/reply on the helper's control socket (5 s bound).
 nlohmann::json net_control(const std::filesystem::path& run_dir, const nlohmann::json& request);
+// False if the sandbox has a network helper and it is no longer running
+// (the reaper fails the sandbox: its VM would have lost its network).
+bool net_helper_alive(const Live& sb);
+// hello's "network" object for a networked sandbox: slirp's IPv4 and IPv6
+// addresses and the NIC's MAC (mac_for(id)); see api/guest-protocol.md.
+nlohmann::json hello_network(const std::string& id);
+
+// Failure detection (engine_failure.cc; docs/design.md "Failure states").
+// What the reaper decided about a sandbox: the state to end it in, the
+// typed failure (SandboxInfo::failure, "" unless failed), the reason, the
+// journal event and extra fields for it (console_tail, pid).
+struct Verdict {
+  State state;
+  std::string failure;
+  std::string reason;
+  std::string event;
+  nlohmann::json details;
+};
+// Why the QEMU of `run_dir` (pid `pid`) is gone: guest_panic (a panic/reset
+// line on the console), oom (its memory cgroup `memory_cgroup` recorded an
+// OOM kill; "" or "-" = unknown) or vmm_died (with the signal if qemu.log
+// names one, else "exit status unknown"). May wait 300 ms for the console.
+Verdict classify_death(const std::filesystem::path& run_dir, int pid,
+                       const std::string& memory_cgroup);
 
 struct Engine::Impl {
   Config cfg;
@@ -82,6 +151,19 @@ struct Engine::Impl {
   std::mutex accel_mu;
   std::optional<vmm::AccelVerdict> accel;
 
+  // VM starts (boots, clones, template builds) running at once: at most
+  // max_starts = max(2, cores); more creates queue (engine_lifecycle.cc).
+  std::mutex start_mu;
+  std::condition_variable start_cv;
+  int starts_running = 0;
+  int max_starts = std::max(2, static_cast<int>(std::thread::hardware_concurrency()));
+
+  // Templates (engine_templates.cc). One build per key at a time: creates
+  // of the same shape wait for it and then clone.
+  std::optional<templates::TemplateStore> templates;
+  std::mutex tpl_mu;
+  std::map<std::string, std::shared_ptr<std::mutex>> tpl_building;
+
   explicit Impl(Config c);
 
   std::filesystem::path sandbox_dir(const std::string& id) const {
@@ -91,10 +173,14 @@ struct Engine::Impl {
   vmm::AccelVerdict resolve_accel(const storage::Image& img);
   // The running sandbox `id`, or Error(not_found / conflict naming its state).
   std::shared_ptr<Live> running(const std::string& id);
-  // Kills the VM, removes its files, records `state` + `reason` in the
-  // registry and `event` in the journal. The sandbox must already be out of
-  // `live`. Never throws (teardown must finish; failures are logged).
-  void teardown(Live& sb, State state, const std::string& reason, const std::string& event);
+  // Kills the VM, removes its files, records `state` + `reason` (+
+  // `failure`, SandboxInfo::failure) in the registry and `event` in the
+  // journal (with `details` merged in, e.g. the console tail). The sandbox
+  // must already be out of `live`. Never throws (teardown must finish;
+  // failures are logged).
+  void teardown(Live& sb, State state, const std::string& reason, const std::string& event,
+                const std::string& failure = {},
+                const nlohmann::json& details = nlohmann::json::object());
   // Re-adopts running sandboxes and cleans up dead ones (construction).
   void recover();
   // One boot attempt (engine_lifecycle.cc): fresh overlay, QEMU, agent
@@ -104,11 +190,55 @@ struct Engine::Impl {
     std::string cause;
     std::string console;
   };
-  std::optional<BootFailure> boot_once(Live& sb, const storage::Image& img, vmm::Accel accel);
+  // Creates, starts and registers one sandbox (clone of its shape's
+  // template, else cold boot; engine_lifecycle.cc). A normal one is made
+  // `running` and put in `live`; a `pooled` one stays `starting`, marked
+  // with kPoolMarker, outside `live`, for the pool to hand out. Error as for
+  // Engine::create; nothing left behind on failure.
+  std::shared_ptr<Live> launch(const SandboxSpec& checked, const storage::Image& img,
+                               const vmm::AccelVerdict& accel, bool pooled);
+
+  // Warm pool (engine_pool.cc).
+  struct PoolSlot {
+    std::string image;
+    int cpus = 1, memory_mb = 256, disk_mb = 1024;
+    int target = 0;
+    std::deque<std::shared_ptr<Live>> ready;
+    int64_t hits = 0, misses = 0, replaced = 0, shed = 0;
+  };
+  std::mutex pool_mu;  // pool_slots, pool_stopping
+  std::condition_variable pool_wake;
+  std::map<std::string, PoolSlot> pool_slots;  // by image
+  bool pool_stopping = false;
+  std::thread pool_thread;
+  // A ready member matching `checked` (image and shape, no network), made
+  // the caller's: running, its spec, metadata and lifetime; nullopt if none.
+  std::optional<SandboxInfo> take_pooled(const SandboxSpec& checked);
+  void pool_loop();
+  // Kills every pool member (engine shutdown). Never throws.
+  void drain_pool();
+
+  // With `tpl`: a clone of it (restore, no boot) instead of a cold boot.
+  std::optional<BootFailure> boot_once(Live& sb, const storage::Image& img, vmm::Accel accel,
+                                       const templates::Template* tpl = nullptr);
+  // The template for this create's shape, built now if there is none (the
+  // build is one boot plus a save). Never throws: nullopt = cold boot. What
+  // happened (template_invalid / template_built / template_failed) is
+  // appended to sandbox `id`'s journal.
+  std::optional<templates::Template> template_for(const storage::Image& img,
+                                                  const SandboxSpec& spec, vmm::Accel accel,
+                                                  const std::string& id);
+  templates::Template build_template(const storage::Image& img, const templates::Shape& shape,
+                                     vmm::Accel accel, const std::string& key);
   // A JSON-only guest operation (engine_ops.cc), audited as a "file" event
   // if `audited`.
   nlohmann::json json_op(const std::string& id, nlohmann::json req, bool audited);
   void reaper_loop();
+  // One reaper check of a live sandbox (engine_failure.cc), under `mu`:
+  // nullopt if healthy; else how to end it. A verdict with
+  // details["classify"] means "QEMU is gone": classify_death() says why
+  // (outside `mu`). Also starts the agent ping when one is due.
+  std::optional<Verdict> check_health(const std::shared_ptr<Live>& sb, int64_t now);
 };
 
 }  // namespace airlock::engine

@@ -19,11 +19,35 @@ namespace {
 
 constexpr int kBootAttempts = 2;  // the watchdog retries a failed boot once
 
+// One of Impl::max_starts concurrent VM starts, held for a scope.
+template <typename Impl>
+class StartSlot {
+ public:
+  explicit StartSlot(Impl& impl) : impl_(impl) {
+    std::unique_lock lock(impl_.start_mu);
+    impl_.start_cv.wait(lock, [&] { return impl_.starts_running < impl_.max_starts; });
+    ++impl_.starts_running;
+  }
+  ~StartSlot() {
+    {
+      std::lock_guard lock(impl_.start_mu);
+      --impl_.starts_running;
+    }
+    impl_.start_cv.notify_one();
+  }
+  StartSlot(const StartSlot&) = delete;
+  StartSlot& operator=(const StartSlot&) = delete;
+
+ private:
+  Impl& impl_;
+};
+
 }  // namespace
 
 std::optional<Engine::Impl::BootFailure> Engine::Impl::boot_once(Live& sb,
                                                                  const storage::Image& img,
-                                                                 vmm::Accel accel) {
+                                                                 vmm::Accel accel,
+                                                                 const templates::Template* tpl) {
   auto& impl = *this;
   const auto& info = sb.rec.info;
   const fs::path& dir = sb.rec.run_dir;
@@ -42,7 +66,17 @@ std::optional<Engine::Impl::BootFailure> Engine::Impl::boot_once(Live& sb,
   const bool networked = network_enabled(info.spec.network);
   auto deadline = channel::Clock::now() + std::chrono::seconds(impl.cfg.boot_timeout_s);
   try {
-    storage::create_overlay(img.rootfs, disk, static_cast<uint64_t>(info.spec.disk_mb));
+    if (tpl) {
+      // A clone: the template's empty overlay (backing: the template's
+      // frozen disk), its RAM mapped copy-on-write, its device state loaded.
+      fs::copy_file(tpl->clone, disk);
+      fs::permissions(disk, fs::perms::owner_read | fs::perms::owner_write);
+      vc.memory_file = tpl->ram;
+      vc.memory_shared = false;
+      vc.incoming_state = tpl->state;
+    } else {
+      storage::create_overlay(img.rootfs, disk, static_cast<uint64_t>(info.spec.disk_mb));
+    }
     if (networked) {
       // The helper listens before QEMU starts: QEMU connects its NIC once,
       // at start-up, and never reconnects. One helper per boot attempt (it
@@ -60,9 +94,12 @@ std::optional<Engine::Impl::BootFailure> Engine::Impl::boot_once(Live& sb,
     sb.channel = channel::GuestChannel::connect(sb.vm->agent_socket(), deadline);
     channel::HelloParams hello;
     hello.hostname = info.id;
-    // slirp's fixed addresses (the helper's virtual network).
-    if (networked)
-      hello.network = {{"address", "10.0.2.15/24"}, {"gateway", "10.0.2.2"}, {"dns", "10.0.2.3"}};
+    hello.machine_id = random_id("") + random_id("") + random_id("").substr(0, 8);
+    // No resync for a clone: the template's host closed its channel after
+    // a complete hello exchange, so the saved guest is between frames.
+    // The network: slirp's fixed addresses (v4 and v6) and this sandbox's
+    // own MAC (a clone would otherwise keep the template's).
+    if (networked) hello.network = hello_network(info.id);
     sb.channel->hello(hello, deadline);
     return std::nullopt;
   } catch (const Error& e) {
@@ -117,8 +154,18 @@ SandboxInfo Engine::create(const SandboxSpec& spec) {
     img = impl.images.build(spec.image);
   }
   validate_disk_fits(checked, img->rootfs_bytes);
+  // A warm pool member of this image and shape, if there is one: ready at
+  // once (engine_pool.cc).
+  if (auto pooled = impl.take_pooled(checked)) return *pooled;
   vmm::AccelVerdict accel = impl.resolve_accel(*img);
+  return impl.launch(checked, *img, accel, false)->rec.info;
+}
 
+std::shared_ptr<Live> Engine::Impl::launch(const SandboxSpec& checked, const storage::Image& image,
+                                           const vmm::AccelVerdict& accel, bool pooled) {
+  auto& impl = *this;
+  const storage::Image* img = &image;
+  const SandboxSpec& spec = checked;
   auto sb = std::make_shared<Live>();
   auto& info = sb->rec.info;
   info.spec = checked;
@@ -127,6 +174,9 @@ SandboxInfo Engine::create(const SandboxSpec& spec) {
   info.start = "boot";
   info.created_at_ms = now_ms();
   info.expires_at_ms = info.created_at_ms + int64_t{spec.timeout_s} * 1000;
+  // A pool member is marked so a restarted daemon drops it rather than
+  // reporting it as a user's failed sandbox.
+  if (pooled) info.spec.metadata[kPoolMarker] = spec.image;
   for (int tries = 0;; ++tries) {
     info.id = random_id("sb-");
     sb->rec.run_dir = impl.sandbox_dir(info.id);
@@ -145,9 +195,39 @@ SandboxInfo Engine::create(const SandboxSpec& spec) {
     throw Error(Errc::internal, "cannot create " + sb->rec.run_dir.string() + ": " + ec.message());
   }
 
+  // Admission: at most `max_starts` boots/clones at once. Past that, VMs
+  // starting together only slow each other down until their agents miss the
+  // boot deadline (50 concurrent creates on 2 cores did exactly that); a
+  // queued create waits here instead, and its deadline starts when it runs.
+  StartSlot slot(impl);
   auto t0 = std::chrono::steady_clock::now();
   std::optional<Impl::BootFailure> failure;
-  for (int attempt = 1; attempt <= kBootAttempts; ++attempt) {
+  std::optional<templates::Template> tpl = impl.template_for(*img, checked, accel.accel, id);
+  if (tpl) {
+    // A clone whose restore fails is destroyed and retried once; then the
+    // template is suspect (removed, rebuilt by a later create) and this
+    // create falls back to a cold boot.
+    for (int attempt = 1; attempt <= kBootAttempts; ++attempt) {
+      failure = impl.boot_once(*sb, *img, accel.accel, &*tpl);
+      if (!failure) break;
+      spdlog::warn("sandbox {}: clone attempt {} failed: {}", id, attempt, failure->cause);
+      try {
+        impl.journal.append(id, "clone_failed",
+                            {{"attempt", attempt},
+                             {"template", tpl->key},
+                             {"cause", failure->cause},
+                             {"console_tail", failure->console}},
+                            Durability::sync);
+      } catch (const std::exception& e) {
+        spdlog::error("sandbox {}: audit: {}", id, e.what());
+      }
+    }
+    if (failure) {
+      impl.templates->remove(tpl->key);
+      tpl.reset();
+    }
+  }
+  for (int attempt = 1; !tpl && attempt <= kBootAttempts; ++attempt) {
     failure = impl.boot_once(*sb, *img, accel.accel);
     if (!failure) break;
     spdlog::warn("sandbox {}: boot attempt {} failed: {}", id, attempt, failure->cause);
@@ -161,10 +241,11 @@ SandboxInfo Engine::create(const SandboxSpec& spec) {
       spdlog::error("sandbox {}: audit: {}", id, e.what());
     }
   }
+  info.start = tpl ? "clone" : "boot";
   if (failure) {
     fs::remove_all(sb->rec.run_dir, ec);
     std::string reason = "boot failed: " + failure->cause;
-    impl.registry.set_state(id, State::failed, reason);
+    impl.registry.set_state(id, State::failed, reason, "boot_failed");
     impl.journal.append(id, "failed", {{"reason", reason}}, Durability::sync);
     std::string msg = "sandbox " + id + " did not boot (" + std::to_string(kBootAttempts) +
                       " attempts): " + failure->cause;
@@ -175,6 +256,16 @@ SandboxInfo Engine::create(const SandboxSpec& spec) {
   info.boot_ms =
       std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0)
           .count();
+  if (pooled) {
+    // Stays `starting` in the registry until handed out (take_pooled).
+    impl.journal.append(id, "pooled",
+                        {{"image_key", img->key},
+                         {"boot_ms", info.boot_ms},
+                         {"start", info.start},
+                         {"template", tpl ? tpl->key : std::string()},
+                         {"pid", info.pid}});
+    return sb;
+  }
   info.state = State::running;
   impl.registry.set_running(id, info.pid, info.boot_ms);
   impl.journal.append(id, "created",
@@ -184,6 +275,8 @@ SandboxInfo Engine::create(const SandboxSpec& spec) {
                        {"accel", info.accel},
                        {"accel_reason", accel.reason},
                        {"boot_ms", info.boot_ms},
+                       {"start", info.start},
+                       {"template", tpl ? tpl->key : std::string()},
                        {"pid", info.pid}},
                       Durability::sync);
   {
@@ -191,7 +284,7 @@ SandboxInfo Engine::create(const SandboxSpec& spec) {
     impl.live[id] = sb;
   }
   impl.wake.notify_all();  // the reaper's earliest expiry may have changed
-  return info;
+  return sb;
 }
 
 void Engine::destroy(const std::string& id) {

@@ -7,6 +7,7 @@
 #include "common/error.h"
 #include "engine/engine.h"
 #include "engine/engine_impl.h"
+#include "engine/types_json.h"
 #include "engine/validate.h"
 
 namespace airlock::engine {
@@ -27,16 +28,27 @@ channel::Deadline transfer_deadline(const Live& sb) {
 }
 
 // A guest failure on a sandbox that was stopped meanwhile is reported as
-// what it is: the action no longer fits the sandbox's state.
+// what it is: the action no longer fits the sandbox's state. If the guest
+// went away under the call (QEMU died, agent lost), the reaper notices
+// within about a second and classifies it; the call waits for that (5 s at
+// most) so its error names the cause (vmm_died, guest_panic, ...).
 [[noreturn]] void rethrow_for(Live& sb, const Error& e) {
   State st;
+  std::string failure, reason;
   {
-    std::lock_guard lock(sb.mu);
+    std::unique_lock lock(sb.mu);
+    if (sb.channel && sb.channel->closed())
+      sb.ended.wait_for(lock, std::chrono::seconds(5), [&] { return is_terminal(sb.state); });
     st = sb.state;
+    failure = sb.failure;
+    reason = sb.end_reason;
   }
+  if (st == State::failed && !failure.empty())
+    throw Error(Errc::guest_error,
+                "sandbox " + sb.rec.info.id + " failed during the call: " + failure + ": " + reason);
   if (e.code() == Errc::guest_error && st != State::running)
     throw Error(Errc::conflict, "sandbox " + sb.rec.info.id + " was stopped (" + to_string(st) +
-                                    ") during the call");
+                                    (reason.empty() ? "" : ": " + reason) + ") during the call");
   throw e;
 }
 
@@ -47,25 +59,110 @@ std::optional<T> int_field(const nlohmann::json& j, const char* key) {
   return it->get<T>();
 }
 
+uint64_t count_field(const nlohmann::json& j, const char* key) {
+  auto it = j.find(key);
+  return it != j.end() && it->is_number_unsigned() ? it->get<uint64_t>() : 0;
+}
+
+// The typed outcomes an exec can have (engine.h ExecResult::reason).
+constexpr const char* kReasons[] = {"exited",     "signaled",   "timeout",   "killed",
+                                    "pids_limit", "oom_killed", "cpu_limit", "no_space"};
+
+// The guest's reason, if it is one of ours; otherwise derived from the
+// exit fields (the guest is untrusted, and an older agent sends none).
+std::string reason_of(const nlohmann::json& r, const ExecResult& res) {
+  auto it = r.find("reason");
+  if (it != r.end() && it->is_string())
+    for (const char* k : kReasons)
+      if (*it == k) return k;
+  if (res.timed_out) return "timeout";
+  return res.signal ? "signaled" : "exited";
+}
+
+// Exit fields of a guest exec/job response into `res`.
+void read_outcome(const nlohmann::json& r, ExecResult& res) {
+  res.exit_code = int_field<int>(r, "exit_code");
+  res.signal = int_field<int>(r, "signal");
+  res.timed_out = r.value("timed_out", nlohmann::json(false)) == true;
+  res.reason = reason_of(r, res);
+  if (auto d = int_field<int64_t>(r, "duration_ms")) res.duration_ms = std::max<int64_t>(*d, 0);
+}
+
+// What the daemon's parser cannot see: the engine's own bounds.
+void validate_exec_extras(const ExecRequest& r) {
+  if (r.limits.pids < 0 || r.limits.pids > 1048576)
+    throw Error(Errc::invalid_argument, "limits.pids must be between 1 and 1048576 (0 = none)",
+                "limits.pids");
+  if (r.limits.memory_mb < 0 || r.limits.memory_mb > 1048576)
+    throw Error(Errc::invalid_argument, "limits.memory_mb must be between 1 and 1048576 (0 = none)",
+                "limits.memory_mb");
+  if (!(r.limits.cpu_seconds == 0 ||
+        (r.limits.cpu_seconds >= 0.01 && r.limits.cpu_seconds <= 31536000)))
+    throw Error(Errc::invalid_argument,
+                "limits.cpu_seconds must be between 0.01 and 31536000 (0 = none)",
+                "limits.cpu_seconds");
+  if (r.output_limit_bytes > (uint64_t{1} << 40))
+    throw Error(Errc::invalid_argument, "output_limit_bytes must be at most 2^40",
+                "output_limit_bytes");
+}
+
+// The guest exec request for `request` (argv, env, cwd, user, timeout, limits).
+nlohmann::json guest_exec_request(const Live& sb, const ExecRequest& request) {
+  std::vector<std::string> argv =
+      request.cmd.empty() ? request.argv : std::vector<std::string>{"/bin/sh", "-c", request.cmd};
+  // The sandbox's env is the default; the request's own entries win.
+  std::map<std::string, std::string> env = sb.rec.info.spec.env;
+  for (const auto& [k, v] : request.env) env[k] = v;
+  nlohmann::json req{
+      {"argv", argv}, {"env", env}, {"cwd", request.cwd.empty() ? "/" : request.cwd}};
+  if (!request.user.empty()) req["user"] = request.user;
+  if (request.timeout_s > 0) req["timeout_ms"] = static_cast<int64_t>(request.timeout_s * 1000);
+  nlohmann::json limits = nlohmann::json::object();
+  if (request.limits.pids) limits["pids"] = request.limits.pids;
+  if (request.limits.memory_mb) limits["memory_mb"] = request.limits.memory_mb;
+  if (request.limits.cpu_seconds > 0) limits["cpu_seconds"] = request.limits.cpu_seconds;
+  if (!limits.empty()) req["limits"] = limits;
+  req["output_limit_bytes"] = request.output_limit_bytes;
+  return req;
+}
+
+// A background exec from the guest's (untrusted) job JSON.
+ExecStatus status_from_guest(const nlohmann::json& j) {
+  ExecStatus s;
+  auto id = j.find("exec_id");
+  if (id == j.end() || !id->is_string() || id->get<std::string>().empty() ||
+      id->get<std::string>().size() > 64)
+    throw Error(Errc::guest_error, "guest job has no valid exec_id");
+  s.exec_id = *id;
+  auto argv = j.find("argv");
+  if (argv != j.end() && argv->is_array() && argv->size() <= 4096)
+    for (const auto& a : *argv)
+      if (a.is_string()) s.argv.push_back(a);
+  s.pid = int_field<int>(j, "pid").value_or(0);
+  s.started_at_ms = int_field<int64_t>(j, "started_at_ms").value_or(0);
+  s.running = j.value("running", nlohmann::json(false)) == true;
+  s.result.exec_id = s.exec_id;
+  if (!s.running) read_outcome(j, s.result);
+  return s;
+}
+
 }  // namespace
 
 ExecResult Engine::exec(const std::string& id, const ExecRequest& request,
                         const ExecCallbacks& callbacks) {
   auto& impl = *impl_;
   auto sb = impl.running(id);
+  ActivityGuard active(*sb);
   validate_exec(request);
+  validate_exec_extras(request);
+  if (request.background)
+    throw Error(Errc::invalid_argument, "a background exec is started with exec_background()",
+                "background");
 
-  std::vector<std::string> argv =
-      request.cmd.empty() ? request.argv : std::vector<std::string>{"/bin/sh", "-c", request.cmd};
-  // The sandbox's env is the default; the request's own entries win.
-  std::map<std::string, std::string> env = sb->rec.info.spec.env;
-  for (const auto& [k, v] : request.env) env[k] = v;
-  nlohmann::json req{
-      {"argv", argv}, {"env", env}, {"cwd", request.cwd.empty() ? "/" : request.cwd}};
-  if (!request.user.empty()) req["user"] = request.user;
+  nlohmann::json req = guest_exec_request(*sb, request);
+  const std::vector<std::string> argv = req["argv"];
   std::optional<channel::Deadline> deadline;
   if (request.timeout_s > 0) {
-    req["timeout_ms"] = static_cast<int64_t>(request.timeout_s * 1000);
     deadline = Clock::now() +
                std::chrono::milliseconds(static_cast<int64_t>(request.timeout_s * 1000)) +
                kExecGrace;
@@ -128,10 +225,20 @@ ExecResult Engine::exec(const std::string& id, const ExecRequest& request,
   result.duration_ms =
       std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0)
           .count();
-  // The guest's response is untrusted: take only well-typed fields.
-  result.exit_code = int_field<int>(r, "exit_code");
-  result.signal = int_field<int>(r, "signal");
-  result.timed_out = r.value("timed_out", nlohmann::json(false)) == true;
+  // The guest's response is untrusted: take only well-typed fields. The
+  // byte counts are what the host delivered plus what the guest says it
+  // dropped beyond the cap.
+  int64_t host_ms = result.duration_ms;
+  read_outcome(r, result);
+  result.duration_ms = host_ms;
+  result.stdout_dropped = count_field(r, "stdout_dropped");
+  result.stderr_dropped = count_field(r, "stderr_dropped");
+  result.stdout_bytes += result.stdout_dropped;
+  result.stderr_bytes += result.stderr_dropped;
+  result.truncated = result.stdout_dropped > 0 || result.stderr_dropped > 0;
+  // The host's own deadline (the guest did not report in time) is a timeout too.
+  if (result.timed_out && (result.reason == "killed" || result.reason == "signaled"))
+    result.reason = "timeout";
   audit.update(to_json(result));
   impl.journal.append(id, "exec", audit);
   return result;
@@ -141,20 +248,99 @@ void Engine::kill_exec(const std::string& id, const std::string& exec_id, int si
   auto sb = impl_->running(id);
   if (signal < 1 || signal > 64)
     throw Error(Errc::invalid_argument, "signal must be between 1 and 64", "signal");
-  uint32_t stream;
+  uint32_t stream = 0;
+  bool it_found;
   {
     std::lock_guard lock(sb->mu);
     auto it = sb->execs.find(exec_id);
-    if (it == sb->execs.end())
-      throw Error(Errc::not_found, "no running exec " + exec_id + " in sandbox " + id, "exec_id");
-    stream = it->second;
+    it_found = it != sb->execs.end();
+    if (it != sb->execs.end()) stream = it->second;
   }
-  sb->channel->signal(stream, signal);
+  if (it_found) {
+    sb->channel->signal(stream, signal);
+    return;
+  }
+  // Not a streaming exec: a background one (the guest knows it or not).
+  try {
+    sb->channel->call({{"op", "kill_job"}, {"exec_id", exec_id}, {"signal", signal}},
+                      Clock::now() + kJsonOpTimeout);
+  } catch (const Error& e) {
+    if (e.code() == Errc::not_found)
+      throw Error(Errc::not_found, "no exec " + exec_id + " in sandbox " + id, "exec_id");
+    rethrow_for(*sb, e);
+  }
+  impl_->journal.append(id, "exec_kill", {{"exec_id", exec_id}, {"signal", signal}});
+}
+
+ExecStatus Engine::exec_background(const std::string& id, const ExecRequest& request) {
+  auto& impl = *impl_;
+  auto sb = impl.running(id);
+  ActivityGuard active(*sb);
+  validate_exec(request);
+  validate_exec_extras(request);
+  if (request.stdin_data)
+    throw Error(Errc::invalid_argument, "a background exec takes no stdin", "stdin");
+  nlohmann::json req = guest_exec_request(*sb, request);
+  req["op"] = "exec";
+  req["background"] = true;
+  const std::string exec_id = random_id("ex-");
+  req["exec_id"] = exec_id;
+  nlohmann::json audit{{"exec_id", exec_id},
+                       {"argv", req["argv"]},
+                       {"cwd", req["cwd"]},
+                       {"user", request.user.empty() ? "root" : request.user},
+                       {"background", true}};
+  nlohmann::json r;
+  try {
+    r = sb->channel->call(req, Clock::now() + kJsonOpTimeout);
+  } catch (const Error& e) {
+    audit["error"] = e.what();
+    impl.journal.append(id, "exec", audit);
+    rethrow_for(*sb, e);
+  }
+  ExecStatus s = status_from_guest(r);
+  if (s.exec_id != exec_id)
+    throw Error(Errc::guest_error,
+                "guest started background exec " + s.exec_id + ", asked for " + exec_id);
+  audit["pid"] = s.pid;
+  impl.journal.append(id, "exec", audit);
+  return s;
+}
+
+std::vector<ExecStatus> Engine::list_execs(const std::string& id) {
+  nlohmann::json r = impl_->json_op(id, {{"op", "jobs"}}, false);
+  auto jobs = r.find("jobs");
+  if (jobs == r.end() || !jobs->is_array())
+    throw Error(Errc::guest_error, "guest jobs response has no jobs array");
+  std::vector<ExecStatus> out;
+  for (const auto& j : *jobs)
+    if (j.is_object() && out.size() < 1024) out.push_back(status_from_guest(j));
+  return out;
+}
+
+ExecStatus Engine::wait_exec(const std::string& id, const std::string& exec_id, double timeout_s) {
+  if (!(timeout_s >= 0) || timeout_s > 3600)
+    throw Error(Errc::invalid_argument, "wait must be between 0 and 3600 seconds", "wait");
+  auto sb = impl_->running(id);
+  ActivityGuard active(*sb);
+  auto ms = static_cast<int64_t>(timeout_s * 1000);
+  nlohmann::json r;
+  try {
+    r = sb->channel->call({{"op", "wait_job"}, {"exec_id", exec_id}, {"timeout_ms", ms}},
+                          Clock::now() + std::chrono::milliseconds(ms) + kJsonOpTimeout);
+  } catch (const Error& e) {
+    if (e.code() == Errc::not_found)
+      throw Error(Errc::not_found, "no background exec " + exec_id + " in sandbox " + id,
+                  "exec_id");
+    rethrow_for(*sb, e);
+  }
+  return status_from_guest(r);
 }
 
 uint64_t Engine::write_file(const std::string& id, const std::string& path, uint32_t mode,
                             const ChunkSource& source) {
   auto sb = impl_->running(id);
+  ActivityGuard active(*sb);
   validate_guest_path(path);
   if (mode > 07777) throw Error(Errc::invalid_argument, "mode must be at most 07777", "mode");
   uint64_t n;
@@ -170,6 +356,7 @@ uint64_t Engine::write_file(const std::string& id, const std::string& path, uint
 
 uint64_t Engine::read_file(const std::string& id, const std::string& path, const ChunkSink& sink) {
   auto sb = impl_->running(id);
+  ActivityGuard active(*sb);
   validate_guest_path(path);
   uint64_t n;
   try {
@@ -185,6 +372,7 @@ uint64_t Engine::read_file(const std::string& id, const std::string& path, const
 nlohmann::json Engine::Impl::json_op(const std::string& id, nlohmann::json req, bool audited) {
   auto& impl = *this;
   auto sb = impl.running(id);
+  ActivityGuard active(*sb);
   std::string op = req["op"];
   if (req.contains("path")) validate_guest_path(req["path"]);
   nlohmann::json r;

@@ -90,9 +90,9 @@ std::optional<SandboxInfo> Engine::Impl::take_pooled(const SandboxSpec& checked)
   info.expires_at_ms = info.created_at_ms + int64_t{checked.timeout_s} * 1000;
   info.state = State::running;
   registry.update(sb->rec);
-  info.boot_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
-                     std::chrono::steady_clock::now() - t0)
-                     .count();
+  info.boot_ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0)
+          .count();
   registry.set_running(info.id, info.pid, info.boot_ms);
   journal.append(info.id, "created",
                  {{"spec", spec_to_json(checked)},
@@ -144,7 +144,8 @@ void Engine::Impl::pool_loop() {
     }
     lock.unlock();
     for (auto& d : drop) teardown(*d, State::deleted, "dropped from the warm pool", "deleted");
-    if (pressure && !drop.empty()) spdlog::warn("memory pressure: shed {} pool member(s)", drop.size());
+    if (pressure && !drop.empty())
+      spdlog::warn("memory pressure: shed {} pool member(s)", drop.size());
     if (fill) {
       try {
         SandboxSpec spec;
@@ -163,7 +164,8 @@ void Engine::Impl::pool_loop() {
                       static_cast<int>(it->second.ready.size()) < it->second.target;
         if (wanted) it->second.ready.push_back(sb);
         lock.unlock();
-        if (!wanted) teardown(*sb, State::deleted, "not needed by the warm pool any more", "deleted");
+        if (!wanted)
+          teardown(*sb, State::deleted, "not needed by the warm pool any more", "deleted");
       } catch (const std::exception& e) {
         spdlog::warn("warm pool for {}: could not make a member: {}", fill->image, e.what());
         // Back off instead of spinning on a persistent failure.
@@ -185,7 +187,8 @@ void Engine::Impl::drain_pool() {
       slot.ready.clear();
     }
   }
-  for (auto& m : all) teardown(*m, State::deleted, "warm pool drained (daemon stopping)", "deleted");
+  for (auto& m : all)
+    teardown(*m, State::deleted, "warm pool drained (daemon stopping)", "deleted");
 }
 
 nlohmann::json Engine::set_pool(const std::string& image, int size, const nlohmann::json& shape) {
@@ -224,8 +227,8 @@ nlohmann::json Engine::set_pool(const std::string& image, int size, const nlohma
   {
     std::lock_guard lock(impl.pool_mu);
     auto& slot = impl.pool_slots[image];
-    bool reshaped = slot.cpus != spec.cpus || slot.memory_mb != spec.memory_mb ||
-                    slot.disk_mb != spec.disk_mb;
+    bool reshaped =
+        slot.cpus != spec.cpus || slot.memory_mb != spec.memory_mb || slot.disk_mb != spec.disk_mb;
     slot.image = image;
     slot.cpus = spec.cpus;
     slot.memory_mb = spec.memory_mb;
@@ -246,16 +249,16 @@ nlohmann::json Engine::pool_info() {
   for (const auto& [image, slot] : impl.pool_slots) {
     nlohmann::json members = nlohmann::json::array();
     for (const auto& m : slot.ready) members.push_back(m->rec.info.id);
-    out.push_back({{"image", image},
-                   {"shape",
-                    {{"cpus", slot.cpus}, {"memory_mb", slot.memory_mb}, {"disk_mb", slot.disk_mb}}},
-                   {"target", slot.target},
-                   {"ready", slot.ready.size()},
-                   {"members", members},
-                   {"hits", slot.hits},
-                   {"misses", slot.misses},
-                   {"replaced", slot.replaced},
-                   {"shed", slot.shed}});
+    out.push_back(
+        {{"image", image},
+         {"shape", {{"cpus", slot.cpus}, {"memory_mb", slot.memory_mb}, {"disk_mb", slot.disk_mb}}},
+         {"target", slot.target},
+         {"ready", slot.ready.size()},
+         {"members", members},
+         {"hits", slot.hits},
+         {"misses", slot.misses},
+         {"replaced", slot.replaced},
+         {"shed", slot.shed}});
   }
   return out;
 }

@@ -3,13 +3,13 @@
 // that fails its checks is rebuilt; a clone that cannot be restored falls
 // back to a cold boot.
 #include <gtest/gtest.h>
+#include <signal.h>
 
 #include <chrono>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <thread>
-#include <signal.h>
-#include <nlohmann/json.hpp>
 
 #include "common/error.h"
 #include "engine/engine.h"

@@ -93,9 +93,9 @@ templates::Template Engine::Impl::build_template(const storage::Image& img,
     meta.image_key = img.key;
     meta.accel = vmm::to_string(accel);
     meta.shape = shape;
-    meta.build_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
-                        std::chrono::steady_clock::now() - t0)
-                        .count();
+    meta.build_ms =
+        std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0)
+            .count();
     templates::Template t = templates->commit(st, meta);
     spdlog::info("template {} for {} {} built in {} ms ({} bytes of device state)", key, img.name,
                  templates::to_json(shape).dump(), meta.build_ms, bytes);

@@ -24,6 +24,7 @@ class RealVmTest : public ::testing::Test {
     const char* images = std::getenv("AIRLOCK_IMAGE_DIR");
     if (!images || !*images) GTEST_SKIP() << "AIRLOCK_IMAGE_DIR not set (run `make image`)";
     cfg_ = Config{.data_dir = data_, .image_dir = images, .accel = "tcg"};
+    cfg_.template_ram_dir = data_ / "template-ram";  // removed with data_
     // `make image` has normally built it; if not, build it here (a no-op
     // when current, seconds when the kernel package is cached).
     Engine probe(cfg_);

@@ -37,7 +37,8 @@ bool is_terminal(State state) {
 nlohmann::json spec_to_json(const SandboxSpec& spec) {
   return {{"image", spec.image},       {"cpus", spec.cpus},         {"memory_mb", spec.memory_mb},
           {"disk_mb", spec.disk_mb},   {"timeout", spec.timeout_s}, {"env", spec.env},
-          {"metadata", spec.metadata}, {"network", spec.network}};
+          {"metadata", spec.metadata}, {"network", spec.network},
+          {"idle_timeout", spec.idle_timeout_s}};
 }
 
 SandboxSpec spec_from_json(const nlohmann::json& j) {
@@ -49,6 +50,7 @@ SandboxSpec spec_from_json(const nlohmann::json& j) {
     spec.memory_mb = j.value("memory_mb", spec.memory_mb);
     spec.disk_mb = j.value("disk_mb", spec.disk_mb);
     spec.timeout_s = j.value("timeout", spec.timeout_s);
+    spec.idle_timeout_s = j.value("idle_timeout", spec.idle_timeout_s);
     if (j.contains("env")) spec.env = j.at("env").get<std::map<std::string, std::string>>();
     if (j.contains("network") && j.at("network").is_object()) spec.network = j.at("network");
     if (j.contains("metadata"))
@@ -64,6 +66,8 @@ nlohmann::json to_json(const SandboxInfo& info) {
   j["id"] = info.id;
   j["state"] = to_string(info.state);
   if (!info.reason.empty()) j["reason"] = info.reason;
+  // Always present so clients can test it without a key check: "" unless failed.
+  j["failure"] = info.failure;
   j["accel"] = info.accel;
   // The isolation boundary the API promises: TCG is not a security boundary
   // by itself, so callers are told which one they got.
@@ -87,6 +91,24 @@ nlohmann::json to_json(const ExecResult& r) {
                    {"stderr_bytes", r.stderr_bytes}};
   if (r.exit_code) j["exit_code"] = *r.exit_code;
   if (r.signal) j["signal"] = *r.signal;
+  j["reason"] = r.reason;
+  j["truncated"] = r.truncated;
+  j["stdout_dropped"] = r.stdout_dropped;
+  j["stderr_dropped"] = r.stderr_dropped;
+  return j;
+}
+
+nlohmann::json to_json(const ExecStatus& s) {
+  nlohmann::json j{{"exec_id", s.exec_id}, {"argv", s.argv},
+                   {"pid", s.pid},         {"background", true},
+                   {"running", s.running}, {"started_at_ms", s.started_at_ms}};
+  if (!s.running) {
+    j["exit_code"] = s.result.exit_code ? nlohmann::json(*s.result.exit_code) : nullptr;
+    j["signal"] = s.result.signal ? nlohmann::json(*s.result.signal) : nullptr;
+    j["reason"] = s.result.reason;
+    j["timed_out"] = s.result.timed_out;
+    j["duration_ms"] = s.result.duration_ms;
+  }
   return j;
 }
 

@@ -60,6 +60,8 @@ void validate_spec(const SandboxSpec& spec) {
   check_range(spec.memory_mb, kMinMemoryMb, kMaxMemoryMb, "memory_mb");
   check_range(spec.disk_mb, 1, kMaxDiskMb, "disk_mb");
   check_range(spec.timeout_s, 1, kMaxTimeoutS, "timeout");
+  // 0 = no idle timeout.
+  if (spec.idle_timeout_s != 0) check_range(spec.idle_timeout_s, 1, kMaxTimeoutS, "idle_timeout");
   check_map(spec.env, "env", kMaxEnvValueBytes, true);
   check_map(spec.metadata, "metadata", kMaxMetadataValueBytes, false);
 }

@@ -35,6 +35,9 @@ TEST(ValidateSpec, RangesNameTheirField) {
   expect_bad(with([](SandboxSpec& s) { s.disk_mb = 1048577; }), "disk_mb");
   expect_bad(with([](SandboxSpec& s) { s.timeout_s = 0; }), "timeout");
   expect_bad(with([](SandboxSpec& s) { s.timeout_s = 604801; }), "timeout");
+  expect_bad(with([](SandboxSpec& s) { s.idle_timeout_s = -1; }), "idle_timeout");
+  expect_bad(with([](SandboxSpec& s) { s.idle_timeout_s = 604801; }), "idle_timeout");
+  EXPECT_NO_THROW(with([](SandboxSpec& s) { s.idle_timeout_s = 1; })());
   expect_bad(with([](SandboxSpec& s) { s.image = ""; }), "image");
   expect_bad(with([](SandboxSpec& s) { s.image = "../etc"; }), "image");
   expect_bad(with([](SandboxSpec& s) { s.image = "a/b"; }), "image");

@@ -35,6 +35,8 @@ namespace {
 
 constexpr unsigned long kExt4Magic = 0xEF53;
 constexpr unsigned long kCgroup2Magic = 0x63677270;
+// memory.min of the agent's cgroup (and airlock/ above it).
+constexpr uint64_t kAgentReservedBytes = 16ull << 20;
 
 bool is_mounted(const char* path, long magic = 0) {
   struct statfs fs {};
@@ -162,6 +164,11 @@ std::string setup_cgroups(const std::string& mount_point) {
     write_file(mount_point + "/cgroup.subtree_control", "+" + c);
     write_file(root + "/cgroup.subtree_control", "+" + c);
   }
+  // Memory the agent keeps whatever user code does: protection must be
+  // granted on every level down to the agent's leaf.
+  for (const std::string& cg : {root, agent})
+    if (!write_file(cg + "/memory.min", std::to_string(kAgentReservedBytes)))
+      logf("%s/memory.min: %s", cg.c_str(), strerror(errno));
   if (!write_file("/proc/self/oom_score_adj", "-1000")) logf("oom_score_adj: %s", strerror(errno));
   return root;
 }
@@ -230,6 +237,29 @@ void apply_hello(const nlohmann::json& hello) {
         int fd = open("/dev/random", O_WRONLY | O_CLOEXEC);
         if (fd < 0 || ioctl(fd, RNDADDENTROPY, info) != 0)
           logf("RNDADDENTROPY: %s", strerror(errno));
+        // A clone restored from a template has the template's CRNG state:
+        // crediting entropy alone does not make the kernel reseed at once,
+        // so force it, or two clones would read the same "random" bytes.
+        if (fd >= 0 && ioctl(fd, RNDRESEEDCRNG) != 0) logf("RNDRESEEDCRNG: %s", strerror(errno));
+        if (fd >= 0) close(fd);
+      }
+    }
+    auto mid = hello.find("machine_id");
+    if (mid != hello.end() && mid->is_string()) {
+      std::string id = mid->get<std::string>();
+      bool ok = id.size() == 32;
+      for (char ch : id)
+        if (!isxdigit(static_cast<unsigned char>(ch)) || isupper(static_cast<unsigned char>(ch)))
+          ok = false;
+      // Written in place (the rootfs is the sandbox's own overlay); a read-only
+      // or missing /etc just goes without.
+      if (!ok)
+        logf("hello: machine_id ignored (want 32 lowercase hex digits)");
+      else {
+        int fd = open("/etc/machine-id", O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0444);
+        std::string line = id + "\n";
+        if (fd < 0 || write(fd, line.data(), line.size()) != static_cast<ssize_t>(line.size()))
+          logf("/etc/machine-id: %s", strerror(errno));
         if (fd >= 0) close(fd);
       }
     }

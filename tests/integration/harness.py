@@ -158,6 +158,24 @@ def qemu_pids_for(marker):
     return pids
 
 
+def cgroup_dirs_for(sid):
+    """Cgroup directories of sandbox `sid` (the QEMU jail's: <hierarchy>/.../airlock/<sid>)."""
+    found = []
+    try:
+        with open("/proc/self/mountinfo") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return found
+    for line in lines:
+        pre, _, post = line.partition(" - ")
+        if post.split(" ")[:1] not in (["cgroup"], ["cgroup2"]):
+            continue
+        for base, dirs, _ in os.walk(pre.split(" ")[4]):
+            if os.path.basename(base) == "airlock" and sid in dirs:
+                found.append(os.path.join(base, sid))
+    return found
+
+
 class DaemonTestCase(unittest.TestCase):
     """Starts one airlockd per test class; checks nothing is left behind."""
 
@@ -172,7 +190,9 @@ class DaemonTestCase(unittest.TestCase):
         cls.log = open(os.path.join(cls.tmp, "airlockd.log"), "wb")
         cls.daemon = subprocess.Popen(
             cls.daemon_prefix + [os.path.join(BIN, "airlockd"), "--data-dir", cls.data_dir, "--socket", cls.sock,
-             "--image-dir", IMAGE_DIR] + cls.daemon_args,
+             "--image-dir", IMAGE_DIR,
+             # Template RAM files stay inside the test's temp dir (not /dev/shm).
+             "--template-ram-dir", os.path.join(cls.tmp, "template-ram")] + cls.daemon_args,
             stdout=cls.log, stderr=subprocess.STDOUT)
         deadline = time.time() + 30
         while time.time() < deadline:
@@ -225,12 +245,14 @@ class DaemonTestCase(unittest.TestCase):
         """No QEMU, helper process, socket, overlay or temp file of sandbox `sid` remains."""
         run_dir = os.path.join(self.data_dir, "sandboxes", sid)
         deadline = time.time() + 10
-        while time.time() < deadline and (pids_mentioning(sid) or os.path.exists(run_dir)):
+        while time.time() < deadline and (pids_mentioning(sid) or os.path.exists(run_dir)
+                                          or cgroup_dirs_for(sid)):
             time.sleep(0.1)
         self.assertEqual(qemu_pids_for(sid), [], f"QEMU of {sid} still running")
         self.assertEqual(pids_mentioning(sid), [], f"a process of {sid} (e.g. airlock-net) still running")
         self.assertFalse(os.path.exists(run_dir), f"{run_dir} still exists: "
                          + (str(os.listdir(run_dir)) if os.path.isdir(run_dir) else ""))
+        self.assertEqual(cgroup_dirs_for(sid), [], f"cgroups of {sid} remain")
         leftovers = []
         for base, _, files in os.walk(self.data_dir):
             leftovers += [os.path.join(base, f) for f in files if sid in f and not f.endswith(".jsonl")]

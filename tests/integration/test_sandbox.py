@@ -2,6 +2,7 @@
 
 import base64
 import hashlib
+import json
 import os
 import threading
 import time
@@ -139,7 +140,8 @@ class ExecTest(DaemonTestCase):
     def test_audit_records_execs(self):
         self.api.exec(self.sid, argv=["echo", "audited"])
         events = self.api.call("GET", f"/v1/sandboxes/{self.sid}/logs")
-        kinds = [e["event"] for e in events]
+        # A create may first build (or replace) its shape's template.
+        kinds = [e["event"] for e in events if not e["event"].startswith("template_")]
         self.assertEqual(kinds[0], "created")
         execs = [e for e in events if e["event"] == "exec" and e.get("argv") == ["echo", "audited"]]
         self.assertEqual(len(execs), 1)
@@ -172,6 +174,46 @@ class LifecycleTest(DaemonTestCase):
         self.assertNothingLeft(sb["id"])
         events = [e["event"] for e in self.api.call("GET", f"/v1/sandboxes/{sb['id']}/logs")]
         self.assertIn("timed_out", events)
+
+    def wait_not_running(self, sid, limit=60):
+        deadline = time.time() + limit
+        sb = self.api.call("GET", f"/v1/sandboxes/{sid}")
+        while sb["state"] == "running" and time.time() < deadline:
+            time.sleep(0.5)
+            sb = self.api.call("GET", f"/v1/sandboxes/{sid}")
+        return sb
+
+    def test_guest_panic_is_failed_guest_panic(self):
+        sb = self.api.create(image="minimal")
+        self.assertEqual(sb["failure"], "")
+        # Panics the guest kernel; QEMU exits (-no-reboot). The exec in flight
+        # fails, naming the cause, instead of hanging.
+        t0 = time.time()
+        try:
+            self.api.exec(sb["id"], cmd="echo c > /proc/sysrq-trigger; sleep 30")
+            self.fail("the exec survived a kernel panic")
+        except ApiError as e:
+            self.assertIn("guest_panic", json.dumps(e.body))
+        self.assertLess(time.time() - t0, 20)
+        got = self.wait_not_running(sb["id"])
+        self.assertEqual((got["state"], got["failure"]), ("failed", "guest_panic"), got)
+        self.assertIn("panic", got["reason"])
+        failed = [e for e in self.api.call("GET", f"/v1/sandboxes/{sb['id']}/logs")
+                  if e["event"] == "failed"]
+        self.assertEqual(len(failed), 1)
+        self.assertEqual(failed[0]["failure"], "guest_panic")
+        self.assertIn("sysrq: Trigger a crash", failed[0]["console_tail"])
+        self.assertNothingLeft(sb["id"])
+
+    def test_idle_timeout_enforced_by_host(self):
+        sb = self.api.create(image="minimal", idle_timeout=3)
+        self.assertEqual(sb["idle_timeout"], 3)
+        self.assertEqual(self.api.exec(sb["id"], cmd="sleep 5")[2]["exit_code"], 0)
+        self.assertEqual(self.api.call("GET", f"/v1/sandboxes/{sb['id']}")["state"], "running")
+        got = self.wait_not_running(sb["id"], 30)
+        self.assertEqual((got["state"], got["reason"], got["failure"]),
+                         ("timed_out", "idle for 3 s", ""))
+        self.assertNothingLeft(sb["id"])
 
     def test_metadata_filter(self):
         a = self.api.create(image="minimal", metadata={"team": "a"})

@@ -321,6 +321,7 @@ nlohmann::json GuestChannel::hello(const HelloParams& params, Deadline deadline)
       {"entropy", protocol::to_hex(entropy)}};
   if (!params.hostname.empty()) body["hostname"] = params.hostname;
   if (params.network.is_object()) body["network"] = params.network;
+  if (!params.machine_id.empty()) body["machine_id"] = params.machine_id;
   {
     std::lock_guard lock(mu_);
     hello_replies_.clear();

@@ -53,6 +53,9 @@ struct HelloParams {
   // The guest's network, if the VM has a NIC: {"address": "10.0.2.15/24",
   // "gateway": "10.0.2.2", "dns": "10.0.2.3"}; null = leave it alone.
   nlohmann::json network;
+  // /etc/machine-id for the guest (32 lowercase hex digits); empty = keep.
+  // Every sandbox gets its own, so clones of one template differ.
+  std::string machine_id;
 };
 
 struct ExecHandlers {

@@ -2,6 +2,9 @@
 
 #include <sqlite3.h>
 
+#include <algorithm>
+#include <utility>
+
 #include "common/error.h"
 #include "engine/types_json.h"
 
@@ -60,7 +63,8 @@ void exec_sql(sqlite3* db, const char* sql, const std::string& what) {
 }
 
 constexpr const char* kColumns =
-    "id, spec, state, reason, accel, start, created_at_ms, expires_at_ms, boot_ms, pid, run_dir";
+    "id, spec, state, reason, accel, start, created_at_ms, expires_at_ms, boot_ms, pid, run_dir,"
+    " failure";
 
 SandboxRecord read_row(const Stmt& s) {
   SandboxRecord r;
@@ -79,10 +83,11 @@ SandboxRecord read_row(const Stmt& s) {
   r.info.boot_ms = s.integer(8);
   r.info.pid = static_cast<int>(s.integer(9));
   r.run_dir = s.text(10);
+  r.info.failure = s.text(11);
   return r;
 }
 
-// Binds the 10 non-id columns starting at parameter `first`, in kColumns order.
+// Binds the 11 non-id columns starting at parameter `first`, in kColumns order.
 void bind_fields(Stmt& s, int first, const SandboxRecord& r) {
   s.bind(first, spec_to_json(r.info.spec).dump())
       .bind(first + 1, std::string(to_string(r.info.state)))
@@ -93,7 +98,28 @@ void bind_fields(Stmt& s, int first, const SandboxRecord& r) {
       .bind(first + 6, r.info.expires_at_ms)
       .bind(first + 7, r.info.boot_ms)
       .bind(first + 8, static_cast<int64_t>(r.info.pid))
-      .bind(first + 9, r.run_dir.string());
+      .bind(first + 9, r.run_dir.string())
+      .bind(first + 10, r.info.failure);
+}
+
+// Columns added after the first schema, with their definitions. A database
+// made before one existed gets it here (ALTER TABLE keeps every row, with
+// the default), so an upgraded daemon opens its old registry as is.
+constexpr std::pair<const char*, const char*> kAddedColumns[] = {
+    {"failure", "TEXT NOT NULL DEFAULT ''"},
+};
+
+void migrate(sqlite3* db) {
+  std::vector<std::string> have;
+  {
+    Stmt q(db, "PRAGMA table_info(sandboxes)", "read schema");
+    while (q.step()) have.push_back(q.text(1));
+  }
+  for (const auto& [name, def] : kAddedColumns) {
+    if (std::find(have.begin(), have.end(), name) != have.end()) continue;
+    std::string sql = std::string("ALTER TABLE sandboxes ADD COLUMN ") + name + " " + def;
+    exec_sql(db, sql.c_str(), std::string("add column ") + name);
+  }
 }
 
 }  // namespace
@@ -126,6 +152,7 @@ Registry::Registry(const std::filesystem::path& db_path) {
              " run_dir TEXT NOT NULL DEFAULT '');"
              "CREATE INDEX IF NOT EXISTS sandboxes_state ON sandboxes(state);",
              "create schema");
+    migrate(db_);
   } catch (...) {
     sqlite3_close(db_);
     throw;
@@ -143,7 +170,8 @@ void Registry::insert(const SandboxRecord& r) {
   }
   Stmt s(db_,
          "INSERT INTO sandboxes (id, spec, state, reason, accel, start, created_at_ms,"
-         " expires_at_ms, boot_ms, pid, run_dir) VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11)",
+         " expires_at_ms, boot_ms, pid, run_dir, failure)"
+         " VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12)",
          "insert " + r.info.id);
   s.bind(1, r.info.id);
   bind_fields(s, 2, r);
@@ -154,7 +182,8 @@ void Registry::update(const SandboxRecord& r) {
   std::lock_guard lock(mu_);
   Stmt s(db_,
          "UPDATE sandboxes SET spec=?2, state=?3, reason=?4, accel=?5, start=?6,"
-         " created_at_ms=?7, expires_at_ms=?8, boot_ms=?9, pid=?10, run_dir=?11 WHERE id=?1",
+         " created_at_ms=?7, expires_at_ms=?8, boot_ms=?9, pid=?10, run_dir=?11, failure=?12"
+         " WHERE id=?1",
          "update " + r.info.id);
   s.bind(1, r.info.id);
   bind_fields(s, 2, r);
@@ -162,21 +191,25 @@ void Registry::update(const SandboxRecord& r) {
   if (sqlite3_changes(db_) == 0) throw Error(Errc::not_found, "no sandbox " + r.info.id);
 }
 
-void Registry::set_state(const std::string& id, State state, const std::string& reason) {
+void Registry::set_state(const std::string& id, State state, const std::string& reason,
+                         const std::string& failure) {
   std::lock_guard lock(mu_);
   Stmt s(db_,
-         "UPDATE sandboxes SET state=?2, reason=?3,"
+         "UPDATE sandboxes SET state=?2, reason=?3, failure=?5,"
          " pid = CASE WHEN ?4 THEN 0 ELSE pid END WHERE id=?1",
          "set state of " + id);
   s.bind(1, id).bind(2, std::string(to_string(state))).bind(3, reason);
   s.bind(4, static_cast<int64_t>(is_terminal(state)));
+  s.bind(5, state == State::failed ? failure : std::string());
   s.step();
   if (sqlite3_changes(db_) == 0) throw Error(Errc::not_found, "no sandbox " + id);
 }
 
 void Registry::set_running(const std::string& id, int pid, int64_t boot_ms) {
   std::lock_guard lock(mu_);
-  Stmt s(db_, "UPDATE sandboxes SET state='running', reason='', pid=?2, boot_ms=?3 WHERE id=?1",
+  Stmt s(db_,
+         "UPDATE sandboxes SET state='running', reason='', failure='', pid=?2, boot_ms=?3"
+         " WHERE id=?1",
          "mark " + id + " running");
   s.bind(1, id).bind(2, static_cast<int64_t>(pid)).bind(3, boot_ms);
   s.step();

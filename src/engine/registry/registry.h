@@ -8,6 +8,9 @@
 //   reg.set_state(id, State::deleted, "deleted by caller");
 //   for (auto& r : reg.list(/*all=*/false)) ...;
 //
+// Schema changes are additive columns, added on open to databases made by
+// older versions (their rows get the column's default).
+//
 // Thread-safe (one connection behind a mutex). Every failure of SQLite is an
 // Error(internal) naming the statement's purpose and SQLite's message.
 #pragma once
@@ -42,9 +45,11 @@ class Registry {
   void insert(const SandboxRecord& record);
   // Overwrites every column of an existing row. Throws Error(not_found).
   void update(const SandboxRecord& record);
-  // Changes state and reason; clears pid when the state is terminal.
+  // Changes state, reason and failure (SandboxInfo::failure; empty unless
+  // failed); clears pid when the state is terminal.
   // Throws Error(not_found) for an unknown id.
-  void set_state(const std::string& id, State state, const std::string& reason = {});
+  void set_state(const std::string& id, State state, const std::string& reason = {},
+                 const std::string& failure = {});
   // starting -> running with the QEMU pid and measured boot time.
   void set_running(const std::string& id, int pid, int64_t boot_ms);
 

@@ -1,6 +1,7 @@
 #include "engine/registry/registry.h"
 
 #include <gtest/gtest.h>
+#include <sqlite3.h>
 #include <stdlib.h>
 
 #include <filesystem>
@@ -119,6 +120,55 @@ TEST_F(RegistryTest, PersistsAcrossReopen) {
   ASSERT_TRUE(got.has_value());
   EXPECT_EQ(got->info.state, State::failed);
   EXPECT_EQ(got->info.reason, "vmm exited");
+}
+
+TEST_F(RegistryTest, FailureIsStoredWithFailedStateOnly) {
+  Registry reg(dir_ / "registry.db");
+  reg.insert(record("sb-f", 1));
+  reg.set_state("sb-f", State::failed, "QEMU killed by signal 9", "vmm_died");
+  EXPECT_EQ(reg.get("sb-f")->info.failure, "vmm_died");
+  EXPECT_EQ(reg.get("sb-f")->info.reason, "QEMU killed by signal 9");
+  // A failure is meaningless for any other state: it is not kept.
+  reg.insert(record("sb-t", 2));
+  reg.set_state("sb-t", State::timed_out, "idle for 5 s", "vmm_died");
+  EXPECT_EQ(reg.get("sb-t")->info.failure, "");
+  auto r = record("sb-u", 3);
+  r.info.state = State::failed;
+  r.info.failure = "guest_panic";
+  reg.insert(r);
+  EXPECT_EQ(reg.get("sb-u")->info.failure, "guest_panic");
+}
+
+// A registry.db written before the failure column existed opens, keeps its
+// rows (failure empty) and accepts failures afterwards.
+TEST_F(RegistryTest, OldDatabaseWithoutFailureColumnIsMigrated) {
+  fs::path db = dir_ / "registry.db";
+  std::string sql =
+      "CREATE TABLE sandboxes (id TEXT PRIMARY KEY, spec TEXT NOT NULL, state TEXT NOT NULL,"
+      " reason TEXT NOT NULL DEFAULT '', accel TEXT NOT NULL DEFAULT '',"
+      " start TEXT NOT NULL DEFAULT 'boot', created_at_ms INTEGER NOT NULL,"
+      " expires_at_ms INTEGER NOT NULL, boot_ms INTEGER NOT NULL DEFAULT 0,"
+      " pid INTEGER NOT NULL DEFAULT 0, run_dir TEXT NOT NULL DEFAULT '');"
+      "INSERT INTO sandboxes (id, spec, state, reason, created_at_ms, expires_at_ms, run_dir)"
+      " VALUES ('sb-old', '{\"image\":\"minimal\"}', 'failed', 'vmm exited', 5, 6, '/r');";
+  {
+    sqlite3* h = nullptr;
+    ASSERT_EQ(sqlite3_open(db.c_str(), &h), SQLITE_OK);
+    ASSERT_EQ(sqlite3_exec(h, sql.c_str(), nullptr, nullptr, nullptr), SQLITE_OK)
+        << sqlite3_errmsg(h);
+    sqlite3_close(h);
+  }
+  for (int round = 0; round < 2; ++round) {  // the second open finds it migrated
+    Registry reg(db);
+    auto got = reg.get("sb-old");
+    ASSERT_TRUE(got.has_value());
+    EXPECT_EQ(got->info.state, State::failed);
+    EXPECT_EQ(got->info.reason, "vmm exited");
+    EXPECT_EQ(got->info.failure, round == 0 ? "" : "vmm_died");
+    reg.set_state("sb-old", State::failed, "vmm exited", "vmm_died");
+    reg.insert(record("sb-new" + std::to_string(round), 7));
+    EXPECT_EQ(reg.list(true).size(), 2u + round);
+  }
 }
 
 TEST_F(RegistryTest, ConcurrentWritersDoNotLoseRows) {

@@ -1,7 +1,8 @@
 #include "engine/storage/image_store.h"
 
+#include "engine/storage/digest.h"
+
 #include <fcntl.h>
-#include <openssl/evp.h>
 #include <sys/file.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
@@ -19,6 +20,7 @@
 
 #include "common/error.h"
 #include "common/subprocess.h"
+#include "engine/storage/digest.h"
 
 namespace airlock::storage {
 namespace fs = std::filesystem;
@@ -45,29 +47,6 @@ void write_file(const fs::path& p, const std::string& text) {
   std::ofstream out(p, std::ios::binary | std::ios::trunc);
   out << text;
   if (!out.flush()) throw Error(Errc::internal, "cannot write " + p.string());
-}
-
-// Hex SHA-256 of the length-prefixed parts (so part boundaries count).
-std::string sha256_hex(const std::vector<std::string>& parts) {
-  EVP_MD_CTX* ctx = EVP_MD_CTX_new();
-  if (!ctx) throw Error(Errc::internal, "EVP_MD_CTX_new failed");
-  EVP_DigestInit_ex(ctx, EVP_sha256(), nullptr);
-  for (const auto& p : parts) {
-    std::string len = std::to_string(p.size()) + ":";
-    EVP_DigestUpdate(ctx, len.data(), len.size());
-    EVP_DigestUpdate(ctx, p.data(), p.size());
-  }
-  unsigned char md[EVP_MAX_MD_SIZE];
-  unsigned int n = 0;
-  EVP_DigestFinal_ex(ctx, md, &n);
-  EVP_MD_CTX_free(ctx);
-  static const char* hex = "0123456789abcdef";
-  std::string s;
-  for (unsigned i = 0; i < n; ++i) {
-    s += hex[md[i] >> 4];
-    s += hex[md[i] & 15];
-  }
-  return s;
 }
 
 bool valid_name(const std::string& name) {
@@ -569,7 +548,8 @@ Image ImageStore::build(const std::string& name, const ProgressFn& progress) {
   return *img;
 }
 
-void create_overlay(const fs::path& base, const fs::path& overlay, uint64_t size_mb) {
+void create_overlay(const fs::path& base, const fs::path& overlay, uint64_t size_mb,
+                    const std::string& base_format) {
   std::error_code ec;
   if (!fs::is_regular_file(base, ec))
     throw Error(Errc::not_found, "base image " + base.string() + " does not exist");
@@ -591,7 +571,7 @@ void create_overlay(const fs::path& base, const fs::path& overlay, uint64_t size
   o.timeout = 60s;
   SubprocessResult r;
   try {
-    r = run_command({"qemu-img", "create", "-q", "-f", "qcow2", "-F", "raw", "-b",
+    r = run_command({"qemu-img", "create", "-q", "-f", "qcow2", "-F", base_format, "-b",
                      fs::absolute(base).string(), overlay.string(), std::to_string(size_mb) + "M"},
                     o);
   } catch (...) {

@@ -100,10 +100,11 @@ class ImageStore {
   std::shared_ptr<KernelCache> kernel_cache_;
 };
 
-// Creates a qcow2 overlay at `overlay` whose read-only backing file is the raw
-// image `base`, with a virtual size of `size_mb` (>= the base's size).
+// Creates a qcow2 overlay at `overlay` whose read-only backing file is
+// `base` (a raw image, or a template's qcow2 disk with base_format "qcow2"),
+// with a virtual size of `size_mb` (>= the base's size).
 // Throws Error naming what failed; leaves no file behind on failure.
 void create_overlay(const std::filesystem::path& base, const std::filesystem::path& overlay,
-                    uint64_t size_mb);
+                    uint64_t size_mb, const std::string& base_format = "raw");
 
 }  // namespace airlock::storage

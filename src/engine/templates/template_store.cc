@@ -118,8 +118,8 @@ TemplateStore::TemplateStore(fs::path root, fs::path ram_dir)
 
 std::string TemplateStore::key_for(const std::string& image_key, const Shape& shape,
                                    const std::string& accel, const std::string& qemu_identity) {
-  return storage::sha256_hex({"template", std::to_string(kFormat), image_key,
-                              to_json(shape).dump(), accel, qemu_identity})
+  return storage::sha256_hex({"template", std::to_string(kFormat), image_key, to_json(shape).dump(),
+                              accel, qemu_identity})
       .substr(0, 16);
 }
 
@@ -236,8 +236,8 @@ Template TemplateStore::commit(const Staging& st, const Template& meta) {
   std::error_code ec;
   for (const fs::path& p : {st.disk, st.state, st.ram})
     if (!fs::is_regular_file(p, ec))
-      throw Error(Errc::internal, "cannot publish template " + st.key + ": " + p.string() +
-                                      " was not written");
+      throw Error(Errc::internal,
+                  "cannot publish template " + st.key + ": " + p.string() + " was not written");
   Template t = meta;
   t.key = st.key;
   t.dir = root_ / st.key;

@@ -25,17 +25,6 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-std::string qemu_version(const std::string& binary) {
-  std::string cmd = "'" + binary + "' --version 2>/dev/null";
-  FILE* p = ::popen(cmd.c_str(), "r");
-  if (!p) return "unknown";
-  std::array<char, 256> line{};
-  std::string first = std::fgets(line.data(), line.size(), p) ? line.data() : "unknown";
-  ::pclose(p);
-  while (!first.empty() && (first.back() == '\n' || first.back() == '\r')) first.pop_back();
-  return first;
-}
-
 json cache_key(const ProbeConfig& c) {
   utsname u{};
   ::uname(&u);
@@ -90,6 +79,17 @@ AccelVerdict probe_boot(const ProbeConfig& c) {
 }
 
 }  // namespace
+
+std::string qemu_version(const std::string& binary) {
+  std::string cmd = "'" + binary + "' --version 2>/dev/null";
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (!p) return "unknown";
+  std::array<char, 256> line{};
+  std::string first = std::fgets(line.data(), line.size(), p) ? line.data() : "unknown";
+  ::pclose(p);
+  while (!first.empty() && (first.back() == '\n' || first.back() == '\r')) first.pop_back();
+  return first;
+}
 
 std::string agent_hello(const fs::path& agent_socket, Clock::time_point deadline) {
   int fd = connect_unix(agent_socket, deadline);

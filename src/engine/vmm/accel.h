@@ -43,6 +43,10 @@ struct AccelVerdict {
 // only for caller mistakes (missing kernel, unwritable work_dir).
 AccelVerdict probe_accel(const ProbeConfig& config);
 
+// The first line of `binary --version` ("QEMU emulator version 7.2.22 (Debian ...)"),
+// "unknown" if it cannot be run. Part of every cache key that QEMU affects.
+std::string qemu_version(const std::string& binary);
+
 // Connects to a guest agent socket and completes a hello exchange (send our
 // hello, receive the guest's) before `deadline`. Returns the guest's hello
 // payload; throws Error(timeout / protocol_error) naming what failed.

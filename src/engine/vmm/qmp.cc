@@ -2,6 +2,7 @@
 
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -98,12 +99,32 @@ void QmpClient::close() {
   fd_ = -1;
 }
 
-void QmpClient::send(const json& message, Clock::time_point deadline, const std::string& what) {
+void QmpClient::send(const json& message, Clock::time_point deadline, const std::string& what,
+                     int pass_fd) {
   if (fd_ < 0) throw Error(Errc::internal, "QMP " + what + ": connection closed");
   std::string line = message.dump() + "\n";
   size_t off = 0;
   while (off < line.size()) {
-    ssize_t n = ::send(fd_, line.data() + off, line.size() - off, MSG_NOSIGNAL | MSG_DONTWAIT);
+    ssize_t n;
+    if (pass_fd >= 0 && off == 0) {
+      // The descriptor goes with the first byte; QEMU attaches it to the
+      // command being read.
+      iovec iov{line.data(), line.size()};
+      alignas(cmsghdr) char ctrl[CMSG_SPACE(sizeof(int))] = {};
+      msghdr msg{};
+      msg.msg_iov = &iov;
+      msg.msg_iovlen = 1;
+      msg.msg_control = ctrl;
+      msg.msg_controllen = sizeof(ctrl);
+      cmsghdr* cm = CMSG_FIRSTHDR(&msg);
+      cm->cmsg_level = SOL_SOCKET;
+      cm->cmsg_type = SCM_RIGHTS;
+      cm->cmsg_len = CMSG_LEN(sizeof(int));
+      std::memcpy(CMSG_DATA(cm), &pass_fd, sizeof(int));
+      n = ::sendmsg(fd_, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    } else {
+      n = ::send(fd_, line.data() + off, line.size() - off, MSG_NOSIGNAL | MSG_DONTWAIT);
+    }
     if (n > 0) {
       off += static_cast<size_t>(n);
       continue;
@@ -163,6 +184,17 @@ json QmpClient::execute(const std::string& command, const json& arguments,
     request["arguments"] = arguments;
   }
   send(request, deadline, command);
+  return await_reply(deadline, command);
+}
+
+void QmpClient::send_fd(const std::string& name, int fd, std::chrono::milliseconds timeout) {
+  if (fd < 0) throw Error(Errc::invalid_argument, "QMP getfd: bad descriptor", "fd");
+  auto deadline = Clock::now() + timeout;
+  send({{"execute", "getfd"}, {"arguments", {{"fdname", name}}}}, deadline, "getfd", fd);
+  await_reply(deadline, "getfd");
+}
+
+json QmpClient::await_reply(Clock::time_point deadline, const std::string& command) {
   for (;;) {
     json reply = read_message(deadline, command);
     if (reply.contains("event")) {

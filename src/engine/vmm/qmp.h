@@ -8,7 +8,8 @@
 //   auto qmp = QmpClient::connect(run_dir / "qmp.sock", std::chrono::seconds(5));
 //   qmp.execute("cont");
 //   json status = qmp.execute("query-status");   // {"running": true, ...}
-//   qmp.execute("migrate", {{"uri", "file:/x"}});   // later: templates
+//   qmp.send_fd("state", fd);                      // templates: migrate to fd:state
+//   qmp.execute("migrate", {{"uri", "fd:state"}});
 //
 // Every call has a deadline; a missed deadline, a closed socket, malformed
 // JSON or a QMP error all throw airlock::Error (timeout / internal), and the
@@ -46,6 +47,13 @@ class QmpClient {
                          const nlohmann::json& arguments = nlohmann::json(),
                          std::chrono::milliseconds timeout = std::chrono::seconds(10));
 
+  // Hands `fd` to QEMU under `name` (QMP getfd: the descriptor travels as
+  // SCM_RIGHTS with the command). Migration uses it ("fd:<name>"): QEMU runs
+  // with -sandbox spawn=deny and, jailed, cannot open our files itself.
+  // Our copy of `fd` stays open (the caller closes it).
+  void send_fd(const std::string& name, int fd,
+               std::chrono::milliseconds timeout = std::chrono::seconds(10));
+
   // Waits for an event named `name` (already queued or arriving within
   // `timeout`) and returns it whole ({"event", "data", "timestamp"}).
   nlohmann::json wait_event(const std::string& name, std::chrono::milliseconds timeout);
@@ -62,8 +70,11 @@ class QmpClient {
   // Reads one JSON message (one line) before `deadline`.
   nlohmann::json read_message(std::chrono::steady_clock::time_point deadline,
                               const std::string& what);
+  // `pass_fd` >= 0 rides along (SCM_RIGHTS) with the message's first byte.
   void send(const nlohmann::json& message, std::chrono::steady_clock::time_point deadline,
-            const std::string& what);
+            const std::string& what, int pass_fd = -1);
+  nlohmann::json await_reply(std::chrono::steady_clock::time_point deadline,
+                             const std::string& command);
 
   int fd_ = -1;
   std::string buffer_;

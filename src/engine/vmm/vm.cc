@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <cstring>
@@ -16,6 +17,7 @@
 #include "common/error.h"
 #include "common/process.h"
 #include "engine/vmm/console.h"
+#include "engine/vmm/jail.h"
 #include "engine/vmm/qmp.h"
 
 namespace airlock::vmm {
@@ -110,6 +112,19 @@ void validate(const VmConfig& c) {
     if (!ok)
       throw Error(Errc::invalid_argument, "net_mac must look like 52:54:00:12:34:56", "net_mac");
   }
+  if (!c.memory_file.empty()) {
+    if (c.memory_file.string().find(',') != std::string::npos)
+      throw Error(Errc::invalid_argument, "memory_file must not contain ','", "memory_file");
+    // A clone maps an existing template; a template creates its own file.
+    if (!c.memory_shared) require_file(c.memory_file, "memory_file");
+  }
+  if (!c.incoming_state.empty()) {
+    require_file(c.incoming_state, "incoming_state");
+    if (c.memory_file.empty() || c.memory_shared)
+      throw Error(Errc::invalid_argument,
+                  "incoming_state needs the template's memory_file mapped privately",
+                  "incoming_state");
+  }
   if (!c.net_socket.empty() && c.net_socket.string().size() > 107)
     throw Error(Errc::invalid_argument, "net_socket path too long for a unix socket", "net_socket");
   // sun_path is 108 bytes; fail now rather than with an obscure QEMU error.
@@ -197,6 +212,136 @@ pid_t spawn_detached(const std::vector<std::string>& argv, const fs::path& run_d
   return pid;
 }
 
+constexpr auto kMigrationPoll = std::chrono::milliseconds(2);
+
+void set_ignore_shared(QmpClient& qmp) {
+  qmp.execute("migrate-set-capabilities",
+              {{"capabilities", {{{"capability", "x-ignore-shared"}, {"state", true}}}}});
+}
+
+// Loads a template's device state into a QEMU started with -incoming defer
+// and waits until it is in (paused, -S). A state QEMU cannot load makes it
+// exit: the caller's cleanup then reports QEMU's own message.
+void restore_state(QmpClient& qmp, const fs::path& state) {
+  int fd = ::open(state.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw_errno("open " + state.string());
+  try {
+    set_ignore_shared(qmp);
+    qmp.send_fd("incoming", fd);
+  } catch (...) {
+    ::close(fd);
+    throw;
+  }
+  ::close(fd);
+  qmp.execute("migrate-incoming", {{"uri", "fd:incoming"}});
+  auto deadline = Clock::now() + std::chrono::seconds(30);
+  for (;;) {
+    std::string status = qmp.execute("query-status").value("status", "");
+    if (status != "inmigrate") break;
+    if (Clock::now() > deadline)
+      throw Error(Errc::timeout, "loading the template state took over 30 s");
+    std::this_thread::sleep_for(kMigrationPoll);
+  }
+}
+
+bool under(const fs::path& p, const fs::path& dir) {
+  auto rel =
+      fs::absolute(p).lexically_normal().lexically_relative(fs::absolute(dir).lexically_normal());
+  return !rel.empty() && *rel.begin() != "..";
+}
+
+// The jail for `c`'s QEMU (jail.h): exactly the files it opens.
+JailSpec jail_spec(const VmConfig& c, const std::string& exe) {
+  JailSpec s;
+  s.id = c.id;
+  s.run_dir = c.run_dir;
+  s.exe = exe;
+  s.ro = qemu_runtime_paths(exe);
+  s.ro.push_back(c.kernel);
+  if (!c.initrd.empty()) s.ro.push_back(c.initrd);
+  uint64_t disk_size = 0;
+  auto chain = qcow2_chain(c.disk, &disk_size);
+  s.ro.insert(s.ro.end(), chain.begin() + 1, chain.end());  // backing files: read-only
+  s.chown.push_back(c.disk);
+  if (!under(c.disk, c.run_dir)) s.rw.push_back(c.disk);
+  if (!c.net_socket.empty()) {
+    s.chown.push_back(c.net_socket);  // QEMU's uid must be able to connect
+    if (!under(c.net_socket, c.run_dir)) s.rw.push_back(c.net_socket);
+  }
+  if (!c.memory_file.empty()) {
+    if (c.memory_shared) {
+      // A template's RAM: QEMU sizes and writes it; it must exist to be bound.
+      // Group rw: its clones open it through the group (below).
+      int fd = ::open(c.memory_file.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0660);
+      if (fd < 0) throw_errno("create " + c.memory_file.string());
+      ::fchmod(fd, 0660);
+      ::close(fd);
+      s.chown.push_back(c.memory_file);
+      s.rw.push_back(c.memory_file);
+    } else {
+      // TEMPLATE_RAM_WRITABLE: QEMU 7.2 opens mem-path O_RDWR even for
+      // share=off (MAP_PRIVATE), so a clone cannot get its template's RAM
+      // read-only: it is bound read-write, owned root:kTemplateRamGid 0660
+      // (a gid never leased to a sandbox), and the clone joins that group.
+      // A compromised clone could write its template's RAM (and so later
+      // clones); posture reports "template_ram_read_only" missing.
+      // docs/design.md, "The jail".
+      if (::geteuid() == 0) {
+        // Only if needed: chown/chmod change the file's ctime, which the
+        // template store checks to notice writes to a template's RAM.
+        struct stat st {};
+        if (::stat(c.memory_file.c_str(), &st) != 0) throw_errno("stat " + c.memory_file.string());
+        if ((st.st_uid != 0 || st.st_gid != kTemplateRamGid) &&
+            ::chown(c.memory_file.c_str(), 0, kTemplateRamGid) != 0)
+          throw_errno("chown " + c.memory_file.string());
+        if ((st.st_mode & 07777) != 0660 && ::chmod(c.memory_file.c_str(), 0660) != 0)
+          throw_errno("chmod " + c.memory_file.string());
+        s.groups.push_back(kTemplateRamGid);
+      }
+      s.rw.push_back(c.memory_file);
+    }
+  }
+  s.ro.insert(s.ro.end(), c.extra_ro.begin(), c.extra_ro.end());
+  s.rw.insert(s.rw.end(), c.extra_rw.begin(), c.extra_rw.end());
+  s.kvm = c.accel == Accel::kvm;
+  const uint64_t mib = 1024 * 1024;
+  uint64_t ram = static_cast<uint64_t>(c.memory_mb) * mib;
+  // Guest RAM + QEMU's own (TCG translation cache, device state, threads):
+  // 256 MiB + 25% measured ample for TCG; anything beyond is a runaway.
+  s.limits.memory_bytes = ram + 256 * mib + ram / 4;
+  s.limits.pids = 1024;
+  s.limits.cpus = c.cpus;
+  // The largest file QEMU writes: the overlay (disk size + qcow2 metadata),
+  // or a template's RAM file.
+  s.fsize_bytes = std::max(disk_size + disk_size / 8, ram) + 64 * mib;
+  s.pid_file = pid_file(c.run_dir);
+  return s;
+}
+
+// Starts QEMU detached, in the jail unless config.jail is off.
+pid_t spawn_qemu(const VmConfig& c, const std::vector<std::string>& argv) {
+  if (!c.jail) return spawn_detached(argv, c.run_dir);
+  std::string exe = resolve_binary(argv[0]);
+  Jail jail = Jail::prepare(jail_spec(c, exe));
+  int log = ::open(qemu_log(c.run_dir).c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);
+  if (log < 0) {
+    release_jail(c.run_dir);
+    throw_errno("open " + qemu_log(c.run_dir).string());
+  }
+  try {
+    pid_t pid = jail.spawn(argv, log);
+    ::close(log);
+    return pid;
+  } catch (...) {
+    ::close(log);
+    release_jail(c.run_dir);
+    remove_runtime_files(c.run_dir);
+    std::error_code ec;
+    fs::remove(qemu_log(c.run_dir), ec);
+    throw;
+  }
+}
+
 }  // namespace
 
 std::vector<std::string> qemu_argv(const VmConfig& c) {
@@ -233,6 +378,14 @@ std::vector<std::string> qemu_argv(const VmConfig& c) {
       c.kernel.string(),
   };
   if (!c.initrd.empty()) a.insert(a.end(), {"-initrd", c.initrd.string()});
+  if (!c.memory_file.empty()) {
+    a.insert(a.end(), {"-object",
+                       "memory-backend-file,id=ram0,size=" + std::to_string(c.memory_mb) +
+                           "M,mem-path=" + c.memory_file.string() +
+                           (c.memory_shared ? ",share=on" : ",share=off"),
+                       "-machine", "memory-backend=ram0"});
+  }
+  if (!c.incoming_state.empty()) a.insert(a.end(), {"-incoming", "defer"});
   a.insert(a.end(), {
                         "-append",
                         append,
@@ -302,7 +455,7 @@ std::unique_ptr<Vm> Vm::start(const VmConfig& config) {
   const fs::path& dir = config.run_dir;
   remove_runtime_files(dir);  // stale sockets of an earlier run would confuse connect
 
-  pid_t pid = spawn_detached(impl->argv, dir);
+  pid_t pid = spawn_qemu(config, impl->argv);
   impl->pid = pid;
   auto cleanup = [&](const std::string& why) -> Error {
     if (impl->console) impl->console->stop();
@@ -313,6 +466,7 @@ std::unique_ptr<Vm> Vm::start(const VmConfig& config) {
     ::kill(pid, SIGKILL);
     wait_gone(pid, kKillTimeout);
     std::string err = qemu_stderr(dir);
+    release_jail(dir);
     remove_runtime_files(dir);
     std::error_code ec;
     for (const char* f : {"qemu.log", "console.log", "console.log.old"}) fs::remove(dir / f, ec);
@@ -330,6 +484,7 @@ std::unique_ptr<Vm> Vm::start(const VmConfig& config) {
     impl->console = std::make_unique<ConsoleCapture>(dir / "console.sock", dir / "console.log",
                                                      config.console_cap_bytes, true,
                                                      Clock::now() + std::chrono::seconds(5));
+    if (!config.incoming_state.empty()) restore_state(qmp, config.incoming_state);
     qmp.execute("cont");
   } catch (const Error& e) {
     throw cleanup(e.what());
@@ -371,6 +526,44 @@ std::string Vm::console_tail(size_t lines) const { return vmm::console_tail(cons
 
 const std::vector<std::string>& Vm::argv() const { return impl_->argv; }
 
+uint64_t Vm::save_state(const fs::path& path, std::chrono::milliseconds timeout) {
+  if (impl_->config.memory_file.empty() || !impl_->config.memory_shared)
+    throw Error(Errc::invalid_argument,
+                "save_state needs a VM whose RAM is a shared memory_file (a template)",
+                "memory_file");
+  auto deadline = Clock::now() + timeout;
+  const fs::path& dir = impl_->config.run_dir;
+  QmpClient qmp = QmpClient::connect(dir / "qmp.sock", kQmpTimeout);
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);
+  if (fd < 0) throw_errno("create " + path.string());
+  std::error_code ec;
+  try {
+    qmp.execute("stop");  // also drains and flushes the disk
+    set_ignore_shared(qmp);
+    qmp.send_fd("template", fd);
+    qmp.execute("migrate", {{"uri", "fd:template"}});
+    for (;;) {
+      nlohmann::json st = qmp.execute("query-migrate");
+      std::string status = st.value("status", "");
+      if (status == "completed") break;
+      if (status == "failed" || status == "cancelled")
+        throw Error(Errc::internal,
+                    "saving the VM state failed: " + st.value("error-desc", status));
+      if (Clock::now() > deadline)
+        throw Error(Errc::timeout, "saving the VM state took longer than " +
+                                       std::to_string(timeout.count()) + " ms");
+      std::this_thread::sleep_for(kMigrationPoll);
+    }
+    if (::fsync(fd) != 0) throw_errno("fsync " + path.string());
+  } catch (...) {
+    ::close(fd);
+    fs::remove(path, ec);
+    throw;
+  }
+  ::close(fd);
+  return fs::file_size(path, ec);
+}
+
 void Vm::kill() {
   pid_t pid = impl_->pid;
   if (pid > 0) {
@@ -383,6 +576,9 @@ void Vm::kill() {
   }
   if (impl_->console) impl_->console->stop();
   remove_runtime_files(impl_->config.run_dir);
+  // The jail's cgroup and uid lease (also of a QEMU adopted from an earlier
+  // daemon: found by run_dir).
+  release_jail(impl_->config.run_dir);
 }
 
 }  // namespace airlock::vmm

@@ -34,6 +34,7 @@
 
 #include <sys/types.h>
 
+#include <chrono>
 #include <cstddef>
 #include <filesystem>
 #include <memory>
@@ -64,7 +65,32 @@ struct VmConfig {
   // (default: QEMU's own).
   std::filesystem::path net_socket;
   std::string net_mac;
+  // Templates (docs/design.md, "Templates and clones"). When memory_file is
+  // set, guest RAM is a memory-backend-file on it (it belongs on tmpfs so
+  // its pages are page-cache pages every mapper can share). memory_shared:
+  // MAP_SHARED, the file IS the RAM (a template being made); otherwise
+  // MAP_PRIVATE: a clone reads the template's pages and copies only the ones
+  // it writes.
+  std::filesystem::path memory_file;
+  bool memory_shared = false;
+  // Clones: QEMU starts with `-incoming defer` and start() loads this device
+  // state (written by save_state) before resuming. The argv must describe
+  // the same machine as the template's (cpus, memory, devices).
+  std::filesystem::path incoming_state;
+  // The jail (jail.h): QEMU gets its own uid, namespaces, root, cgroup and
+  // rlimits, as far as this host allows (all of it as root). Its root holds
+  // QEMU's own files, kernel, initrd, the disk's backing chain, run_dir,
+  // net_socket, memory_file (read-write only if memory_shared) and these.
+  bool jail = true;
+  std::vector<std::filesystem::path> extra_ro;
+  std::vector<std::filesystem::path> extra_rw;
 };
+
+// The group of template RAM files clones map (below the jail's uid range):
+// root:kTemplateRamGid 0660, set once when a template is published (a change
+// of owner or mode later would change the file's ctime, which the template
+// store reads as "written since saved").
+inline constexpr gid_t kTemplateRamGid = 199999;
 
 class Vm {
  public:
@@ -92,7 +118,17 @@ class Vm {
   // The full QEMU command line used (for diagnostics and tests).
   const std::vector<std::string>& argv() const;
 
-  // SIGKILL QEMU, wait until it is gone, remove its sockets and pid file.
+  // Templates: pauses the guest and writes its device state to `path`
+  // (migration with x-ignore-shared: RAM is memory_file, which must be
+  // shared, and is not copied; what is written is device state and ROMs,
+  // well under 1 MB). The VM stays paused; kill() it afterwards. Returns the
+  // bytes written. Error(timeout/internal) on failure, the partial file
+  // removed.
+  uint64_t save_state(const std::filesystem::path& path,
+                      std::chrono::milliseconds timeout = std::chrono::seconds(30));
+
+  // SIGKILL QEMU, wait until it is gone, remove its sockets and pid file,
+  // its jail's cgroup and uid lease (jail.h).
   // Idempotent. Keeps console.log (for post-mortems; run_dir's owner removes
   // it). Reaps QEMU if this process is a child subreaper and so its parent.
   // Throws Error(internal) if QEMU survives SIGKILL for 5 s.

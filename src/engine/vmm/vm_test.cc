@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -12,6 +13,7 @@
 #include <thread>
 
 #include "common/error.h"
+#include "engine/vmm/posture.h"
 #include "engine/vmm/test_support.h"
 
 namespace airlock::vmm {
@@ -232,6 +234,102 @@ TEST_F(VmTest, AdoptReattachesToALiveVmAndRefusesOthers) {
       << vm_->console_tail();
   vm_->kill();
   EXPECT_EQ(Vm::adopt(cfg_, pid), nullptr);  // dead
+}
+
+// Templates: a guest saved mid-run continues in a clone (same RAM, same
+// CPU state: the shell loop keeps printing the marker it chose before the
+// save; a reboot would choose a new one), and the template's RAM file is not
+// written by the clone (MAP_PRIVATE).
+TEST_F(VmTest, CloneContinuesTheSavedGuestWithoutTouchingTheTemplateRam) {
+  cfg_.initrd = testing::test_initramfs(
+      "M=$(cat /proc/sys/kernel/random/uuid); echo \"MARK $M\"; "
+      "while true; do sleep 0.3; echo \"STILL $M\"; done");
+  cfg_.memory_file = dir_ / "tpl.ram";
+  cfg_.memory_shared = true;
+  vm_ = Vm::start(cfg_);
+  std::string mark;
+  ASSERT_TRUE(wait_for(
+      [&] {
+        std::string log = slurp(vm_->console_log());
+        auto at = log.find("STILL ");
+        if (at == std::string::npos) return false;
+        mark = log.substr(at + 6, 36);
+        return mark.size() == 36;
+      },
+      120s))
+      << vm_->console_tail();
+  fs::path state = dir_ / "tpl.state";
+  uint64_t bytes = vm_->save_state(state);
+  EXPECT_GT(bytes, 0u);
+  EXPECT_LT(bytes, 4u << 20);  // device state only: RAM stays in the file
+  vm_->kill();
+  struct stat before {};
+  ASSERT_EQ(::stat(cfg_.memory_file.c_str(), &before), 0);
+
+  fs::path clone_dir = testing::make_temp_dir("alcl");
+  VmConfig c = cfg_;
+  c.id = "clone1";
+  c.run_dir = clone_dir;
+  c.disk = testing::test_disk(clone_dir);
+  c.memory_shared = false;
+  c.incoming_state = state;
+  auto clone = Vm::start(c);
+  bool continued = wait_for(
+      [&] { return slurp(clone->console_log()).find("STILL " + mark) != std::string::npos; }, 60s);
+  std::string log = slurp(clone->console_log());
+  clone->kill();
+  fs::remove_all(clone_dir);
+  EXPECT_TRUE(continued) << log;
+  EXPECT_EQ(log.find("MARK"), std::string::npos) << "the clone rebooted: " << log;
+  struct stat after {};
+  ASSERT_EQ(::stat(cfg_.memory_file.c_str(), &after), 0);
+  EXPECT_EQ(after.st_mtim.tv_sec, before.st_mtim.tv_sec);
+  EXPECT_EQ(after.st_mtim.tv_nsec, before.st_mtim.tv_nsec);
+}
+
+TEST_F(VmTest, CloneFromACorruptStateFailsWithQemusReasonAndLeavesNothing) {
+  cfg_.initrd = testing::test_initramfs("while true; do sleep 1; done");
+  cfg_.memory_file = dir_ / "tpl.ram";
+  {
+    std::ofstream ram(cfg_.memory_file, std::ios::binary);
+    ram.seekp((128 << 20) - 1);
+    ram.put('\0');
+  }
+  fs::path state = dir_ / "bad.state";
+  std::ofstream(state, std::ios::binary) << "QEVM garbage, not a migration stream";
+  cfg_.memory_shared = false;
+  cfg_.incoming_state = state;
+  try {
+    vm_ = Vm::start(cfg_);
+    FAIL() << "a garbage state file was loaded";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("QEMU"), std::string::npos) << e.what();
+  }
+  for (auto& f : leftovers())
+    EXPECT_TRUE(f == "tpl.ram" || f == "bad.state") << "left behind: " << f;
+}
+
+TEST_F(VmTest, QemuRunsJailedAndThePostureReadBackShowsIt) {
+  cfg_.id = "jailvm-" + std::to_string(::getpid());
+  cfg_.initrd = testing::test_initramfs("echo JAILED-BOOT; while true; do sleep 100; done");
+  vm_ = Vm::start(cfg_);
+  ASSERT_TRUE(wait_for(
+      [&] { return vm_->console_tail().find("JAILED-BOOT") != std::string::npos; }, 90s))
+      << vm_->console_tail();
+  nlohmann::json p = read_posture(vm_->pid());
+  EXPECT_EQ(p["seccomp"], 2);  // QEMU's -sandbox
+  EXPECT_EQ(p["no_new_privs"], true);
+  // The pid file holds the host pid (QEMU's own would say 1).
+  EXPECT_EQ(slurp(dir_ / "qemu.pid"), std::to_string(vm_->pid()) + "\n");
+  if (::geteuid() != 0) GTEST_SKIP() << "the full jail needs root";
+  EXPECT_TRUE(p["missing"].empty()) << p.dump(2);
+  EXPECT_GE(p["uid"]["effective"].get<long>(), 200000);
+  EXPECT_EQ(p["cgroup"]["memory_max"], (128ull + 256 + 32) << 20);
+  EXPECT_EQ(p["cgroup"]["cpu_max"], "100000 100000");
+  std::vector<std::string> cgs;
+  for (auto& [k, v] : p["cgroup"]["paths"].items()) cgs.push_back(v);
+  vm_->kill();
+  for (const auto& d : cgs) EXPECT_FALSE(fs::exists(d)) << d;
 }
 
 }  // namespace
