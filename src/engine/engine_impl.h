@@ -215,6 +215,8 @@ struct Engine::Impl {
   // the caller's: running, its spec, metadata and lifetime; nullopt if none.
   std::optional<SandboxInfo> take_pooled(const SandboxSpec& checked);
   void pool_loop();
+  // Runs `true` once in a new member (engine_pool.cc: why). Never throws.
+  void warm_up(Live& sb);
   // Kills every pool member (engine shutdown). Never throws.
   void drain_pool();
 
