@@ -71,6 +71,10 @@ Config with_defaults(Config c) {
                 "boot_timeout_s");
   if (c.template_dir.empty()) c.template_dir = c.data_dir / "templates";
   if (c.template_ram_dir.empty()) {
+    const char* env = std::getenv("AIRLOCK_TEMPLATE_RAM_DIR");
+    if (env && *env) c.template_ram_dir = fs::absolute(env);
+  }
+  if (c.template_ram_dir.empty()) {
     // RAM files belong on tmpfs: their pages are then page cache that every
     // clone maps, never written back to a disk.
     std::string tag = storage::sha256_hex({c.data_dir.string()}).substr(0, 12);

@@ -38,7 +38,8 @@ struct Config {
   // has a template starts as a copy-on-write clone of it instead of booting.
   bool templates = true;
   std::filesystem::path template_dir;      // default: data_dir / "templates"
-  std::filesystem::path template_ram_dir;  // default: /dev/shm/airlock-<hash of data_dir>
+  // default: $AIRLOCK_TEMPLATE_RAM_DIR, else /dev/shm/airlock-<hash of data_dir>
+  std::filesystem::path template_ram_dir;
   size_t max_templates = 8;                // least recently used ones beyond are removed
   // Warm pool: image name -> sandboxes kept cloned and ready (default shape,
   // no network). Changeable at runtime with Engine::set_pool.

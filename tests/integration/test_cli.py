@@ -85,7 +85,9 @@ class AutoStartTest(unittest.TestCase):
     def test_cli_starts_a_daemon_when_none_runs(self):
         tmp = tempfile.mkdtemp(prefix="airlock-auto-")
         data = os.path.join(tmp, "data")
-        env = dict(os.environ, AIRLOCK_DATA_DIR=data, AIRLOCK_IMAGE_DIR=IMAGE_DIR)
+        # Template RAM inside tmp too, so nothing is left in /dev/shm.
+        env = dict(os.environ, AIRLOCK_DATA_DIR=data, AIRLOCK_IMAGE_DIR=IMAGE_DIR,
+                   AIRLOCK_TEMPLATE_RAM_DIR=os.path.join(tmp, "template-ram"))
         env.pop("AIRLOCK_SOCKET", None)
         try:
             r = airlock(env, "run", "--", "echo", "auto")
