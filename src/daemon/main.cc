@@ -36,6 +36,11 @@ int main(int argc, char** argv) {
   std::string template_ram_dir;
   app.add_option("--template-ram-dir", template_ram_dir,
                  "where template RAM files live; tmpfs (default /dev/shm/airlock-<hash>)");
+  int tcg_tb_size_mb = 128;
+  app.add_option("--tcg-tb-size", tcg_tb_size_mb,
+                 "TCG translation cache per QEMU in MiB, counted in its memory limit (0: QEMU's "
+                 "1 GiB default)")
+      ->check(CLI::Range(0, 4096));
   app.set_version_flag("--version", AIRLOCK_VERSION);
   CLI11_PARSE(app, argc, argv);
 
@@ -58,6 +63,7 @@ int main(int argc, char** argv) {
         image_dir.empty() ? daemon::default_image_dir(data) : std::filesystem::path(image_dir));
     config.accel = accel == "auto" ? "" : accel;
     config.templates = !no_templates;
+    config.tcg_tb_size_mb = tcg_tb_size_mb;
     if (!template_ram_dir.empty())
       config.template_ram_dir = std::filesystem::absolute(template_ram_dir);
     for (const std::string& p : pools) {

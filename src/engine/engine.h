@@ -34,6 +34,8 @@ struct Config {
   std::filesystem::path guest_agent;  // default: <exe dir>/airlock-guest
   int boot_timeout_s = 60;          // agent must answer within this, else retry once
   std::string accel;                // "", "kvm" or "tcg": "" = probe (cached)
+  // TCG translation cache cap per QEMU, MiB (vmm::VmConfig::tcg_tb_size_mb); 0 = QEMU's 1 GiB.
+  int tcg_tb_size_mb = 128;
   // Templates (docs/design.md, "Templates and clones"): a create whose shape
   // has a template starts as a copy-on-write clone of it instead of booting.
   bool templates = true;

@@ -63,6 +63,7 @@ std::optional<Engine::Impl::BootFailure> Engine::Impl::boot_once(Live& sb,
   vc.cpus = info.spec.cpus;
   vc.memory_mb = info.spec.memory_mb;
   vc.accel = accel;
+  vc.tcg_tb_size_mb = impl.cfg.tcg_tb_size_mb;
   const bool networked = network_enabled(info.spec.network);
   auto deadline = channel::Clock::now() + std::chrono::seconds(impl.cfg.boot_timeout_s);
   try {

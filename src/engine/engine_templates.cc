@@ -67,6 +67,7 @@ templates::Template Engine::Impl::build_template(const storage::Image& img,
     vc.cpus = shape.cpus;
     vc.memory_mb = shape.memory_mb;
     vc.accel = accel;
+    vc.tcg_tb_size_mb = cfg.tcg_tb_size_mb;
     vc.memory_file = st.ram;
     vc.memory_shared = true;
     if (shape.nic) {

@@ -307,8 +307,11 @@ JailSpec jail_spec(const VmConfig& c, const std::string& exe) {
   const uint64_t mib = 1024 * 1024;
   uint64_t ram = static_cast<uint64_t>(c.memory_mb) * mib;
   // Guest RAM + QEMU's own (TCG translation cache, device state, threads):
-  // 256 MiB + 25% measured ample for TCG; anything beyond is a runaway.
-  s.limits.memory_bytes = ram + 256 * mib + ram / 4;
+  // the cache's cap (QEMU's 1 GiB default when uncapped) + 256 MiB + 25%.
+  const uint64_t tb = c.accel == Accel::kvm ? 0
+                      : c.tcg_tb_size_mb > 0 ? static_cast<uint64_t>(c.tcg_tb_size_mb) * mib
+                                             : 1024 * mib;
+  s.limits.memory_bytes = ram + tb + 256 * mib + ram / 4;
   s.limits.pids = 1024;
   s.limits.cpus = c.cpus;
   // The largest file QEMU writes: the overlay (disk size + qcow2 metadata),
@@ -361,7 +364,9 @@ std::vector<std::string> qemu_argv(const VmConfig& c) {
       "-machine",
       "pc",
       "-accel",
-      c.accel == Accel::kvm ? "kvm" : "tcg",
+      c.accel == Accel::kvm  ? "kvm"
+      : c.tcg_tb_size_mb > 0 ? "tcg,tb-size=" + std::to_string(c.tcg_tb_size_mb)
+                             : "tcg",
       "-cpu",
       c.accel == Accel::kvm ? "host" : "max",
       "-smp",

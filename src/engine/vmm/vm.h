@@ -46,6 +46,9 @@ namespace airlock::vmm {
 enum class Accel { kvm, tcg };
 const char* to_string(Accel accel);
 
+// Default TCG translation-cache cap (MiB); bench/tcg_cache.py measures the trade-off.
+inline constexpr int kDefaultTcgTbSizeMb = 128;
+
 struct VmConfig {
   std::string id;
   std::filesystem::path run_dir;  // exists; sockets, logs, pid file go here
@@ -56,6 +59,11 @@ struct VmConfig {
   int cpus = 1;
   int memory_mb = 256;
   Accel accel = Accel::tcg;
+  // TCG only: the translation cache in MiB (`-accel tcg,tb-size=N`). QEMU
+  // 7.2's default is 1 GiB and it fills with the code the guest runs, so an
+  // uncapped apt or python run takes QEMU far past guest RAM (issue 9). The
+  // jail's memory limit counts it. 0 = QEMU's default (uncapped, for benches).
+  int tcg_tb_size_mb = kDefaultTcgTbSizeMb;
   size_t console_cap_bytes = 1 << 20;  // >= 4096
   std::string qemu_binary = "qemu-system-x86_64";
   // Network (optional): when net_socket is set, the VM gets one virtio-net

@@ -84,8 +84,13 @@ TEST(QemuArgv, HasTheDevicesAndSocketsOfTheContract) {
     return it == a.end() || it + 1 == a.end() ? std::string("<missing>") : *(it + 1);
   };
   EXPECT_EQ(after("-machine"), "pc");
-  EXPECT_EQ(after("-accel"), "tcg");
+  // The translation cache is capped by default (QEMU 7.2's is 1 GiB).
+  EXPECT_EQ(after("-accel"), "tcg,tb-size=" + std::to_string(kDefaultTcgTbSizeMb));
   EXPECT_EQ(after("-cpu"), "max");
+  VmConfig uncapped = c;
+  uncapped.tcg_tb_size_mb = 0;
+  auto u = qemu_argv(uncapped);
+  EXPECT_NE(std::find(u.begin(), u.end(), "tcg"), u.end());
   EXPECT_EQ(after("-smp"), "2");
   EXPECT_EQ(after("-m"), "512");
   EXPECT_EQ(after("-kernel"), "/k/vmlinuz");
