@@ -41,6 +41,15 @@ int main(int argc, char** argv) {
                  "TCG translation cache per QEMU in MiB, counted in its memory limit (0: QEMU's "
                  "1 GiB default)")
       ->check(CLI::Range(0, 4096));
+  daemon::ServerLimits limits;
+  app.add_option("--max-connections", limits.max_connections,
+                 "client connections served at once; more are answered 503 (default 256)")
+      ->check(CLI::Range(1, 65536));
+  double idle_timeout_s = 60;
+  app.add_option("--idle-timeout", idle_timeout_s,
+                 "seconds a connection may send nothing (between or mid-request) or read "
+                 "nothing of a stream before it is closed; a silent exec is not idle (default 60)")
+      ->check(CLI::Range(0.05, 86400.0));
   app.set_version_flag("--version", AIRLOCK_VERSION);
   CLI11_PARSE(app, argc, argv);
 
@@ -53,7 +62,8 @@ int main(int argc, char** argv) {
     std::filesystem::create_directories(data);
     std::filesystem::path sock =
         socket.empty() ? daemon::default_socket(data) : std::filesystem::path(socket);
-    daemon::Server server(std::filesystem::absolute(sock));
+    limits.idle_timeout = std::chrono::milliseconds(static_cast<int64_t>(idle_timeout_s * 1000));
+    daemon::Server server(std::filesystem::absolute(sock), limits);
     server.bind();  // before the engine: a second daemon must not touch the data dir
 
     engine::Config config;
