@@ -89,8 +89,8 @@ struct Conn {
     beast::error_code ec;
     http::read_header(sock, buf, p, ec);
     if (ec)
-      throw ConnectionLost("lost the connection to airlockd before it answered (" +
-                           ec.message() + ")");
+      throw ConnectionLost("lost the connection to airlockd before it answered (" + ec.message() +
+                           ")");
     int status = p.get().result_int();
     std::string error_text;
     char chunk[64 * 1024];

@@ -11,8 +11,8 @@
 
 #include <chrono>
 #include <condition_variable>
-#include <mutex>
 #include <cstring>
+#include <mutex>
 #include <thread>
 
 #include "cli/args.h"

@@ -30,8 +30,8 @@ struct ServerLimits {
 
 struct ServerCounters {
   std::atomic<int> open{0};
-  std::atomic<uint64_t> refused{0};      // over max_connections
-  std::atomic<uint64_t> idle_closed{0};  // cut by the idle timeout
+  std::atomic<uint64_t> refused{0};                // over max_connections
+  std::atomic<uint64_t> idle_closed{0};            // cut by the idle timeout
   std::atomic<uint64_t> duplicate_exec_starts{0};  // repeated on_start ignored
   ServerLimits limits;
 

@@ -223,9 +223,8 @@ void dispatch(engine::Engine& engine, Exchange& ex, ServerCounters& counters) {
       check_query_keys(q, {});
       expect_no_body(ex);
       json j = engine.info();
-      j["daemon"] = {{"version", AIRLOCK_VERSION},
-                     {"pid", ::getpid()},
-                     {"connections", counters.to_json()}};
+      j["daemon"] = {
+          {"version", AIRLOCK_VERSION}, {"pid", ::getpid()}, {"connections", counters.to_json()}};
       ex.send_json(200, j);
       return;
     }

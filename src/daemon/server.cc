@@ -9,15 +9,15 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/local/stream_protocol.hpp>
 #include <boost/asio/signal_set.hpp>
 #include <boost/asio/steady_timer.hpp>
-#include <algorithm>
-#include <functional>
-#include <map>
 #include <chrono>
 #include <cstring>
+#include <functional>
+#include <map>
 #include <thread>
 
 #include "common/error.h"
@@ -200,8 +200,8 @@ void Server::Impl::refuse(stream::socket sock) {
 // gets SHUT_RD (the thread can still answer 408), a write SHUT_RDWR.
 void Server::Impl::watch_idle() {
   auto idle = counters.limits.idle_timeout;
-  auto period = std::clamp(idle / 4, std::chrono::milliseconds(20),
-                           std::chrono::milliseconds(1000));
+  auto period =
+      std::clamp(idle / 4, std::chrono::milliseconds(20), std::chrono::milliseconds(1000));
   watchdog->expires_after(period);
   watchdog->async_wait([this, idle](beast::error_code ec) {
     if (ec) return;
@@ -240,8 +240,8 @@ void Server::Impl::serve(stream::socket sock, std::shared_ptr<Activity> activity
         // Stopped mid-request: say why before hanging up.
         http::response<http::string_body> res{http::status::request_timeout, 11};
         res.set(http::field::content_type, "application/json");
-        res.body() = error_body("timeout", "the request stalled past the idle timeout").dump() +
-                     "\n";
+        res.body() =
+            error_body("timeout", "the request stalled past the idle timeout").dump() + "\n";
         res.keep_alive(false);
         res.prepare_payload();
         beast::error_code ignored;
