@@ -125,8 +125,8 @@ bool AuditJournal::is_terminal(const std::string& event) {
 
 bool AuditJournal::is_lifecycle(const std::string& event) {
   static const std::set<std::string, std::less<>> kLifecycle = {
-      "created", "boot_failed", "clone_failed",    "retry",
-      "pooled",  "adopted",     "network_changed", "journal_truncated"};
+      "created", "boot_failed",     "clone_failed",     "retry", "pooled", "adopted",
+      "file",    "network_changed", "journal_truncated"};
   // exec, exec_kill and the start/end records of an exec.
   return is_terminal(event) || kLifecycle.count(event) > 0 || event.rfind("exec", 0) == 0;
 }
@@ -189,28 +189,32 @@ bool AuditJournal::append(const std::string& sandbox, const std::string& event,
 }
 
 // Whether `path` (of `size` bytes) already has its journal_truncated record,
-// written by an earlier daemon: it sits just past the ordinary cap, so only
-// that tail is read, once per sandbox and process.
+// written by an earlier daemon. It sits just past the ordinary cap (or, when
+// other writers grew the file first, near its end), so only those two
+// windows are read, once per sandbox and process.
 bool AuditJournal::already_noted(const std::filesystem::path& path, uint64_t size) const {
-  uint64_t soft = limits_.max_bytes - limits_.lifecycle_reserve_bytes;
-  uint64_t from = soft > kNoteWindow ? soft - kNoteWindow : 0;
-  if (size <= from) return false;
   FdGuard fd{::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW)};
   if (fd.fd < 0) return false;
-  std::string tail(static_cast<size_t>(size - from), '\0');
-  ssize_t n = ::pread(fd.fd, tail.data(), tail.size(), static_cast<off_t>(from));
-  if (n <= 0) return false;
-  tail.resize(static_cast<size_t>(n));
-  size_t pos = 0;
-  while ((pos = tail.find("\"journal_truncated\"", pos)) != std::string::npos) {
-    size_t b = tail.rfind('\n', pos);
-    b = b == std::string::npos ? 0 : b + 1;
-    size_t e = tail.find('\n', pos);
-    if (e == std::string::npos) break;
-    // A whole line whose own event is journal_truncated, not a field value.
-    auto j = nlohmann::json::parse(tail.substr(b, e - b), nullptr, false);
-    if (j.is_object() && j.value("event", "") == "journal_truncated") return true;
-    pos = e;
+  uint64_t soft = limits_.max_bytes - limits_.lifecycle_reserve_bytes;
+  uint64_t near_cap = soft > kNoteWindow ? soft - kNoteWindow : 0;
+  uint64_t near_end = size > 2 * kNoteWindow ? size - 2 * kNoteWindow : 0;
+  for (uint64_t from : {near_cap, std::max(near_end, near_cap + 4 * kNoteWindow)}) {
+    if (from >= size) continue;
+    std::string tail(static_cast<size_t>(std::min<uint64_t>(size - from, 4 * kNoteWindow)), '\0');
+    ssize_t n = ::pread(fd.fd, tail.data(), tail.size(), static_cast<off_t>(from));
+    if (n <= 0) continue;
+    tail.resize(static_cast<size_t>(n));
+    size_t pos = 0;
+    while ((pos = tail.find("\"journal_truncated\"", pos)) != std::string::npos) {
+      size_t b = tail.rfind('\n', pos);
+      b = b == std::string::npos ? 0 : b + 1;
+      size_t e = tail.find('\n', pos);
+      if (e == std::string::npos) break;
+      // A whole line whose own event is journal_truncated, not a field value.
+      auto j = nlohmann::json::parse(tail.substr(b, e - b), nullptr, false);
+      if (j.is_object() && j.value("event", "") == "journal_truncated") return true;
+      pos = e;
+    }
   }
   return false;
 }

@@ -18,7 +18,7 @@
 // flows), so a journal is capped. Past max_bytes - lifecycle_reserve_bytes,
 // ordinary records are dropped and counted; the first drop writes one
 // `journal_truncated` record {max_bytes, dropped_records, dropped_bytes}.
-// Lifecycle records (is_lifecycle: created, exec..., Durability::sync ones)
+// Lifecycle records (is_lifecycle: created, exec..., file, Durability::sync)
 // may use the reserve up to max_bytes; the terminal ones (deleted, failed,
 // timed_out) are always written, and carry "journal_dropped": {"records",
 // "bytes"} when anything was dropped, so the end of a sandbox and the extent
@@ -138,8 +138,8 @@ class AuditJournal {
   std::filesystem::path path_of(const std::string& sandbox) const;
   const JournalLimits& limits() const { return limits_; }
 
-  // Records the cap never drops from the reserve: the sandbox's lifecycle
-  // and the execs run on it (host-initiated, one per API call).
+  // Records that may use the reserve: the sandbox's lifecycle and what the
+  // API caller did on it (exec*, file; host-initiated, one per API call).
   static bool is_lifecycle(const std::string& event);
   // Records always written, cap or not: the end of a sandbox.
   static bool is_terminal(const std::string& event);

@@ -157,6 +157,7 @@ TEST_F(JournalTest, CapDropsOrdinaryRecordsCountsThemAndKeepsLifecycle) {
   // Lifecycle records still land, in the reserve, up to the hard cap.
   EXPECT_TRUE(j.append("sb-1", "exec", {{"argv", {"true"}}, {"exit_code", 0}}));
   EXPECT_TRUE(j.append("sb-1", "network_changed", {{"flows_cut", 0}}, Durability::sync));
+  EXPECT_TRUE(j.append("sb-1", "file", {{"op", "write"}, {"path", "/tmp/x"}}));
   // More flood after that: still dropped.
   EXPECT_FALSE(j.append("sb-1", "net_flow", {{"pad", pad}}));
   ++dropped;
@@ -173,6 +174,7 @@ TEST_F(JournalTest, CapDropsOrdinaryRecordsCountsThemAndKeepsLifecycle) {
   EXPECT_EQ(count_of(recs, "net_dns"), written);
   EXPECT_EQ(count_of(recs, "exec"), 1u);
   EXPECT_EQ(count_of(recs, "network_changed"), 1u);
+  EXPECT_EQ(count_of(recs, "file"), 1u);
   const auto& note = recs[1 + written];
   EXPECT_EQ(note["event"], "journal_truncated") << note;
   EXPECT_EQ(note["dropped_records"], 1);
@@ -214,6 +216,26 @@ TEST_F(JournalTest, TruncationIsNotedOnceAcrossRestarts) {
   AuditJournal again(dir_, lim);  // a restarted daemon
   EXPECT_FALSE(again.append("sb-1", "net_flow", {{"pad", pad}}));
   EXPECT_EQ(again.stats("sb-1").dropped_records, 1u);
+  EXPECT_EQ(count_of(again.read("sb-1"), "journal_truncated"), 1u);
+}
+
+TEST_F(JournalTest, TruncationIsNotedOnceWhenAnotherWriterGrewTheFileFirst) {
+  // Today the network helper appends its own records: the file can be far
+  // past the cap before the daemon drops anything, and the notice lands at
+  // its end.
+  JournalLimits lim{.max_bytes = 64 * 1024, .lifecycle_reserve_bytes = 16 * 1024};
+  {
+    AuditJournal j(dir_, lim);
+    j.append("sb-1", "created");
+    std::ofstream out(j.path_of("sb-1"), std::ios::app | std::ios::binary);
+    std::string line = R"({"ts":"t","sandbox":"sb-1","event":"net_dns","pad":")" +
+                       std::string(1000, 'h') + "\"}\n";
+    for (int i = 0; i < 8000; ++i) out << line;  // ~8 MB, far past the cap
+    out.close();
+    EXPECT_FALSE(j.append("sb-1", "net_flow"));
+  }
+  AuditJournal again(dir_, lim);
+  EXPECT_FALSE(again.append("sb-1", "net_flow"));
   EXPECT_EQ(count_of(again.read("sb-1"), "journal_truncated"), 1u);
 }
 
