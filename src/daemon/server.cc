@@ -153,7 +153,7 @@ void Server::Impl::accept_next() {
 // 64 such sockets linger at a time, the rest are closed at once.
 void Server::Impl::refuse(stream::socket sock) {
   ++counters.refused;
-  spdlog::warn("refusing a connection: {} open (--max-connections {})", threads,
+  spdlog::warn("refusing a connection: {} open (--max-connections {})", counters.open.load(),
                counters.limits.max_connections);
   const std::string answer = [this] {
     std::string body =
