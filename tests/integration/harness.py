@@ -52,10 +52,12 @@ class Client:
 
     def raw(self, method, path, body=None, headers=None, timeout=300):
         conn = UnixHTTPConnection(self.sock_path, timeout=timeout)
-        conn.request(method, path, body=body, headers=headers or {})
-        resp = conn.getresponse()
-        data = resp.read()
-        conn.close()
+        try:
+            conn.request(method, path, body=body, headers=headers or {})
+            resp = conn.getresponse()
+            data = resp.read()
+        finally:
+            conn.close()
         return resp.status, resp.getheaders(), data
 
     def call(self, method, path, body=None, timeout=300):
