@@ -7,11 +7,11 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
-#include <optional>
 #include <chrono>
 #include <cstdio>
 #include <iostream>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "cli/args.h"
