@@ -230,7 +230,8 @@ TEST_F(ApiTest, ConnectionLostMidStreamIsItsOwnError) {
     c.exec(id, exec_body({}, {"drip"}, std::nullopt), [&](const json& ev) {
       if (ev["type"] != "stdout") return;
       out += *daemon::base64_decode(ev["data"].get<std::string>());
-      stopper = std::thread([this] { server_->stop(); });  // shuts every connection down
+      if (!stopper.joinable())
+        stopper = std::thread([this] { server_->stop(); });  // shuts every connection down
     });
     ADD_FAILURE() << "exec returned though the daemon went away";
   } catch (const ConnectionLost& e) {
