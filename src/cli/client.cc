@@ -125,7 +125,13 @@ Client::Client(std::filesystem::path socket) : socket_(std::move(socket)) {}
 
 bool Client::ping() const {
   try {
-    call("GET", "/v1/info");
+    Conn c(socket_);
+    http::request<http::empty_body> req{http::verb::get, "/v1/info", 11};
+    req.keep_alive(false);
+    c.send(req);
+    // Any answer is a daemon, also a 503 at its connection cap: starting
+    // another one then would only fail on the lock and mislead the user.
+    c.read_all();
     return true;
   } catch (const std::exception&) {
     return false;

@@ -35,7 +35,8 @@ class Client {
 
   const std::filesystem::path& socket() const { return socket_; }
 
-  // True if a daemon answers GET /v1/info on the socket.
+  // True if a daemon answers GET /v1/info on the socket (with anything: a
+  // daemon at its connection cap answers 503 and is still running).
   bool ping() const;
 
   // A JSON request (no body if `body` is null). Returns the parsed answer

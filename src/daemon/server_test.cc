@@ -102,6 +102,17 @@ TEST_F(ServerTest, ConnectionsBeyondTheCapGetA503AndAreCounted) {
             std::string::npos);
   EXPECT_EQ(server_->counters()["refused"], 1);
   EXPECT_EQ(server_->counters()["open"], 3);
+  // The CLI sees a running daemon (it must not start another) and the error.
+  cli::Client c(socket_);
+  EXPECT_TRUE(c.ping());
+  try {
+    c.call("GET", "/v1/info");
+    ADD_FAILURE() << "a call over the cap succeeded";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Errc::unavailable);
+    EXPECT_NE(std::string(e.what()).find("--max-connections"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(server_->counters()["refused"], 3);
   // A freed slot serves again.
   ::close(fds_[0]);
   fds_.erase(fds_.begin());
@@ -112,7 +123,7 @@ TEST_F(ServerTest, ConnectionsBeyondTheCapGetA503AndAreCounted) {
   send_all(again, kInfo);
   r = read_until_eof(again);
   EXPECT_EQ(r.rfind("HTTP/1.1 200", 0), 0u) << r;
-  EXPECT_NE(r.find("\"refused\":1"), std::string::npos) << r;  // counted in /v1/info
+  EXPECT_NE(r.find("\"refused\":3"), std::string::npos) << r;  // counted in /v1/info
 }
 
 TEST_F(ServerTest, IdleConnectionIsClosedAfterTheTimeout) {
