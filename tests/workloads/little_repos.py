@@ -246,10 +246,12 @@ def pip_script():
 
 # Imports every standard-library module that can be imported in a headless
 # guest, then does CPU-heavy, code-heavy work (compression, hashing, json,
-# regex, decimal, sorting, compiling) until SECONDS have passed.
+# regex, decimal, sorting, compiling) until SECONDS have passed, or exactly
+# ROUNDS rounds if given (`work.py SECONDS [ROUNDS]`: fixed work for the bench).
 PYTHON_SCRIPT = r'''
 import importlib, sys, time
 SECONDS = float(sys.argv[1])
+ROUNDS = int(sys.argv[2]) if len(sys.argv) > 2 else None
 skip = {"antigravity", "this", "idlelib", "tkinter", "turtle", "turtledemo", "__main__"}
 ok, failed = [], []
 t0 = time.monotonic()
@@ -265,7 +267,7 @@ t_import = time.monotonic() - t0
 import bz2, decimal, hashlib, json, lzma, random, re, zlib
 rng = random.Random(9)
 rounds, t1 = 0, time.monotonic()
-while time.monotonic() - t1 < SECONDS:
+while (rounds < ROUNDS) if ROUNDS is not None else (time.monotonic() - t1 < SECONDS):
     data = bytes(rng.getrandbits(8) for _ in range(20000))
     assert zlib.decompress(zlib.compress(data)) == data
     assert bz2.decompress(bz2.compress(data)) == data
