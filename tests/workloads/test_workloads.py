@@ -202,6 +202,11 @@ class WorkloadTest(DaemonTestCase):
 
     def test_guest_oom_kills_inside_the_guest_not_qemu(self):
         sid, pid = self.fresh()
+        # QEMU's worst case: the translation cache filled by code-heavy work
+        # first (apt, then python's standard library), then all of guest RAM.
+        self.ok(sid, lr.apt_script(), 900)
+        self.api.put_file(sid, "/root/work.py", lr.PYTHON_SCRIPT.encode())
+        self.ok(sid, "python3 /root/work.py 0 5", 900)
         # No exec memory limit: the guest's RAM is what runs out.
         out, ex = self.sh(sid, "python3 -c \"\n"
                                "x = []\n"
