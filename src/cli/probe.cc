@@ -101,6 +101,16 @@ std::string outside_missing(const std::vector<OutsideResult>& results, const std
   return "the outside-network check for " + what + " did not report";
 }
 
+std::string no_outside_network(const std::vector<OutsideResult>& results) {
+  std::string why;
+  for (const auto& x : results) {
+    if (x.status == "ok") return "";
+    if (why.empty() && (x.status == "unresolved" || x.status == "unreachable"))
+      why = outside_missing(results, x.what);
+  }
+  return why;
+}
+
 namespace {
 
 // Display width of UTF-8 text: code points, not bytes (observed text may

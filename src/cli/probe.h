@@ -110,6 +110,9 @@ std::vector<OutsideResult> parse_outside_lines(const std::string& out);
 // can): "no outside network: the image's apt source deb.example.org does
 // not resolve". A missing line (the check did not run) is a reason too.
 std::string outside_missing(const std::vector<OutsideResult>& results, const std::string& what);
+// The host has no outside network: some source was tried and did not
+// resolve or connect, and none answered. The first failure's reason, else "".
+std::string no_outside_network(const std::vector<OutsideResult>& results);
 
 // The host's own addresses (getifaddrs): IPv4 and global IPv6, no loopback,
 // no link-local. These must be unreachable from a guest.

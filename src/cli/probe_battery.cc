@@ -331,11 +331,10 @@ class Battery {
       add_expect(S, "fetch a URL by name", "fails cleanly and fast (< 5 s)",
                  f.ok && f.code() > 0 && f.code() < 126 && f.ms < 5000,
                  f.summary() + ": " + one_line(f.out, 120), f.ms);
-    else if (!f.succeeded() && !outside_missing(outside, "apt").empty() &&
-             !outside_missing(outside, "pip").empty())
-      // Neither package source answers either: the host has no outside network.
+    else if (!f.succeeded() && !no_outside_network(outside).empty())
+      // No package source answers either: the host has no outside network.
       add({S, "fetch a URL by name", "works (needs internet on the host)",
-           f.summary() + "; " + outside_missing(outside, "apt"), ProbeStatus::skip, f.ms});
+           f.summary() + "; " + no_outside_network(outside), ProbeStatus::skip, f.ms});
     else
       add_expect(S, "fetch a URL by name", "works (needs internet on the host)", f.succeeded(),
                  f.summary() + ": " + one_line(f.out, 120), f.ms);

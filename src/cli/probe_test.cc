@@ -172,6 +172,20 @@ TEST(OutsideNetwork, EveryFailureIsASkipReasonNamingTheSource) {
   EXPECT_EQ(outside_missing({}, "pip"), "the outside-network check for pip did not report");
 }
 
+TEST(OutsideNetwork, NoOutsideNetworkOnlyWhenATriedSourceFailedAndNoneAnswered) {
+  EXPECT_EQ(no_outside_network(parse_outside_lines("apt a.example.org unreachable\n"
+                                                   "pip b.example.org unresolved\n")),
+            "no outside network: the image's apt source a.example.org does not accept a "
+            "connection (5 s)");
+  // One source answers: the host has outside network.
+  EXPECT_EQ(no_outside_network(parse_outside_lines("apt a.example.org unresolved\n"
+                                                   "pip b.example.org ok\n")),
+            "");
+  // Nothing configured (e.g. busybox image) says nothing about the network.
+  EXPECT_EQ(no_outside_network(parse_outside_lines("apt - no-source\npip - no-source\n")), "");
+  EXPECT_EQ(no_outside_network({}), "");
+}
+
 TEST(OutsideNetwork, ASkipWithTheReasonKeepsTheReportPassing) {
   ProbeReport rep;
   rep.expect("1 task", "write", "works", true, "ok");
