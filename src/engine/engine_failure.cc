@@ -140,7 +140,7 @@ Verdict classify_death(const fs::path& run_dir, int pid, const std::string& memo
 std::optional<Verdict> Engine::Impl::check_health(const std::shared_ptr<Live>& sbp, int64_t now) {
   Live& sb = *sbp;
   const auto& info = sb.rec.info;
-  if (now >= info.expires_at_ms)
+  if (now >= sb.expires_steady_ms.load())
     return Verdict{State::timed_out, "",
                    "lifetime of " + std::to_string(info.spec.timeout_s) + " s expired", "timed_out",
                    nlohmann::json::object()};

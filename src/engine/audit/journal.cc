@@ -73,7 +73,7 @@ void AuditJournal::append(const std::string& sandbox, const std::string& event,
   // Invalid UTF-8 (argv is bytes) is replaced rather than making dump() throw.
   std::string line = rec.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
 
-  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0640);
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);  // owner only
   if (fd < 0) throw_errno("open audit journal " + path.string());
   // One write: O_APPEND makes it atomic with respect to other appenders for
   // regular files. A short write (disk full) is reported, not retried, so a
