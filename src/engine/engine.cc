@@ -5,9 +5,8 @@
 
 #include <spdlog/spdlog.h>
 #include <sys/random.h>
-#include <unistd.h>
-
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <chrono>
@@ -293,11 +292,12 @@ void Engine::Impl::close_interrupted_execs(const std::string& id) {
       open.erase(r["exec_id"].get<std::string>());
   }
   for (const auto& [exec_id, start] : open) {
-    nlohmann::json end{{"exec_id", exec_id},
-                       {"argv", start.value("argv", nlohmann::json::array())},
-                       {"reason", "interrupted"},
-                       {"interrupted", true},
-                       {"error", "the daemon stopped while the exec ran; its result was never seen"}};
+    nlohmann::json end{
+        {"exec_id", exec_id},
+        {"argv", start.value("argv", nlohmann::json::array())},
+        {"reason", "interrupted"},
+        {"interrupted", true},
+        {"error", "the daemon stopped while the exec ran; its result was never seen"}};
     try {
       journal.append(id, "exec", end, Durability::sync);
     } catch (const std::exception& e) {
@@ -373,7 +373,8 @@ void Engine::Impl::recover_one(SandboxRecord rec) {
         }
       }
       // Deadlines continue on the steady clock from what is left of the life.
-      sb->expires_steady_ms = steady_ms() + std::max<int64_t>(rec.info.expires_at_ms - wall_ms(), 0);
+      sb->expires_steady_ms =
+          steady_ms() + std::max<int64_t>(rec.info.expires_at_ms - wall_ms(), 0);
       journal.append(id, "adopted", adopted, Durability::sync);
       spdlog::info("sandbox {}: re-adopted (pid {})", id, sb->vm->pid());
       {

@@ -96,9 +96,9 @@ TEST_F(EngineFake, BadPoolImageIsAnErrorNotAnAbort) {
 }
 
 TEST(SandboxStates, TableIsClosedAndTerminalStatesAreFinal) {
-  const State all[] = {State::starting,     State::running,  State::pausing,
-                       State::paused,       State::snapshotting, State::stopping,
-                       State::deleted,      State::timed_out, State::failed};
+  const State all[] = {State::starting, State::running,      State::pausing,
+                       State::paused,   State::snapshotting, State::stopping,
+                       State::deleted,  State::timed_out,    State::failed};
   for (State from : all)
     for (State to : all)
       if (is_terminal(from)) {
@@ -140,7 +140,8 @@ TEST_F(EngineFake, SetNetworkRacingDestroyNeverRevivesADeletedSandbox) {
   char buf[4096];
   ASSERT_GT(::read(conn, buf, sizeof buf), 0);  // the request: set_network is mid-call
   engine.destroy(sb.id);
-  std::string reply = R"({"policy":{"mode":"allowlist","allow":["192.0.2.1"],"deny":[]},"flows_cut":0})";
+  std::string reply =
+      R"({"policy":{"mode":"allowlist","allow":["192.0.2.1"],"deny":[]},"flows_cut":0})";
   reply += "\n";
   ASSERT_EQ(::write(conn, reply.data(), reply.size()), static_cast<ssize_t>(reply.size()));
   changer.join();
@@ -236,7 +237,7 @@ TEST_F(EngineFake, ReaperChecksOutsideTheEngineLock) {
   Engine engine(cfg_);
   SandboxInfo a = engine.create({.image = "minimal"});
   SandboxInfo b = engine.create({.image = "minimal"});
-  fake_->alive_delay_ms = 1500;  // each check now takes 1.5 s
+  fake_->alive_delay_ms = 1500;         // each check now takes 1.5 s
   std::this_thread::sleep_for(1200ms);  // a reaper pass is under way
   for (int i = 0; i < 4; ++i) {
     auto t0 = std::chrono::steady_clock::now();

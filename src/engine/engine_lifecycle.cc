@@ -1,7 +1,6 @@
 // create() and destroy(): the boot watchdog and the guarantee that a failed
 // create leaves nothing behind (no QEMU, no run dir, no overlay).
 #include <spdlog/spdlog.h>
-
 #include <sys/statvfs.h>
 
 #include <algorithm>
@@ -66,8 +65,7 @@ void move_net_helper_to_cgroup(Live& sb) {
       std::ofstream procs(dir + "/cgroup.procs");
       procs << np << "\n";
       procs.flush();
-      if (!procs)
-        spdlog::warn("sandbox {}: cannot move the network helper into {}", sb.id(), dir);
+      if (!procs) spdlog::warn("sandbox {}: cannot move the network helper into {}", sb.id(), dir);
     }
   } catch (const std::exception& e) {
     spdlog::warn("sandbox {}: network helper cgroup: {}", sb.id(), e.what());
@@ -144,8 +142,8 @@ std::optional<Engine::Impl::BootFailure> Engine::Impl::boot_once(Live& sb,
       // The helper listens before QEMU starts: QEMU connects its NIC once,
       // at start-up, and never reconnects. One helper per boot attempt (it
       // accepts a single QEMU connection).
-      pid_t np = start_net_helper(impl.cfg, info.id, dir, impl.journal.path_of(info.id),
-                                  sb.network());
+      pid_t np =
+          start_net_helper(impl.cfg, info.id, dir, impl.journal.path_of(info.id), sb.network());
       std::lock_guard lock(sb.mu);
       sb.net_pid = np;
       vc.net_socket = dir / "net.sock";
@@ -226,7 +224,8 @@ void check_disk_space(const fs::path& dir, int64_t admitted_mb, int64_t want_mb)
       static_cast<int64_t>(st.f_bavail) * static_cast<int64_t>(st.f_frsize) / (1024 * 1024);
   if (admitted_mb + want_mb <= free_mb) return;
   throw Error(Errc::unavailable,
-              "not enough disk for disk_mb=" + std::to_string(want_mb) + ": the sandboxes already " +
+              "not enough disk for disk_mb=" + std::to_string(want_mb) +
+                  ": the sandboxes already " +
                   "admitted hold disk_mb=" + std::to_string(admitted_mb) + " in total and " +
                   dir.string() + " has " + std::to_string(free_mb) + " MiB free",
               "disk_mb");
@@ -382,7 +381,7 @@ std::shared_ptr<Live> Engine::Impl::launch(const SandboxSpec& checked, const sto
     std::lock_guard lock(impl.mu);
     impl.live[id] = sb;
   }
-  undo.dismiss();  // commit: the sandbox is the caller's
+  undo.dismiss();          // commit: the sandbox is the caller's
   impl.wake.notify_all();  // the reaper's earliest expiry may have changed
   return sb;
 }

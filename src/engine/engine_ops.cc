@@ -33,9 +33,9 @@ channel::Deadline transfer_deadline(const Live& sb) {
 // within about a second and classifies it; the call waits for that (5 s at
 // most) so its error names the cause (vmm_died, guest_panic, ...).
 [[noreturn]] void rethrow_for(Live& sb, const Error& e) {
-  auto [st, failure, reason] = sb.wait_ended(sb.channel && sb.channel->closed()
-                                                 ? std::chrono::milliseconds(5000)
-                                                 : std::chrono::milliseconds(0));
+  auto [st, failure, reason] =
+      sb.wait_ended(sb.channel && sb.channel->closed() ? std::chrono::milliseconds(5000)
+                                                       : std::chrono::milliseconds(0));
   if (st == State::failed && !failure.empty())
     throw Error(Errc::guest_error,
                 "sandbox " + sb.rec.info.id + " failed during the call: " + failure + ": " + reason);

@@ -100,8 +100,9 @@ std::unique_ptr<VmHandle> FakeLauncher::start(const vmm::VmConfig& config) {
   std::error_code ec;
   fs::remove(config.run_dir / "fake.pid", ec);
   std::string exe = fake_vm_.string(), dir = config.run_dir.string(), agent = agent_.string();
-  std::vector<char*> argv{exe.data(), const_cast<char*>("--run-dir"), dir.data(),
-                          const_cast<char*>("--agent"), agent.data(), nullptr};
+  std::vector<char*> argv{exe.data(),   const_cast<char*>("--run-dir"),
+                          dir.data(),   const_cast<char*>("--agent"),
+                          agent.data(), nullptr};
   // Detached like QEMU (double fork): it must outlive an engine restart.
   pid_t child = ::fork();
   if (child < 0) throw_errno("fork");

@@ -27,17 +27,12 @@ constexpr std::pair<State, State> kTransitions[] = {
     {State::running, State::stopping},      // destroy, reaper, recover
     {State::running, State::pausing},       // pause
     {State::running, State::snapshotting},  // snapshot / fork of a running one
-    {State::pausing, State::paused},
-    {State::pausing, State::stopping},
+    {State::pausing, State::paused},        {State::pausing, State::stopping},
     {State::paused, State::running},  // resume
-    {State::paused, State::snapshotting},
-    {State::paused, State::stopping},
-    {State::snapshotting, State::running},
-    {State::snapshotting, State::paused},
-    {State::snapshotting, State::stopping},
-    {State::stopping, State::deleted},
-    {State::stopping, State::timed_out},
-    {State::stopping, State::failed},
+    {State::paused, State::snapshotting},   {State::paused, State::stopping},
+    {State::snapshotting, State::running},  {State::snapshotting, State::paused},
+    {State::snapshotting, State::stopping}, {State::stopping, State::deleted},
+    {State::stopping, State::timed_out},    {State::stopping, State::failed},
 };
 
 }  // namespace
@@ -58,8 +53,8 @@ Sandbox::Sandbox(SandboxRecord r, Registry& registry, AuditJournal& journal)
       failure_(rec.info.failure),
       reason_(rec.info.reason),
       network_(rec.info.spec.network) {
-  networked = rec.info.spec.network.is_object() &&
-              rec.info.spec.network.value("mode", "none") != "none";
+  networked =
+      rec.info.spec.network.is_object() && rec.info.spec.network.value("mode", "none") != "none";
 }
 
 State Sandbox::state() const {

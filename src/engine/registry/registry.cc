@@ -134,8 +134,7 @@ Registry::Registry(const std::filesystem::path& db_path) {
     ::fchmod(fd, 0600);
     ::close(fd);
   }
-  for (const char* suffix : {"-wal", "-shm"})
-    ::chmod((db_path.string() + suffix).c_str(), 0600);
+  for (const char* suffix : {"-wal", "-shm"}) ::chmod((db_path.string() + suffix).c_str(), 0600);
   int flags = SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX;
   if (sqlite3_open_v2(db_path.c_str(), &db_, flags, nullptr) != SQLITE_OK) {
     std::string msg = db_ ? sqlite3_errmsg(db_) : "out of memory";
@@ -294,8 +293,7 @@ std::optional<SandboxRecord> Registry::get(const std::string& id) const {
 std::vector<SandboxRecord> Registry::list(bool all) const {
   std::lock_guard lock(mu_);
   std::string sql = std::string("SELECT ") + kColumns + " FROM sandboxes";
-  if (!all)
-    sql += " WHERE state NOT IN ('deleted','timed_out','failed')";
+  if (!all) sql += " WHERE state NOT IN ('deleted','timed_out','failed')";
   sql += " ORDER BY created_at_ms, id";
   Stmt s(db_, sql.c_str(), "list sandboxes");
   std::vector<SandboxRecord> out;
