@@ -202,7 +202,7 @@ ExecResult Engine::exec(const std::string& id, const ExecRequest& request,
   // mid-exec leaves exec_start without an end, which the next daemon's
   // recover() closes as `interrupted`.
   try {
-    impl.journal.append(id, "exec_start", audit, Durability::sync);
+    impl.journal.append(id, "exec_start", audit);  // write(2) survives a daemon kill
   } catch (...) {
     finish();
     throw;
