@@ -79,9 +79,12 @@ void Sandbox::apply(State from, State to, const Change& c) {
   state_ = to;
   reason_ = c.reason;
   failure_ = to == State::failed ? c.failure : std::string();
-  if (c.pid) rec.info.pid = *c.pid;
-  if (is_terminal(to)) rec.info.pid = 0;
-  if (c.boot_ms) rec.info.boot_ms = *c.boot_ms;
+  {
+    std::lock_guard lock(mu);  // info() reads rec under it (order: state_mu_, then mu)
+    if (c.pid) rec.info.pid = *c.pid;
+    if (is_terminal(to)) rec.info.pid = 0;
+    if (c.boot_ms) rec.info.boot_ms = *c.boot_ms;
+  }
   if (!c.event.empty()) {
     try {
       nlohmann::json ev = c.details.is_object() ? c.details : nlohmann::json::object();
