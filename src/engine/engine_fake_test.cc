@@ -243,7 +243,7 @@ TEST_F(EngineFake, ReaperChecksOutsideTheEngineLock) {
     auto t0 = std::chrono::steady_clock::now();
     engine.stat_file(b.id, "/");
     auto took = std::chrono::steady_clock::now() - t0;
-    EXPECT_LT(took, 700ms) << "call " << i << " waited for the reaper";
+    EXPECT_LT(took, 1000ms) << "call " << i << " waited for the reaper";  // a check: 1.5 s
   }
   fake_->alive_delay_ms = 0;
   engine.destroy(a.id);
