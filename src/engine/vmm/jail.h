@@ -54,7 +54,12 @@ struct JailSpec {
   std::vector<std::filesystem::path> ro;     // files or dirs bound read-only (missing = error)
   std::vector<std::filesystem::path> rw;     // files or dirs bound read-write
   std::vector<std::filesystem::path> chown;  // given to the jail's uid (root only)
-  bool kvm = false;                          // also bind /dev/kvm
+  // KVM: as root the jail gets its own node of kvm_device's major/minor,
+  // owned by its uid, mode 0600, at /dev/kvm (as Firecracker's jailer does):
+  // the host's node is root:kvm 0660, which the jail's uid cannot open.
+  // Without root the host's node is bound as it is.
+  bool kvm = false;
+  std::filesystem::path kvm_device = "/dev/kvm";
   std::vector<gid_t> groups;                 // supplementary groups (root only)
   CgroupLimits limits;
   uint64_t fsize_bytes = 0;        // RLIMIT_FSIZE; 0 = unlimited
