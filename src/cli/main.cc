@@ -7,11 +7,11 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
-#include <optional>
 #include <chrono>
 #include <cstdio>
 #include <iostream>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "cli/args.h"
@@ -275,6 +275,11 @@ int main_impl(int argc, char** argv) {
       ->check(CLI::IsMember({"none", "open"}));
   probe->add_flag("--json", popts.json, "print JSON");
   probe->add_flag("--quick", popts.quick, "fewer samples (time to a new instance over 3, not 10)");
+  probe
+      ->add_option("--only", popts.only,
+                   "run only these sections: task, reach, leftovers, time, hostile, after "
+                   "(repeatable; cleanup always runs)")
+      ->delimiter(',');
 
   auto* image = app.add_subcommand("image", "guest images");
   image->require_subcommand(1);
