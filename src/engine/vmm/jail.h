@@ -2,7 +2,7 @@
 // is not a security boundary by QEMU's own policy.
 //
 // As root (the full jail), the jailed process gets
-//   - its own unprivileged uid/gid, 200000 + N, leased per sandbox in
+//   - its own unprivileged uid/gid, BASE + N (jail_ids.h), leased per sandbox in
 //     /run/airlock/jail-leases/N (never reused while the lease's run_dir
 //     exists); run_dir becomes root:<gid> mode 01770 (it can create its
 //     sockets; the sticky bit keeps it from renaming or deleting the
@@ -12,7 +12,7 @@
 //   - a root of its own: a read-only tmpfs holding exactly the paths it
 //     needs, bind-mounted at their host paths (read-only except run_dir and
 //     `rw`), symlinks on the way reproduced, /dev/null and /dev/urandom
-//     (/dev/kvm only with `kvm`), then pivot_root: the host's / is gone
+//     (with `kvm`, its own node of /dev/kvm), then pivot_root: the host's / is gone
 //   - no capabilities (effective, permitted, inheritable, ambient and the
 //     bounding set), no_new_privs, umask 077, an empty environment but PATH
 //   - rlimits: CORE 0, NOFILE 4096, NPROC 1024 (its uid is its own),
