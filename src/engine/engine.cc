@@ -69,6 +69,9 @@ Config with_defaults(Config c) {
   }
   if (!c.accel.empty() && c.accel != "kvm" && c.accel != "tcg")
     throw Error(Errc::invalid_argument, "accel must be \"kvm\", \"tcg\" or empty (probe)", "accel");
+  // As root every QEMU runs under a leased uid of this range: refuse to
+  // start if any local user could become one (jail_ids.h).
+  if (::geteuid() == 0) vmm::set_jail_ids(c.jail_ids);
   if (c.boot_timeout_s < 1 || c.boot_timeout_s > 3600)
     throw Error(Errc::invalid_argument, "boot_timeout_s must be between 1 and 3600",
                 "boot_timeout_s");

@@ -25,6 +25,7 @@
 
 #include "engine/audit/journal.h"
 #include "engine/storage/image_store.h"
+#include "engine/vmm/jail_ids.h"
 
 namespace airlock::engine {
 
@@ -39,6 +40,9 @@ struct Config {
   std::string accel;                // "", "kvm" or "tcg": "" = probe (cached)
   // TCG translation cache cap per QEMU, MiB (vmm::VmConfig::tcg_tb_size_mb); 0 = QEMU's 1 GiB.
   int tcg_tb_size_mb = 128;
+  // The uids/gids QEMU jails get (as root); checked at start against
+  // /etc/subuid, /etc/subgid, passwd and group: Error(field "jail_ids").
+  vmm::JailIdRange jail_ids;
   // Templates (docs/design.md, "Templates and clones"): a create whose shape
   // has a template starts as a copy-on-write clone of it instead of booting.
   bool templates = true;
