@@ -99,7 +99,8 @@ Filter::Output Filter::from_guest(std::span<const uint8_t> raw) {
     return out;
   }
   // slirp's own services that open no host socket.
-  if (!f.ipv6 && f.l4 == kIpUDP && f.sport == 68 && f.dport == 67) {
+  if (!f.ipv6 && f.l4 == kIpUDP && f.sport == 68 && f.dport == 67 &&
+      (f.dst == config_.dhcp_server || f.dst == IpAddr::v4(0xFFFFFFFF))) {
     out.to_slirp = true;
     return out;
   }

@@ -4,8 +4,10 @@
 // decision logic is unit-tested with hand-built frames.
 //
 // Guest → network:
-//   - ARP, DHCP (UDP 68→67) and IPv6 neighbour discovery go to slirp: it
-//     answers them itself and opens no host socket for them;
+//   - ARP, DHCP (UDP 68→67 to slirp's own address or 255.255.255.255 only:
+//     the two slirp answers itself) and IPv6 neighbour discovery go to slirp,
+//     which opens no host socket for them; a 68→67 datagram to any other
+//     address is an ordinary UDP flow, decided by the policy;
 //   - UDP to the virtual DNS server (10.0.2.3 / fec0::3 port 53) is answered
 //     here (dns.h), never by slirp: A/AAAA of allowed names are resolved on
 //     the host (Output::resolve → the caller resolves → dns_resolved());
@@ -63,6 +65,10 @@ namespace airlock::net {
 struct FilterConfig {
   IpAddr dns_v4 = IpAddr::v4(0x0A000203);  // libslirp's default virtual DNS, 10.0.2.3
   IpAddr dns_v6 = *IpAddr::parse("fec0::3");
+  // libslirp's own address (vhost), where its DHCP server answers. libslirp
+  // 4.7 (udp.c) serves BOOTP only for datagrams to port 67 of this address
+  // or of 255.255.255.255; to any other address it opens a host socket.
+  IpAddr dhcp_server = IpAddr::v4(0x0A000202);  // 10.0.2.2
   // Each allowed TCP flow costs ~400 KiB in slirp (measured: its socket
   // buffers), so the caps bound the helper's memory: flows in all, and TCP
   // flows still in their handshake (what a SYN flood creates).
