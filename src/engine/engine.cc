@@ -174,6 +174,7 @@ void Engine::Impl::teardown(Live& sb, State state, const std::string& reason,
   // explicitly also covers a helper whose QEMU never connected.
   if (network_enabled(sb.rec.info.spec.network) || sb.net_pid > 0)
     kill_net_helper(sb.net_pid, sb.rec.run_dir);
+  sb.net_events.reset();  // after the kill: takes what the helper still wrote
   sb.net_pid = 0;
   std::error_code ec;
   fs::remove_all(sb.rec.run_dir, ec);
@@ -298,6 +299,8 @@ void Engine::Impl::recover() {
           if (is_our_net_helper(np, rec.run_dir)) {
             sb->net_pid = np;
             adopted["net_pid"] = np;
+            // Re-attach to its event stream: it queued what happened meanwhile.
+            sb->net_events = attach_net_events(journal, id, rec.run_dir, np);
           } else {
             adopted["net_pid"] = nullptr;
             spdlog::warn("sandbox {}: network helper is gone; the VM has no egress", id);

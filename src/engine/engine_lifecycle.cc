@@ -82,8 +82,8 @@ std::optional<Engine::Impl::BootFailure> Engine::Impl::boot_once(Live& sb,
       // The helper listens before QEMU starts: QEMU connects its NIC once,
       // at start-up, and never reconnects. One helper per boot attempt (it
       // accepts a single QEMU connection).
-      sb.net_pid = start_net_helper(impl.cfg, info.id, dir, impl.journal.path_of(info.id),
-                                    info.spec.network);
+      sb.net_pid = start_net_helper(impl.cfg, info.id, dir, info.spec.network);
+      sb.net_events = attach_net_events(impl.journal, info.id, dir, sb.net_pid);
       vc.net_socket = dir / "net.sock";
       vc.net_mac = mac_for(info.id);
     }
@@ -123,6 +123,7 @@ std::optional<Engine::Impl::BootFailure> Engine::Impl::boot_once(Live& sb,
     }
     sb.vm.reset();
     if (networked) kill_net_helper(sb.net_pid, dir);
+    sb.net_events.reset();
     sb.net_pid = 0;
     sb.rec.info.pid = 0;
     fs::remove(disk, ec);
