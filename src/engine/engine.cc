@@ -199,6 +199,7 @@ void Engine::Impl::finish_stop(Live& sb, State state, const std::string& reason,
     sb.net_pid = 0;
   }
   if (sb.networked || net_pid > 0) kill_net_helper(net_pid, sb.run_dir());
+  sb.net_events.reset();  // after the kill: takes what the helper still wrote
   try {
     if (sb.vm) sb.vm->kill();
   } catch (const std::exception& e) {
@@ -370,6 +371,8 @@ void Engine::Impl::recover_one(SandboxRecord rec) {
         if (is_our_net_helper(np, rec.run_dir)) {
           sb->net_pid = np;
           adopted["net_pid"] = np;
+          // Re-attach to its event stream: it queued what happened meanwhile.
+          sb->net_events = attach_net_events(journal, id, rec.run_dir, np);
         } else {
           adopted["net_pid"] = nullptr;
           spdlog::warn("sandbox {}: network helper is gone; the VM has no egress", id);

@@ -65,13 +65,22 @@ std::filesystem::path net_helper_binary(const Config& cfg);
 // The sandbox's NIC MAC, derived from its id.
 std::string mac_for(const std::string& id);
 // Starts airlock-net detached (it survives a daemon restart) for the sandbox
-// whose run dir is `run_dir`, appending its events to `events` (the
-// sandbox's audit journal), and waits for its ready line (5 s). Writes
+// whose run dir is `run_dir` and waits for its ready line (5 s). Writes
 // run_dir/net.pid. On failure nothing is left and Error says why (with the
-// helper's stderr).
+// helper's stderr). The helper has no access to the journal: its events
+// come through attach_net_events.
 pid_t start_net_helper(const Config& cfg, const std::string& id,
-                       const std::filesystem::path& run_dir, const std::filesystem::path& events,
-                       const nlohmann::json& policy);
+                       const std::filesystem::path& run_dir, const nlohmann::json& policy);
+// Connects to the helper's event stream (run_dir/net-events.sock, peer
+// checked to be `helper_pid`) on a thread of its own, checks and rate-limits
+// every report (net/intake.h) and appends the accepted ones to `journal`
+// under sandbox `id`; reconnects while the helper lives. Destroying the
+// reader drains what is still in the socket, writes the last net_suppressed
+// summary and stops. nullptr for helper_pid <= 0. Call at start and at
+// re-adoption (a restarted daemon re-attaches; the helper queued meanwhile).
+std::shared_ptr<NetEventReader> attach_net_events(AuditJournal& journal, const std::string& id,
+                                                  const std::filesystem::path& run_dir,
+                                                  pid_t helper_pid);
 // True if `pid` is alive and is the helper of `run_dir` (pid-reuse safe).
 bool is_our_net_helper(pid_t pid, const std::filesystem::path& run_dir);
 // run_dir/net.pid, 0 if none.

@@ -114,6 +114,7 @@ std::optional<Engine::Impl::BootFailure> Engine::Impl::boot_once(Live& sb,
       sb.net_pid = 0;
     }
     if (networked || np > 0) kill_net_helper(np, dir);
+    sb.net_events.reset();  // after the kill: takes what the helper still wrote
     if (sb.vm) {
       try {
         sb.vm->kill();
@@ -142,10 +143,12 @@ std::optional<Engine::Impl::BootFailure> Engine::Impl::boot_once(Live& sb,
       // The helper listens before QEMU starts: QEMU connects its NIC once,
       // at start-up, and never reconnects. One helper per boot attempt (it
       // accepts a single QEMU connection).
-      pid_t np =
-          start_net_helper(impl.cfg, info.id, dir, impl.journal.path_of(info.id), sb.network());
-      std::lock_guard lock(sb.mu);
-      sb.net_pid = np;
+      pid_t np = start_net_helper(impl.cfg, info.id, dir, sb.network());
+      {
+        std::lock_guard lock(sb.mu);
+        sb.net_pid = np;
+      }
+      sb.net_events = attach_net_events(impl.journal, info.id, dir, np);
       vc.net_socket = dir / "net.sock";
       vc.net_mac = mac_for(info.id);
     }

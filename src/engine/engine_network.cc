@@ -1,7 +1,8 @@
 // The engine's side of a sandbox's network (issue 4, docs/network.md): the
 // policy check at create, the airlock-net helper process (detached start,
-// ready line, pid-reuse-safe kill, re-adoption), its control socket
-// (set_network) and the net_* records of the journal (network_events).
+// ready line, pid-reuse-safe kill, re-adoption), its event stream (read,
+// checked and journaled here: NetEventReader), its control socket
+// (set_network, ports) and the net_* records of the journal (network_events).
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -22,6 +23,7 @@
 #include "common/process.h"
 #include "engine/engine.h"
 #include "engine/engine_impl.h"
+#include "engine/net/intake.h"
 #include "engine/net/policy.h"
 
 namespace airlock::engine {
@@ -104,23 +106,24 @@ void kill_net_helper(pid_t pid, const fs::path& run_dir) {
       spdlog::error("network helper pid {} did not exit within 5 s of SIGKILL", pid);
   }
   std::error_code ec;
-  for (const char* f : {"net.sock", "net-ctl.sock", "net.pid"}) fs::remove(run_dir / f, ec);
+  for (const char* f : {"net.sock", "net-ctl.sock", "net-events.sock", "net.pid"})
+    fs::remove(run_dir / f, ec);
 }
 
-pid_t start_net_helper(const Config& cfg, const std::string& id, const fs::path& run_dir,
-                       const fs::path& events, const nlohmann::json& policy) {
+pid_t start_net_helper(const Config& cfg, const std::string& /*id*/, const fs::path& run_dir,
+                       const nlohmann::json& policy) {
   std::string exe = net_helper_binary(cfg).string();
   std::error_code ec;
-  for (const char* f : {"net.sock", "net-ctl.sock"}) fs::remove(run_dir / f, ec);
+  for (const char* f : {"net.sock", "net-ctl.sock", "net-events.sock"}) fs::remove(run_dir / f, ec);
+  // No journal path: the helper reports on net-events.sock and the daemon
+  // appends (NetEventReader); the helper cannot reach the journal at all.
   std::vector<std::string> argv = {exe,
                                    "--qemu-socket",
                                    (run_dir / "net.sock").string(),
                                    "--control-socket",
                                    (run_dir / "net-ctl.sock").string(),
-                                   "--events",
-                                   events.string(),
-                                   "--sandbox",
-                                   id,
+                                   "--events-socket",
+                                   (run_dir / "net-events.sock").string(),
                                    "--policy",
                                    policy.dump()};
   // Lets a deployment (or a test's private namespace) point the helper's
@@ -213,13 +216,132 @@ pid_t start_net_helper(const Config& cfg, const std::string& id, const fs::path&
       wait_gone(pid, kKillTimeout);
     }
     std::string why = read_capped(net_log(run_dir), 2048);
-    for (const char* f : {"net.sock", "net-ctl.sock", "net.log"}) fs::remove(run_dir / f, ec);
+    for (const char* f : {"net.sock", "net-ctl.sock", "net-events.sock", "net.log"})
+      fs::remove(run_dir / f, ec);
     throw Error(Errc::internal,
                 "the network helper did not start" + (why.empty() ? std::string() : ": " + why));
   }
   // Recorded so a restarted daemon can find (and later kill) the helper.
   std::ofstream(net_pid_file(run_dir)) << pid << "\n";
   return pid;
+}
+
+// ---- the helper's event stream (docs/network.md "Event intake") ----
+
+class NetEventReader {
+ public:
+  NetEventReader(AuditJournal& journal, std::string id, fs::path run_dir, pid_t pid)
+      : journal_(journal), id_(std::move(id)), run_dir_(std::move(run_dir)), pid_(pid) {
+    if (::pipe2(wake_, O_CLOEXEC | O_NONBLOCK) != 0) throw_errno("pipe2");
+    thread_ = std::thread([this] { run(); });
+  }
+  ~NetEventReader() {
+    stop_ = true;
+    char c = 1;
+    (void)!::write(wake_[1], &c, 1);
+    thread_.join();
+    ::close(wake_[0]);
+    ::close(wake_[1]);
+  }
+  NetEventReader(const NetEventReader&) = delete;
+  NetEventReader& operator=(const NetEventReader&) = delete;
+
+ private:
+  // A connection to the helper's event socket, or -1. The peer must be the
+  // helper process itself (SO_PEERCRED): a socket file someone else put in
+  // the run dir is refused.
+  int connect_checked() {
+    fs::path path = run_dir_ / "net-events.sock";
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    if (path.string().size() >= sizeof addr.sun_path) return -1;
+    std::strncpy(addr.sun_path, path.c_str(), sizeof addr.sun_path - 1);
+    int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return -1;
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+      ::close(fd);
+      return -1;
+    }
+    ucred cred{};
+    socklen_t len = sizeof cred;
+    if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 || cred.pid != pid_) {
+      if (!warned_peer_)
+        spdlog::warn("sandbox {}: {} is served by pid {}, not its network helper {}: ignored", id_,
+                     path.string(), cred.pid, pid_);
+      warned_peer_ = true;
+      ::close(fd);
+      return -1;
+    }
+    return fd;
+  }
+
+  void append(const std::vector<net::EventIntake::Record>& records) {
+    for (const auto& r : records) {
+      try {
+        journal_.append(id_, r.event, r.fields);
+      } catch (const std::exception& e) {
+        spdlog::error("sandbox {}: cannot journal {}: {}", id_, r.event, e.what());
+      }
+    }
+  }
+
+  // Reads what `fd` has now; false at EOF/error.
+  bool read_some(int fd, bool nonblocking) {
+    char buf[65536];
+    ssize_t n = ::recv(fd, buf, sizeof buf, nonblocking ? MSG_DONTWAIT : 0);
+    if (n < 0 && (errno == EINTR || errno == EAGAIN)) return true;
+    if (n <= 0) return false;
+    append(intake_.feed(std::string_view(buf, static_cast<size_t>(n))));
+    return true;
+  }
+
+  void run() {
+    int fd = -1;
+    bool gone = false;  // the helper is dead: nothing more will come
+    while (!stop_) {
+      if (fd < 0 && !gone) {
+        fd = connect_checked();
+        if (fd < 0 && !is_our_net_helper(pid_, run_dir_)) gone = true;
+      }
+      pollfd p[2] = {{wake_[0], POLLIN, 0}, {fd, POLLIN, 0}};
+      int rc = ::poll(p, fd >= 0 ? 2 : 1, fd >= 0 ? 1000 : 200);
+      if (stop_) break;
+      if (rc > 0 && fd >= 0 && (p[1].revents & (POLLIN | POLLHUP | POLLERR)) &&
+          !read_some(fd, false)) {
+        // The helper exited, or a newer connection replaced this one.
+        ::close(fd);
+        fd = -1;
+      }
+      append(intake_.tick());
+    }
+    // Teardown killed the helper first: what it wrote before is still in
+    // the socket; take it (bounded), then the final summary.
+    if (fd >= 0) {
+      for (int i = 0; i < 256 && read_some(fd, true);) {
+        pollfd p{fd, POLLIN, 0};
+        if (::poll(&p, 1, 0) <= 0) break;
+        ++i;
+      }
+      ::close(fd);
+    }
+    append(intake_.flush());
+  }
+
+  AuditJournal& journal_;
+  std::string id_;
+  fs::path run_dir_;
+  pid_t pid_;
+  net::EventIntake intake_;
+  int wake_[2] = {-1, -1};
+  std::atomic<bool> stop_{false};
+  bool warned_peer_ = false;
+  std::thread thread_;
+};
+
+std::shared_ptr<NetEventReader> attach_net_events(AuditJournal& journal, const std::string& id,
+                                                  const fs::path& run_dir, pid_t helper_pid) {
+  if (helper_pid <= 0) return nullptr;
+  return std::make_shared<NetEventReader>(journal, id, run_dir, helper_pid);
 }
 
 nlohmann::json net_control(const fs::path& run_dir, const nlohmann::json& request) {
@@ -329,13 +451,21 @@ nlohmann::json Engine::add_port(const std::string& id, int guest_port, int host_
         "host_port");
   auto sb = networked(impl_->running(id), id, "forward a port to");
   std::lock_guard net_lock(sb->net_mu);
-  // The helper records the net_port event in the journal itself.
   auto reply = net_control(sb->run_dir(),
                            {{"port_add", {{"guest_port", guest_port}, {"host_port", host_port}}}});
   if (reply.contains("error")) throw_helper_error(reply["error"], "the network helper refused");
-  return {{"host", reply.value("host", "127.0.0.1")},
-          {"host_port", reply.value("host_port", 0)},
-          {"guest_port", reply.value("guest_port", guest_port)}};
+  auto port = reply.find("host_port");
+  if (port == reply.end() || !port->is_number_integer() || *port < 1024 || *port > 65535 ||
+      (host_port != 0 && *port != host_port))
+    throw Error(Errc::internal, "the network helper's port_add reply has no valid host_port");
+  int chosen = port->get<int>();
+  // Recorded by the daemon (what it asked for and the port it got), not the helper.
+  impl_->journal.append(id, "net_port",
+                        {{"action", "add"},
+                         {"host", "127.0.0.1"},
+                         {"host_port", chosen},
+                         {"guest_port", guest_port}});
+  return {{"host", "127.0.0.1"}, {"host_port", chosen}, {"guest_port", guest_port}};
 }
 
 nlohmann::json Engine::list_ports(const std::string& id) {
@@ -353,6 +483,12 @@ void Engine::remove_port(const std::string& id, int host_port) {
   std::lock_guard net_lock(sb->net_mu);
   auto reply = net_control(sb->run_dir(), {{"port_remove", {{"host_port", host_port}}}});
   if (reply.contains("error")) throw_helper_error(reply["error"], "the network helper refused");
+  nlohmann::json rec{{"action", "remove"}, {"host", "127.0.0.1"}, {"host_port", host_port}};
+  if (auto g = reply.find("guest_port"); g != reply.end() && g->is_number_unsigned() && *g <= 65535)
+    rec["guest_port"] = *g;
+  if (auto c = reply.find("flows_cut"); c != reply.end() && c->is_number_unsigned())
+    rec["flows_cut"] = *c;
+  impl_->journal.append(id, "net_port", rec);
 }
 
 nlohmann::json Engine::set_network(const std::string& id, const nlohmann::json& policy) {
@@ -372,8 +508,11 @@ nlohmann::json Engine::set_network(const std::string& id, const nlohmann::json& 
                 e.value("message", std::string("the network helper refused the policy")),
                 e.value("field", std::string()));
   }
-  nlohmann::json result{{"policy", reply.value("policy", normal)},
-                        {"flows_cut", reply.value("flows_cut", 0)}};
+  // The policy the daemon validated, not the helper's echo of it.
+  auto cut = reply.find("flows_cut");
+  nlohmann::json result{
+      {"policy", normal},
+      {"flows_cut", cut != reply.end() && cut->is_number_unsigned() ? cut->get<uint64_t>() : 0}};
   sb->set_network(result["policy"]);
   // Only the spec column is written, never the state: a sandbox destroyed
   // while the helper answered stays deleted (and the caller hears so).
@@ -381,6 +520,9 @@ nlohmann::json Engine::set_network(const std::string& id, const nlohmann::json& 
     throw Error(Errc::conflict,
                 "sandbox " + id + " was stopped (" + to_string(st) + ") during the policy change");
   impl.registry.set_spec(id, sb->info().spec);
+  // net_policy for the network events stream, network_changed for the
+  // lifecycle; both written by the daemon, from the policy it validated.
+  impl.journal.append(id, "net_policy", {{"policy", result["policy"]}});
   impl.journal.append(id, "network_changed", result, Durability::sync);
   return result;
 }

@@ -31,6 +31,8 @@
 
 namespace airlock::engine {
 
+class NetEventReader;  // engine_network.cc: the helper's checked event stream
+
 // Monotonic milliseconds (std::chrono::steady_clock): every deadline
 // (lifetime, idle, ping, closed grace) is decided on this clock, so a step
 // of the wall clock changes none of them.
@@ -120,6 +122,9 @@ class Sandbox {
   std::mutex mu;                          // execs, net_pid, rec (after sharing)
   std::map<std::string, uint32_t> execs;  // exec_id -> stream, while running
   pid_t net_pid = 0;                      // the airlock-net helper (0 = none: mode "none")
+  // Reads, checks and journals the helper's events (attach_net_events);
+  // reset it after kill_net_helper (it drains what the helper wrote).
+  std::shared_ptr<NetEventReader> net_events;
   std::mutex net_mu;                      // serialises policy changes
 
   // Deadlines and activity, on steady_ms().

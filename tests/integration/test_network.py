@@ -417,9 +417,36 @@ class NetworkTest(DaemonTestCase):
         self.assertEqual([e["action"] for e in self.events(sid) if e["event"] == "net_port"],
                          ["add", "remove"])
 
+    def test_guest_dns_flood_is_bounded_and_counted(self):
+        # Issue 9: every lookup used to be one journal record.
+        sid = self.new({"mode": "allowlist", "allow": ["198.51.100.10/32"]})
+        n = 300
+        t0 = time.time()
+        out, code = self.run_in(sid, f"i=0; while [ $i -lt {n} ]; do nslookup q$i.flood.example 10.0.2.3 "
+                                     f">/dev/null 2>&1; i=$((i+1)); done; echo done", timeout=300)
+        elapsed = time.time() - t0
+        self.assertIn("done", out)
+        self.api.delete(sid)  # the reader's last summary; the journal stays
+        ev = self.events(sid)
+        recorded = [e for e in ev if e["event"] == "net_dns" and e.get("name", "").endswith(".flood.example")]
+        counted = 0
+        for e in ev:
+            if e["event"] == "net_suppressed":
+                counted += e["counts"].get("net_dns_denied", 0) + e.get("helper_counts", {}).get("net_dns_denied", 0)
+                self.assertEqual(e["invalid"], 0, e)
+        # burst 100 + 10/s per kind (docs/network.md)
+        self.assertLessEqual(len(recorded), 100 + 10 * (elapsed + 2), f"{elapsed:.1f} s")
+        self.assertGreater(counted, 0)
+        # Every question was either recorded or counted: busybox asks A and
+        # AAAA once each (answered at once, so never retried).
+        self.assertEqual(len(recorded) + counted, 2 * n)
+        print(f"info: {n} guest lookups in {elapsed:.1f} s: {len(recorded)} records, {counted} counted",
+              file=sys.stderr)
+
     def test_helper_is_confined_and_its_death_fails_the_sandbox(self):
         sid = self.new({"mode": "allowlist", "allow": ["198.51.100.10/32"]})
-        pids = [p for p in subprocess.run(["pgrep", "-f", f"airlock-net .*--sandbox {sid}"],
+        run_dir = os.path.join(self.data_dir, "sandboxes", sid)
+        pids = [p for p in subprocess.run(["pgrep", "-f", f"airlock-net .*{run_dir}/net-ctl.sock"],
                                           capture_output=True, text=True).stdout.split()]
         self.assertEqual(len(pids), 1, pids)
         pid = int(pids[0])
@@ -434,6 +461,16 @@ class NetworkTest(DaemonTestCase):
         self.assertIn("NoNewPrivs:\t1", status)
         self.assertIn("Seccomp:\t2", status)
         self.assertIn("CapEff:\t0000000000000000", status)
+        # Issue 9: it cannot reach the journal: an empty root, no descriptor
+        # of a host file or directory, its sockets only for the daemon's uid.
+        self.assertEqual(os.listdir(f"/proc/{pid}/root"), [])
+        fds = [os.readlink(f"/proc/{pid}/fd/{n}") for n in os.listdir(f"/proc/{pid}/fd")]
+        host_files = [f for f in fds if f.split(":")[0] not in ("socket", "pipe", "anon_inode")
+                      and f not in ("/dev/null", os.path.join(run_dir, "net.log"))]
+        self.assertEqual(host_files, [], fds)
+        self.assertFalse([f for f in fds if "audit" in f], fds)
+        for name in ("net-ctl.sock", "net-events.sock"):
+            self.assertEqual(os.stat(os.path.join(run_dir, name)).st_mode & 0o777, 0o600, name)
         out, code = self.run_in(sid, "wget -q -O - http://198.51.100.10/")
         self.assertEqual((out, code), ("hello 198.51.100.10\n", 0))
 

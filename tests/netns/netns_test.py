@@ -381,18 +381,39 @@ def run(helper):
                               "203.0.113.53", "--v6", "--echo", "198.51.100.10",
                               "--echo", "198.51.100.20"))
         procs.append(start_bg(NS_H, sys.executable, little, "loopback"))
-        sock, ctl, events = (os.path.join(tmp, n) for n in ("net.sock", "ctl.sock", "events.jsonl"))
+        sock, ctl, evsock = (os.path.join(tmp, n) for n in ("net.sock", "ctl.sock", "events.sock"))
         policy = {"mode": "allowlist",
                   "allow": ["198.51.100.0/28", "www.example.com", "*.wild.example.org",
                             "rebind.example.com", "v6.example.com", "2001:db8:1::/48"]}
         hp = subprocess.Popen(["ip", "netns", "exec", NS_H, helper, "--qemu-socket", sock,
-                               "--control-socket", ctl, "--events", events, "--max-flows", "256",
+                               "--control-socket", ctl, "--events-socket", evsock, "--max-flows", "256",
                                "--dns-upstream", "203.0.113.53", "--policy", json.dumps(policy)],
                               stdout=subprocess.PIPE, text=True)
         procs.append(hp)
         ready = json.loads(hp.stdout.readline())
         helper_pid = ready["pid"]
         check = Checks()
+        # The helper's reports, as the daemon reads them (raw: the daemon's
+        # checks are unit-tested, net/intake_test.cc).
+        reports, reports_lock = [], threading.Lock()
+
+        def read_reports():
+            c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            c.connect(evsock)
+            buf = b""
+            while True:
+                d = c.recv(65536)
+                if not d:
+                    return
+                buf += d
+                *lines, buf = buf.split(b"\n")
+                with reports_lock:
+                    reports.extend(json.loads(x) for x in lines if x.strip())
+        threading.Thread(target=read_reports, daemon=True).start()
+        check(oct(os.stat(evsock).st_mode & 0o777) == "0o600" and oct(os.stat(ctl).st_mode & 0o777) == "0o600",
+              "event and control sockets are 0600")
+        check(ready.get("confined", {}).get("empty_root") is True and os.listdir(f"/proc/{helper_pid}/root") == [],
+              f"helper's root is empty ({ready.get('confined')})")
         g = Guest(sock)
         g.arp_gateway()
         # Once QEMU (here: us) is connected the helper is locked down.
@@ -402,6 +423,9 @@ def run(helper):
               and "CapEff:\t0000000000000000" in status,
               "helper runs with seccomp filter, no_new_privs, no capabilities")
         check(not os.path.exists(sock), "QEMU socket removed after the one connection")
+        fds = [os.readlink(f"/proc/{helper_pid}/fd/{n}") for n in os.listdir(f"/proc/{helper_pid}/fd")]
+        check(all(f.split(":")[0] in ("socket", "pipe", "anon_inode") or f == "/dev/null" for f in fds),
+              f"helper holds no file or directory of the host ({fds})")
 
         def control(req):
             c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -414,8 +438,9 @@ def run(helper):
             return json.loads(buf)
 
         def evs():
-            with open(events) as f:
-                return [json.loads(line) for line in f if line.strip()]
+            time.sleep(0.05)  # the reports travel on a socket
+            with reports_lock:
+                return list(reports)
 
         # allowed CIDR reachable, its neighbour not (though a server listens there)
         st, _, body = http_get(g, "198.51.100.10")
@@ -459,6 +484,10 @@ def run(helper):
         check(st == "reply" and data == b"ping-udp", f"allowed UDP echoed ({st})")
         st, _ = udp(g, "198.51.100.20", 7, b"ping-udp")
         check(st == "icmp 3/13", f"denied UDP gets ICMP admin-prohibited ({st})")
+        # DHCP's port pair to anything but slirp itself is an ordinary flow
+        for dst in ("10.1.2.3", "198.51.100.20"):
+            st, _ = udp(g, dst, 67, b"\x01" * 240, sport=68)
+            check(st == "icmp 3/13", f"UDP 68->67 to {dst} decided by policy: denied ({st})")
         st = ping(g, "198.51.100.20")
         check(st == "unreachable 3/13", f"denied ping gets ICMP admin-prohibited ({st})")
         st = ping(g, "198.51.100.10")
@@ -532,6 +561,8 @@ def run(helper):
         full = [e for e in evs() if e.get("rule") in ("flow table full", "too many pending connections")
                 or e.get("event") == "net_suppressed"]
         check(bool(full), "flood recorded (flow table full / suppressed)")
+        check(evs() and not any("ts" in e or "sandbox" in e for e in evs()),
+              f"{len(evs())} reports, none with its own ts/sandbox (the daemon stamps them)")
 
         # the helper exits when QEMU's side closes
         g.sock.close()
@@ -540,6 +571,7 @@ def run(helper):
         except subprocess.TimeoutExpired:
             code = None
         check(code == 0, f"helper exits 0 when the guest connection closes ({code})")
+        time.sleep(0.3)
         ends = [e for e in evs() if e.get("reason") == "helper exit"]
         print(f"info: {len(evs())} events recorded, {len(ends)} flows closed at exit")
         print(f"{check.n - len(check.failed)}/{check.n} checks passed")

@@ -289,7 +289,17 @@ Resolution HostResolver::resolve(const std::string& name, uint16_t qtype) {
     }
     return r;
   }
-  return parse_upstream_answer(std::span(buf.data(), static_cast<size_t>(n)), qtype);
+  // res_nquery returns the answer's full length even when it kept only the
+  // first buf.size() bytes (a TCP answer longer than the buffer): parse
+  // what is in the buffer, never past it.
+  size_t got = std::min(static_cast<size_t>(n), buf.size());
+  Resolution r = parse_upstream_answer(std::span(buf.data(), got), qtype);
+  if (static_cast<size_t>(n) > buf.size()) {
+    if (!r.error.empty()) r.error += "; ";
+    r.error += "upstream answer of " + std::to_string(n) + " bytes truncated to " +
+               std::to_string(buf.size());
+  }
+  return r;
 }
 
 }  // namespace airlock::net

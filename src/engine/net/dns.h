@@ -82,7 +82,7 @@ std::vector<uint8_t> build_error(std::span<const uint8_t> packet, Rcode rcode);
 struct Resolution {
   Rcode rcode = Rcode::servfail;
   std::vector<ResolvedAddr> addrs;
-  std::string error;  // why, when rcode is servfail
+  std::string error;  // why, when rcode is servfail; or that the answer was truncated
 };
 Resolution parse_upstream_answer(std::span<const uint8_t> packet, uint16_t qtype);
 

@@ -1,8 +1,16 @@
 #include "engine/net/dns.h"
 
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
+#include <atomic>
+#include <memory>
 #include <random>
+#include <thread>
 
 using namespace airlock::net;
 
@@ -146,4 +154,175 @@ TEST(HostResolver, UnreachableUpstreamIsServfailNotHang) {
   HostResolver r("127.0.0.1:9");
   auto res = r.resolve("example.invalid", kTypeA);
   EXPECT_EQ(res.rcode, Rcode::servfail);
+}
+
+namespace {
+
+// A DNS server on 127.0.0.1 (UDP and TCP on one port) that answers every UDP
+// query with TC set, and over TCP with `tcp_size` bytes: `filler` TXT
+// records, then A records for 203.0.113.1.. (so the addresses lie beyond
+// the first kMaxDnsPacket bytes when the answer is long).
+class BigAnswerServer {
+ public:
+  explicit BigAnswerServer(size_t filler) : filler_(filler) {
+    for (int attempt = 0; attempt < 20 && port_ == 0; ++attempt) {
+      udp_ = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+      sockaddr_in sa{};
+      sa.sin_family = AF_INET;
+      sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      socklen_t len = sizeof sa;
+      ::bind(udp_, reinterpret_cast<sockaddr*>(&sa), sizeof sa);
+      ::getsockname(udp_, reinterpret_cast<sockaddr*>(&sa), &len);
+      tcp_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+      int one = 1;
+      ::setsockopt(tcp_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+      if (::bind(tcp_, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0 &&
+          ::listen(tcp_, 4) == 0) {
+        port_ = ntohs(sa.sin_port);
+      } else {
+        ::close(udp_);
+        ::close(tcp_);
+      }
+    }
+    thread_ = std::thread([this] { serve(); });
+  }
+  ~BigAnswerServer() {
+    stop_ = true;
+    ::shutdown(tcp_, SHUT_RDWR);
+    ::shutdown(udp_, SHUT_RDWR);
+    thread_.join();
+    ::close(udp_);
+    ::close(tcp_);
+  }
+  uint16_t port() const { return port_; }
+  size_t answer_size() const { return answer_size_; }
+
+ private:
+  static void put16(std::vector<uint8_t>& v, uint16_t x) {
+    v.push_back(x >> 8);
+    v.push_back(x & 0xff);
+  }
+  std::vector<uint8_t> answer(const uint8_t* q, size_t n, bool tc) {
+    std::vector<uint8_t> a(q, q + n);
+    a[2] = 0x81 | (tc ? 0x02 : 0);
+    a[3] = 0x80;
+    a[6] = 0;
+    a[7] = 0;
+    if (tc) return a;
+    uint16_t count = 0;
+    for (size_t i = 0; i < filler_; ++i, ++count) {
+      put16(a, 0xC00C);
+      put16(a, 16);  // TXT: skipped by the parser, fills the buffer
+      put16(a, 1);
+      put16(a, 0);
+      put16(a, 60);
+      put16(a, 200);
+      a.push_back(199);
+      a.insert(a.end(), 199, 'x');
+    }
+    for (uint8_t i = 1; i <= 8; ++i, ++count) {
+      put16(a, 0xC00C);
+      put16(a, 1);
+      put16(a, 1);
+      put16(a, 0);
+      put16(a, 60);
+      put16(a, 4);
+      a.insert(a.end(), {203, 0, 113, i});
+    }
+    a[6] = count >> 8;
+    a[7] = count & 0xff;
+    answer_size_ = a.size();
+    return a;
+  }
+  void serve() {
+    while (!stop_) {
+      pollfd p[2] = {{udp_, POLLIN, 0}, {tcp_, POLLIN, 0}};
+      if (::poll(p, 2, 100) <= 0) continue;
+      uint8_t buf[4096];
+      if (p[0].revents & POLLIN) {
+        sockaddr_in from{};
+        socklen_t fl = sizeof from;
+        ssize_t n = ::recvfrom(udp_, buf, sizeof buf, 0, reinterpret_cast<sockaddr*>(&from), &fl);
+        if (n >= 12) {
+          auto a = answer(buf, static_cast<size_t>(n), true);
+          ::sendto(udp_, a.data(), a.size(), 0, reinterpret_cast<sockaddr*>(&from), fl);
+        }
+      }
+      if (p[1].revents & POLLIN) {
+        int c = ::accept4(tcp_, nullptr, nullptr, SOCK_CLOEXEC);
+        if (c < 0) continue;
+        ssize_t n = ::recv(c, buf, sizeof buf, 0);
+        if (n >= 14) {
+          auto a = answer(buf + 2, static_cast<size_t>(n - 2), false);
+          uint8_t len[2] = {uint8_t(a.size() >> 8), uint8_t(a.size())};
+          ::send(c, len, 2, MSG_NOSIGNAL);
+          ::send(c, a.data(), a.size(), MSG_NOSIGNAL);
+        }
+        ::shutdown(c, SHUT_WR);
+        ::recv(c, buf, sizeof buf, 0);
+        ::close(c);
+      }
+    }
+  }
+  size_t filler_;
+  int udp_ = -1, tcp_ = -1;
+  uint16_t port_ = 0;
+  std::atomic<bool> stop_{false};
+  std::atomic<size_t> answer_size_{0};
+  std::thread thread_;
+};
+
+}  // namespace
+
+// Issue 9: res_nquery returns the full length of a TCP answer even when it
+// kept only the first kMaxDnsPacket bytes; the parser must not read past
+// the buffer (under ASan, net_asan_test, the old code aborts here).
+TEST(HostResolver, TcpAnswerLongerThanTheBufferIsClamped) {
+  BigAnswerServer server(/*filler=*/30);  // 30 x 212 bytes: the A records start past 6 KiB
+  ASSERT_NE(server.port(), 0);
+  HostResolver resolver("127.0.0.1:" + std::to_string(server.port()));
+  Resolution r = resolver.resolve("big.example", kTypeA);
+  ASSERT_GT(server.answer_size(), kMaxDnsPacket) << "the server never answered over TCP";
+  EXPECT_EQ(r.rcode, Rcode::noerror) << r.error;
+  EXPECT_TRUE(r.addrs.empty()) << "addresses past the buffer were read: " << r.addrs.size();
+  EXPECT_NE(r.error.find("truncated"), std::string::npos) << r.error;
+}
+
+TEST(HostResolver, TcpAnswerThatFitsIsParsed) {
+  BigAnswerServer server(/*filler=*/2);
+  ASSERT_NE(server.port(), 0);
+  HostResolver resolver("127.0.0.1:" + std::to_string(server.port()));
+  Resolution r = resolver.resolve("small.example", kTypeA);
+  EXPECT_EQ(r.rcode, Rcode::noerror) << r.error;
+  ASSERT_EQ(r.addrs.size(), 8u);
+  EXPECT_EQ(r.addrs[7].ip.to_string(), "203.0.113.8");
+  EXPECT_TRUE(r.error.empty()) << r.error;
+}
+
+TEST(Dns, UpstreamParserStaysInsideItsSpan) {
+  // The same long answer handed over as a span shorter than its records:
+  // nothing past the span is read (ASan would report it).
+  std::vector<uint8_t> q = query("big.example", kTypeA);
+  std::vector<uint8_t> a(q);
+  a[2] = 0x81;
+  a[3] = 0x80;
+  a[7] = 3;
+  for (int i = 0; i < 3; ++i)
+    a.insert(a.end(), {0xC0, 0x0C, 0, 1, 0, 1, 0, 0, 0, 60, 0, 4, 203, 0, 113, uint8_t(i)});
+  for (size_t cut = 0; cut <= a.size(); ++cut) {
+    auto heap = std::make_unique<uint8_t[]>(cut);  // exactly `cut` bytes: ASan sees any over-read
+    std::copy(a.begin(), a.begin() + static_cast<long>(cut), heap.get());
+    Resolution r = parse_upstream_answer(std::span<const uint8_t>(heap.get(), cut), kTypeA);
+    EXPECT_LE(r.addrs.size(), 3u);
+  }
+  // Mutated answers (lengths, counts, labels, pointers) in exactly-sized buffers.
+  std::mt19937 rng(9);
+  for (int i = 0; i < 20000; ++i) {
+    std::vector<uint8_t> m(a);
+    for (int k = 1 + rng() % 6; k > 0; --k) m[rng() % m.size()] = static_cast<uint8_t>(rng());
+    m.resize(rng() % (m.size() + 8), 0xC0);
+    auto heap = std::make_unique<uint8_t[]>(m.size());
+    std::copy(m.begin(), m.end(), heap.get());
+    parse_upstream_answer(std::span<const uint8_t>(heap.get(), m.size()), kTypeA);
+  }
 }

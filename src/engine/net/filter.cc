@@ -7,18 +7,6 @@ namespace airlock::net {
 
 namespace {
 
-std::string rfc3339_now() {
-  auto now = std::chrono::system_clock::now();
-  auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count();
-  time_t secs = ms / 1000;
-  tm t{};
-  gmtime_r(&secs, &t);
-  char buf[64];
-  snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", t.tm_year + 1900, t.tm_mon + 1,
-           t.tm_mday, t.tm_hour, t.tm_min, t.tm_sec, static_cast<int>(ms % 1000));
-  return buf;
-}
-
 // Guest-chosen names go into the journal: printable ASCII only, bounded.
 std::string printable(const std::string& s) {
   std::string out;
@@ -45,22 +33,35 @@ Filter::Filter(NetworkPolicy policy, FilterConfig config, EventSink sink, Clock 
       clock_(clock),
       pins_(clock) {}
 
-void Filter::emit(nlohmann::json event, bool limited) {
+void Filter::emit(nlohmann::json event) {
   auto now = clock_();
   if (now - window_start_ >= std::chrono::seconds(1)) {
-    if (suppressed_) {
-      sink_({{"ts", rfc3339_now()}, {"event", "net_suppressed"}, {"count", suppressed_}});
-    }
+    flush_suppressed();
     window_start_ = now;
-    window_events_ = 0;
-    suppressed_ = 0;
+    window_counts_.clear();
   }
-  if (limited && ++window_events_ > config_.events_per_second) {
-    ++suppressed_;
+  // Per kind, so a flood of one (denied SYNs) does not hide another (the
+  // allowed flows). The daemon enforces its own, stricter limit
+  // (intake.h); this one only keeps a flood off the event socket.
+  std::string kind = event.value("event", "");
+  if (event.contains("allowed") && !event["allowed"].get<bool>()) kind += "_denied";
+  if (++window_counts_[kind] > config_.events_per_second) {
+    ++suppressed_[kind];
     return;
   }
-  event["ts"] = rfc3339_now();
   sink_(std::move(event));
+}
+
+void Filter::flush_suppressed() {
+  if (suppressed_.empty()) return;
+  size_t total = 0;
+  nlohmann::json counts = nlohmann::json::object();
+  for (auto& [k, n] : suppressed_) {
+    counts[k] = n;
+    total += n;
+  }
+  suppressed_.clear();
+  sink_({{"event", "net_suppressed"}, {"count", total}, {"counts", counts}});
 }
 
 nlohmann::json Filter::flow_fields(const Key& key, const Flow& flow) const {
@@ -99,7 +100,8 @@ Filter::Output Filter::from_guest(std::span<const uint8_t> raw) {
     return out;
   }
   // slirp's own services that open no host socket.
-  if (!f.ipv6 && f.l4 == kIpUDP && f.sport == 68 && f.dport == 67) {
+  if (!f.ipv6 && f.l4 == kIpUDP && f.sport == 68 && f.dport == 67 &&
+      (f.dst == config_.dhcp_server || f.dst == IpAddr::v4(0xFFFFFFFF))) {
     out.to_slirp = true;
     return out;
   }
@@ -205,7 +207,7 @@ Filter::Output Filter::new_flow(const Frame& f, const Key& key, Proto proto) {
     ev["src_port"] = f.sport;
     ev["port"] = f.dport;
   }
-  emit(std::move(ev), !d.allowed);
+  emit(std::move(ev));
   if (!d.allowed) {
     if (proto == Proto::tcp) {
       out.to_guest.push_back(make_rst_reply(f));
@@ -260,8 +262,7 @@ bool Filter::from_net(std::span<const uint8_t> raw) {
             {"host_port", in->second},
             {"name", ""},
             {"rule", "flow table full"},
-            {"allowed", false}},
-           true);
+            {"allowed", false}});
       return false;  // slirp retransmits; the host client waits or gives up
     }
     Flow fl{};
@@ -276,7 +277,7 @@ bool Filter::from_net(std::span<const uint8_t> raw) {
     auto ev = flow_fields(key, it->second);
     ev["event"] = "net_flow";
     ev["allowed"] = true;
-    emit(std::move(ev), false);
+    emit(std::move(ev));
   }
   if (it == flows_.end() || it->second.closed) return true;
   Flow& fl = it->second;
@@ -326,7 +327,7 @@ void Filter::end_flow(const Key& key, Flow& fl, const std::string& reason) {
   j["bytes_in"] = fl.bytes_in;
   j["duration_ms"] = std::chrono::duration_cast<std::chrono::milliseconds>(now - fl.start).count();
   j["reason"] = reason;
-  emit(std::move(j), false);
+  emit(std::move(j));
 }
 
 void Filter::cut_tcp(const Key& key, const Flow& fl, Cut& out) {
@@ -396,6 +397,7 @@ Filter::Cut Filter::tick() {
 void Filter::close_all(const std::string& reason) {
   for (auto& [key, fl] : flows_) end_flow(key, fl, reason);
   flows_.clear();
+  flush_suppressed();
 }
 
 Filter::Output Filter::handle_dns(const Frame& f) {
@@ -413,8 +415,7 @@ Filter::Output Filter::handle_dns(const Frame& f) {
           {"name", ""},
           {"allowed", false},
           {"rule", "malformed query"},
-          {"rcode", to_string(err)}},
-         true);
+          {"rcode", to_string(err)}});
     return out;
   }
   Decision d = policy_.decide_name(q->qname);
@@ -427,8 +428,7 @@ Filter::Output Filter::handle_dns(const Frame& f) {
             {"qtype", qtype_name(q->qtype)},
             {"allowed", false},
             {"rule", "too many queries in flight"},
-            {"rcode", "SERVFAIL"}},
-           true);
+            {"rcode", "SERVFAIL"}});
       return out;
     }
     ++dns_inflight_;
@@ -444,8 +444,7 @@ Filter::Output Filter::handle_dns(const Frame& f) {
         {"qtype", qtype_name(q->qtype)},
         {"allowed", d.allowed},
         {"rule", d.rule},
-        {"rcode", to_string(rc)}},
-       !d.allowed);
+        {"rcode", to_string(rc)}});
   return out;
 }
 
@@ -459,7 +458,7 @@ std::vector<uint8_t> Filter::dns_resolved(const DnsRequest& req, const Resolutio
   ev["rule"] = d.rule;
   if (!d.allowed) {
     ev["rcode"] = "NXDOMAIN";
-    emit(std::move(ev), true);
+    emit(std::move(ev));
     return make_udp(req.server, req.guest, build_answer(req.query, Rcode::nxdomain, {}));
   }
   Rcode rc = res.rcode;
@@ -476,7 +475,7 @@ std::vector<uint8_t> Filter::dns_resolved(const DnsRequest& req, const Resolutio
   ev["answers"] = answers;
   if (!dropped.empty()) ev["dropped"] = dropped;
   if (!res.error.empty()) ev["error"] = res.error;
-  emit(std::move(ev), false);
+  emit(std::move(ev));
   return make_udp(req.server, req.guest, build_answer(req.query, rc, kept));
 }
 

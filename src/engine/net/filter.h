@@ -4,8 +4,10 @@
 // decision logic is unit-tested with hand-built frames.
 //
 // Guest → network:
-//   - ARP, DHCP (UDP 68→67) and IPv6 neighbour discovery go to slirp: it
-//     answers them itself and opens no host socket for them;
+//   - ARP, DHCP (UDP 68→67 to slirp's own address or 255.255.255.255 only:
+//     the two slirp answers itself) and IPv6 neighbour discovery go to slirp,
+//     which opens no host socket for them; a 68→67 datagram to any other
+//     address is an ordinary UDP flow, decided by the policy;
 //   - UDP to the virtual DNS server (10.0.2.3 / fec0::3 port 53) is answered
 //     here (dns.h), never by slirp: A/AAAA of allowed names are resolved on
 //     the host (Output::resolve → the caller resolves → dns_resolved());
@@ -30,16 +32,19 @@
 //
 // Bounded: at most max_flows tracked flows (beyond: denied with rule "flow
 // table full"), max_pending_tcp TCP flows in their handshake (beyond: rule
-// "too many pending connections"), max_dns_inflight resolutions, and denied-flow/DNS events are
-// rate limited (events_per_second, the rest counted in a "net_suppressed"
-// event) so a flood cannot fill memory or the journal.
+// "too many pending connections"), max_dns_inflight resolutions, and events
+// are rate limited per kind (events_per_second of each of net_dns,
+// net_dns_denied, net_flow, net_flow_denied, net_flow_end; the rest counted
+// in a "net_suppressed" event) so a flood cannot fill memory or the event
+// socket. The daemon enforces its own limit on top (intake.h).
 //
-// Events (EventSink, one JSON object each; the helper writes them as lines):
-//   {"ts","event":"net_dns","name","qtype","allowed","rule","rcode","answers":[..],"dropped":[{"ip","rule"}]}
-//   {"ts","event":"net_flow","proto","src_port","dst","port","name","rule","allowed"}
-//   {"ts","event":"net_flow_end","proto","src_port","dst","port","name","rule",
-//    "bytes_out","bytes_in","duration_ms","reason":"fin|rst|idle|policy"}
-//   {"ts","event":"net_suppressed","count"}
+// Events (EventSink, one JSON object each; the helper reports them to the
+// daemon, which stamps them: no "ts" here):
+//   {"event":"net_dns","name","qtype","allowed","rule","rcode","answers":[..],"dropped":[{"ip","rule"}]}
+//   {"event":"net_flow","proto","src_port","dst","port","name","rule","allowed"}
+//   {"event":"net_flow_end","proto","src_port","dst","port","name","rule",
+//    "bytes_out","bytes_in","duration_ms","reason":"fin|rst|idle|policy|port closed|helper exit"}
+//   {"event":"net_suppressed","count","counts":{"net_dns":N,...}}
 //   inbound flows: {"event":"net_flow","direction":"in","proto":"tcp","dst":<guest ip>,
 //    "port":<guest port>,"src_port":<slirp's port>,"host_port","name":"","rule":"port
 //    127.0.0.1:N","allowed"} (net_flow_end alike; bytes_in = host → guest)
@@ -63,6 +68,10 @@ namespace airlock::net {
 struct FilterConfig {
   IpAddr dns_v4 = IpAddr::v4(0x0A000203);  // libslirp's default virtual DNS, 10.0.2.3
   IpAddr dns_v6 = *IpAddr::parse("fec0::3");
+  // libslirp's own address (vhost), where its DHCP server answers. libslirp
+  // 4.7 (udp.c) serves BOOTP only for datagrams to port 67 of this address
+  // or of 255.255.255.255; to any other address it opens a host socket.
+  IpAddr dhcp_server = IpAddr::v4(0x0A000202);  // 10.0.2.2
   // Each allowed TCP flow costs ~400 KiB in slirp (measured: its socket
   // buffers), so the caps bound the helper's memory: flows in all, and TCP
   // flows still in their handshake (what a SYN flood creates).
@@ -74,7 +83,7 @@ struct FilterConfig {
   std::chrono::seconds udp_idle_timeout{60};
   std::chrono::seconds icmp_idle_timeout{10};
   std::chrono::seconds linger{10};  // closed TCP flows still pass their last ACKs
-  size_t events_per_second = 200;
+  size_t events_per_second = 1000;  // per kind
 };
 
 using EventSink = std::function<void(nlohmann::json)>;
@@ -117,10 +126,9 @@ class Filter {
   Cut set_policy(NetworkPolicy policy);
   // Expires idle flows (cutting TCP ones) and pins; call about once a second.
   Cut tick();
-  // Ends every flow (helper shutdown), recording them.
+  // Ends every flow (helper shutdown), recording them (and what the rate
+  // limit still holds).
   void close_all(const std::string& reason);
-  // Writes an event of the caller's (e.g. "net_policy") to the sink, with "ts".
-  void record(nlohmann::json event) { emit(std::move(event), false); }
 
   const NetworkPolicy& policy() const { return policy_; }
   size_t flow_count() const { return flows_.size(); }
@@ -154,7 +162,8 @@ class Filter {
   Output new_flow(const Frame& f, const Key& key, Proto proto);
   void end_flow(const Key& key, Flow& flow, const std::string& reason);
   void cut_tcp(const Key& key, const Flow& flow, Cut& out);
-  void emit(nlohmann::json event, bool limited);
+  void emit(nlohmann::json event);
+  void flush_suppressed();
   nlohmann::json flow_fields(const Key& key, const Flow& flow) const;
 
   NetworkPolicy policy_;
@@ -165,9 +174,9 @@ class Filter {
   std::map<Key, Flow> flows_;
   std::map<uint16_t, uint16_t> inbound_;  // guest port -> host port
   size_t dns_inflight_ = 0;
-  // rate limiting of denied/DNS events
+  // rate limiting, per kind
   std::chrono::steady_clock::time_point window_start_{};
-  size_t window_events_ = 0, suppressed_ = 0;
+  std::map<std::string, size_t> window_counts_, suppressed_;
   uint64_t malformed_ = 0, dropped_ = 0;
 };
 

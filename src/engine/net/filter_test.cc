@@ -330,6 +330,35 @@ TEST(Filter, SlirpServicesPassAndJunkIsDropped) {
   EXPECT_LE(r.filter.flow_count(), FilterConfig{}.max_flows);
 }
 
+// Issue 9: libslirp opens a host socket for a 68->67 datagram to any address
+// but its own and the broadcast, so only those two skip the policy.
+TEST(Filter, DhcpCarveOutOnlyForSlirpAndBroadcast) {
+  Rig r(R"({"mode":"allowlist","allow":["203.0.113.0/24"]})");
+  std::vector<uint8_t> dhcp(300, 0);
+  Endpoint bcast{{0xff, 0xff, 0xff, 0xff, 0xff, 0xff}, ip("255.255.255.255"), 67};
+  EXPECT_TRUE(r.filter.from_guest(make_udp(r.guest(68, "0.0.0.0"), bcast, dhcp)).to_slirp);
+  EXPECT_TRUE(r.filter.from_guest(make_udp(r.guest(68), r.remote("10.0.2.2", 67), dhcp)).to_slirp);
+  EXPECT_TRUE(r.events.empty()) << "slirp's own DHCP is no flow";
+  // Anywhere else it is a UDP flow like any other: denied ones never reach slirp.
+  for (const char* dst :
+       {"198.51.100.7", "10.0.2.255", "10.0.2.3", "169.254.169.254", "10.1.2.3"}) {
+    auto out = r.filter.from_guest(make_udp(r.guest(68), r.remote(dst, 67), dhcp));
+    EXPECT_FALSE(out.to_slirp) << dst;
+    ASSERT_EQ(out.to_guest.size(), 1u) << dst;
+    EXPECT_EQ(parse_frame(out.to_guest[0])->icmp_type, 3) << dst;
+    auto flow = r.of("net_flow").back();
+    EXPECT_EQ(flow["dst"], dst);
+    EXPECT_EQ(flow["port"], 67);
+    EXPECT_EQ(flow["allowed"], false);
+  }
+  EXPECT_EQ(r.of("net_flow").back()["rule"], "always-deny 10.0.0.0/8");
+  // An allowed destination is an allowed, tracked flow (recorded).
+  auto out = r.filter.from_guest(make_udp(r.guest(68), r.remote("203.0.113.9", 67), dhcp));
+  EXPECT_TRUE(out.to_slirp);
+  EXPECT_EQ(r.of("net_flow").back()["rule"], "allow 203.0.113.0/24");
+  EXPECT_EQ(r.filter.flow_count(), 1u);
+}
+
 TEST(StreamDecoder, SplitsLengthPrefixedFrames) {
   StreamDecoder d;
   std::vector<uint8_t> s = {0, 0, 0, 3, 'a', 'b', 'c', 0, 0, 0, 1};

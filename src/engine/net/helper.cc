@@ -12,7 +12,9 @@
 #include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <sys/syscall.h>
 #include <sys/uio.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -25,6 +27,7 @@
 #include <fstream>
 #include <iostream>
 #include <list>
+#include <map>
 #include <mutex>
 #include <sstream>
 #include <thread>
@@ -65,7 +68,9 @@ std::optional<std::vector<uint8_t>> StreamDecoder::next() {
 
 namespace {
 
-int listen_unix(const std::string& path) {
+// `private_mode`: the socket file is 0600 from its creation (umask), so
+// only the daemon's uid can connect (the run dir is shared with the jail).
+int listen_unix(const std::string& path, bool private_mode = false) {
   sockaddr_un sa{};
   sa.sun_family = AF_UNIX;
   if (path.size() >= sizeof sa.sun_path)
@@ -74,7 +79,10 @@ int listen_unix(const std::string& path) {
   int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) throw_errno("socket");
   unlink(path.c_str());
-  if (bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0) throw_errno("bind " + path);
+  mode_t old = private_mode ? umask(0177) : 0;  // still one thread: umask is process-wide
+  int rc = bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa);
+  if (private_mode) umask(old);
+  if (rc != 0) throw_errno("bind " + path);
   if (listen(fd, 8) != 0) throw_errno("listen " + path);
   return fd;
 }
@@ -155,6 +163,108 @@ class ResolverPool {
   std::vector<std::thread> threads_;
 };
 
+// The helper's event reports to the daemon (docs/network.md "Event
+// intake"): JSON lines on a unix socket the daemon connects to. One
+// subscriber at a time (a new connection replaces the old one: a restarted
+// daemon). Lines wait in a bounded queue while no daemon is connected or it
+// reads slowly; beyond the bound they are dropped and counted, and the
+// counts are reported (net_suppressed, per kind) once there is room.
+class EventOut {
+ public:
+  static constexpr size_t kMaxQueued = 1 << 20;  // bytes
+
+  void listen(const std::string& path) {
+    listen_ = listen_unix(path, true);
+    fcntl(listen_, F_SETFL, O_NONBLOCK);
+  }
+  int listen_fd() const { return listen_; }
+  int subscriber() const { return sub_; }
+  bool want_write() const { return sub_ >= 0 && !queue_.empty(); }
+
+  void accept_one() {
+    int c = accept4(listen_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (c < 0) return;
+    if (sub_ >= 0) close(sub_);
+    sub_ = c;
+    if (sent_ > 0) {  // the old subscriber got part of the first line: drop it
+      drop_front();
+      ++lost_["net_flow_end"];
+    }
+    flush();
+  }
+
+  void push(const nlohmann::json& j) {
+    std::string line = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+    if (queued_ + line.size() > kMaxQueued) {
+      std::string kind = j.value("event", "");
+      if (j.contains("allowed") && j["allowed"].is_boolean() && !j["allowed"].get<bool>())
+        kind += "_denied";
+      if (kind != "net_suppressed") ++lost_[kind];
+      return;
+    }
+    queued_ += line.size();
+    queue_.push_back(std::move(line));
+    flush();
+  }
+
+  // Sends what the socket takes now (never blocks).
+  void flush() {
+    while (sub_ >= 0 && !queue_.empty()) {
+      const std::string& l = queue_.front();
+      ssize_t w = send(sub_, l.data() + sent_, l.size() - sent_, MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (w < 0 && errno == EINTR) continue;
+      if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+      if (w <= 0) {
+        disconnect();
+        return;
+      }
+      sent_ += static_cast<size_t>(w);
+      if (sent_ == l.size()) drop_front();
+    }
+    if (!lost_.empty() && queued_ < kMaxQueued / 2) {
+      nlohmann::json counts = nlohmann::json::object();
+      for (auto& [k, n] : lost_) counts[k] = n;
+      lost_.clear();
+      push({{"event", "net_suppressed"}, {"counts", counts}});
+    }
+  }
+
+  // The daemon sends nothing: readable means it closed (or misbehaves).
+  void readable() {
+    char buf[256];
+    ssize_t n = recv(sub_, buf, sizeof buf, MSG_DONTWAIT);
+    if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) disconnect();
+  }
+
+  // At exit: up to `ms` for the daemon to take what is queued.
+  void drain(int ms) {
+    auto end = now_ns() + int64_t(ms) * 1000000;
+    flush();
+    while (want_write() && now_ns() < end) {
+      pollfd p{sub_, POLLOUT, 0};
+      if (poll(&p, 1, 50) < 0 && errno != EINTR) return;
+      flush();
+    }
+  }
+
+ private:
+  void drop_front() {
+    queued_ -= queue_.front().size();
+    queue_.pop_front();
+    sent_ = 0;
+  }
+  void disconnect() {
+    close(sub_);
+    sub_ = -1;
+    // A partly sent line is resent whole to the next subscriber.
+    sent_ = 0;
+  }
+  int listen_ = -1, sub_ = -1;
+  std::deque<std::string> queue_;
+  size_t queued_ = 0, sent_ = 0;
+  std::map<std::string, uint64_t> lost_;
+};
+
 struct Timer {
   SlirpTimerId id;
   void* cb_opaque;
@@ -163,12 +273,12 @@ struct Timer {
 
 class Helper {
  public:
-  Helper(const HelperOptions& o, int events_fd, std::vector<Cidr> host_addrs)
-      : events_fd_(events_fd),
-        sandbox_(o.sandbox),
-        host_addrs_(std::move(host_addrs)),
+  Helper(const HelperOptions& o, std::vector<Cidr> host_addrs)
+      : host_addrs_(std::move(host_addrs)),
         filter_(NetworkPolicy::parse(o.policy, host_addrs_), o.filter,
-                [this](nlohmann::json j) { write_event(j); }) {}
+                [this](nlohmann::json j) { events_.push(j); }) {}
+
+  EventOut& events() { return events_; }
 
   void start_slirp() {
     SlirpConfig cfg{};
@@ -195,7 +305,16 @@ class Helper {
     cfg.enable_emu = false;
     static const SlirpCb cb = {
         .send_packet = &Helper::cb_send,
-        .guest_error = [](const char* msg, void*) { fprintf(stderr, "slirp: %s\n", msg); },
+        .guest_error =
+            [](const char* msg, void*) {
+              // The guest can trigger these: a bounded number reach net.log.
+              static int left = 100;
+              if (left > 0 && --left == 0) {
+                fprintf(stderr, "slirp: further messages suppressed\n");
+              } else if (left > 0) {
+                fprintf(stderr, "slirp: %s\n", msg);
+              }
+            },
         .clock_get_ns = [](void*) -> int64_t { return now_ns(); },
         .timer_new = nullptr,
         .timer_free =
@@ -227,6 +346,11 @@ class Helper {
       pfds_.push_back({qemu_fd_, POLLIN, 0});
       pfds_.push_back({pool.fd(), POLLIN, 0});
       pfds_.push_back({ctl_listen, ctl_listen >= 0 ? short(POLLIN) : short(0), 0});
+      pfds_.push_back(
+          {events_.listen_fd(), events_.listen_fd() >= 0 ? short(POLLIN) : short(0), 0});
+      pfds_.push_back(
+          {events_.subscriber(),
+           short(events_.subscriber() < 0 ? 0 : POLLIN | (events_.want_write() ? POLLOUT : 0)), 0});
       for (auto& c : clients_) pfds_.push_back({c.fd, POLLIN, 0});
       size_t fixed = pfds_.size();
       uint32_t timeout = 1000;
@@ -266,7 +390,12 @@ class Helper {
           }
         }
       }
-      for (size_t i = 3; rc > 0 && i < fixed; ++i) {
+      if (rc > 0 && (pfds_[3].revents & POLLIN)) events_.accept_one();
+      if (rc > 0 && pfds_[4].fd >= 0 && pfds_[4].fd == events_.subscriber()) {
+        if (pfds_[4].revents & (POLLIN | POLLHUP | POLLERR)) events_.readable();
+        if (pfds_[4].revents & POLLOUT) events_.flush();
+      }
+      for (size_t i = 5; rc > 0 && i < fixed; ++i) {
         if (pfds_[i].revents) control_readable(pfds_[i].fd);
       }
       std::erase_if(clients_, [](const Client& c) { return c.fd < 0; });
@@ -282,6 +411,7 @@ class Helper {
     filter_.close_all("helper exit");
     if (slirp_) slirp_cleanup(slirp_);
     slirp_ = nullptr;
+    events_.drain(1000);
   }
 
  private:
@@ -332,13 +462,6 @@ class Helper {
     }
   }
 
-  void write_event(nlohmann::json j) {
-    if (!sandbox_.empty() && j.is_object()) j["sandbox"] = sandbox_;
-    std::string line = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
-    // One write on an O_APPEND descriptor: lines never interleave.
-    [[maybe_unused]] auto w = write(events_fd_, line.data(), line.size());
-  }
-
   void control_readable(int fd) {
     auto it = std::find_if(clients_.begin(), clients_.end(), [fd](auto& c) { return c.fd == fd; });
     if (it == clients_.end()) return;
@@ -374,8 +497,7 @@ class Helper {
         NetworkPolicy p = NetworkPolicy::parse(j["policy"], host_addrs_);
         size_t before = filter_.flow_count();
         auto cut = filter_.set_policy(std::move(p));
-        apply(cut);
-        filter_.record({{"event", "net_policy"}, {"policy", filter_.policy().to_json()}});
+        apply(cut);  // the daemon records the change (net_policy) from this reply
         return {{"ok", true},
                 {"policy", filter_.policy().to_json()},
                 {"flows_cut", before - filter_.flow_count()}};
@@ -465,12 +587,7 @@ class Helper {
       throw Error(Errc::conflict, "host port " + std::to_string(host) + " on 127.0.0.1 is in use",
                   "host_port");
     ports_.push_back({guest, host});
-    filter_.add_inbound(guest, host);
-    filter_.record({{"event", "net_port"},
-                    {"action", "add"},
-                    {"host", "127.0.0.1"},
-                    {"host_port", host},
-                    {"guest_port", guest}});
+    filter_.add_inbound(guest, host);  // the daemon records net_port from the reply
     return {{"ok", true}, {"host", "127.0.0.1"}, {"host_port", host}, {"guest_port", guest}};
   }
 
@@ -488,12 +605,6 @@ class Helper {
     size_t before = filter_.flow_count();
     apply(filter_.remove_inbound(guest));
     size_t cut = before - filter_.flow_count();
-    filter_.record({{"event", "net_port"},
-                    {"action", "remove"},
-                    {"host", "127.0.0.1"},
-                    {"host_port", host},
-                    {"guest_port", guest},
-                    {"flows_cut", cut}});
     return {{"ok", true}, {"host_port", host}, {"guest_port", guest}, {"flows_cut", cut}};
   }
 
@@ -527,8 +638,7 @@ class Helper {
     return out;
   }
 
-  int events_fd_;
-  std::string sandbox_;
+  EventOut events_;  // before filter_: its sink
   std::vector<Cidr> host_addrs_;
   Filter filter_;
   Slirp* slirp_ = nullptr;
@@ -588,6 +698,25 @@ nlohmann::json enter_namespaces() {
   }
   out["readonly_mounts"] = ro;
   return out;
+}
+
+bool hide_filesystem() {
+  // An empty read-only tmpfs becomes the root; the old root is detached.
+  // pivot_root(".", ".") stacks the old root on the new one, so no
+  // directory has to be created (without a uid map nothing can be).
+  auto note = [](const char* what) {
+    std::cerr << "airlock-net: note: no empty root (" << what << ": " << strerror(errno)
+              << "); the host's files stay visible read-only\n";
+    return false;
+  };
+  if (mount("airlock-net", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_RDONLY,
+            "size=4k,mode=0555") != 0)
+    return note("mount tmpfs");
+  if (chdir("/tmp") != 0) return note("chdir");
+  if (syscall(SYS_pivot_root, ".", ".") != 0) return note("pivot_root");
+  if (umount2(".", MNT_DETACH) != 0) return note("umount old root");
+  if (chdir("/") != 0) return note("chdir /");
+  return true;
 }
 
 void lock_down() {
@@ -660,8 +789,6 @@ void lock_down() {
                            "statx",
                            "uname",
                            "tgkill",
-                           "unlinkat",
-                           "unlink",
                            "set_robust_list",
                            "rseq",
                            "dup"}) {
@@ -681,33 +808,31 @@ void lock_down() {
 int run_helper(const HelperOptions& o) {
   // A closed QEMU or control peer is an error return from write, not a signal.
   signal(SIGPIPE, SIG_IGN);
-  int events_fd = o.events_fd >= 0 ? o.events_fd : 2;
-  if (!o.events_path.empty()) {
-    events_fd = open(o.events_path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600);
-    if (events_fd < 0) throw_errno("open " + o.events_path);
-  }
   auto host_addrs = host_addresses();
-  Helper helper(o, events_fd, host_addrs);  // parses the policy: fails before any socket
+  Helper helper(o, host_addrs);  // parses the policy: fails before any socket
   int qemu_listen = listen_unix(o.qemu_socket);
-  int ctl_listen = o.control_socket.empty() ? -1 : listen_unix(o.control_socket);
+  int ctl_listen = o.control_socket.empty() ? -1 : listen_unix(o.control_socket, true);
   if (ctl_listen >= 0) fcntl(ctl_listen, F_SETFL, O_NONBLOCK);
-  // Directory descriptors opened before confinement keep the original
-  // (writable) mount, so the socket files can still be removed later.
-  auto dir_of = [](const std::string& path) {
-    std::string dir =
-        path.find('/') == std::string::npos ? "." : path.substr(0, path.rfind('/') + 1);
-    return std::pair(open(dir.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC),
-                     path.substr(path.rfind('/') + 1));
-  };
-  auto [qemu_dir, qemu_name] = dir_of(o.qemu_socket);
-  auto [ctl_dir, ctl_name] = dir_of(o.control_socket);
-  // After the files it creates (sockets, events) and before any thread:
+  if (!o.events_socket.empty()) helper.events().listen(o.events_socket);
+  // The run dir, to remove the QEMU socket once QEMU is connected: opened
+  // before confinement (it keeps the original, writable mount) and closed
+  // right after, before the first guest frame is read. No other descriptor
+  // of a directory outside the helper's empty root is ever kept.
+  std::string qemu_name = o.qemu_socket.substr(o.qemu_socket.rfind('/') + 1);
+  std::string qemu_dir_path = o.qemu_socket.find('/') == std::string::npos
+                                  ? "."
+                                  : o.qemu_socket.substr(0, o.qemu_socket.rfind('/') + 1);
+  int qemu_dir = open(qemu_dir_path.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC);
+  // After the files it creates (sockets) and before any thread:
   // unshare(CLONE_NEWUSER) refuses a multi-threaded process.
   nlohmann::json confined = o.namespaces ? enter_namespaces() : nlohmann::json{{"userns", false}};
   // Leaked on purpose: its workers may sit in res_nquery or on its condition
   // variable when the helper exits; exit() does not wait for them.
   ResolverPool& pool = *new ResolverPool(std::max(1, o.resolver_threads), o.dns_upstream);
   helper.start_slirp();
+  // Everything that reads a file (the resolvers' resolv.conf) is done: from
+  // here on the helper's root is an empty directory.
+  confined["empty_root"] = confined.value("mountns", false) && hide_filesystem();
   std::cout << nlohmann::json{{"ready", true}, {"pid", getpid()}, {"confined", confined}}.dump()
             << std::endl;
 
@@ -715,13 +840,16 @@ int run_helper(const HelperOptions& o) {
   int rc = poll(&pfd, 1, o.accept_timeout_s * 1000);
   if (rc <= 0) {
     std::cerr << "airlock-net: QEMU did not connect within " << o.accept_timeout_s << " s\n";
-    unlink(o.qemu_socket.c_str());
+    if (qemu_dir >= 0) unlinkat(qemu_dir, qemu_name.c_str(), 0);
     return 1;
   }
   int qemu_fd = accept4(qemu_listen, nullptr, nullptr, SOCK_CLOEXEC);
   if (qemu_fd < 0) throw_errno("accept QEMU");
   close(qemu_listen);  // one QEMU per helper: nobody else may connect
-  unlinkat(qemu_dir, qemu_name.c_str(), 0);
+  if (qemu_dir >= 0) {
+    unlinkat(qemu_dir, qemu_name.c_str(), 0);
+    close(qemu_dir);
+  }
   if (o.seccomp) lock_down();
   try {
     helper.serve(qemu_fd, ctl_listen, pool);
@@ -730,8 +858,8 @@ int run_helper(const HelperOptions& o) {
     helper.shutdown();
     return 1;
   }
+  // The daemon removes the control and event sockets (kill_net_helper).
   helper.shutdown();
-  if (ctl_listen >= 0 && !o.control_socket.empty()) unlinkat(ctl_dir, ctl_name.c_str(), 0);
   return 0;
 }
 

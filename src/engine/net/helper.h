@@ -4,9 +4,11 @@
 // `-netdev stream` connection (QEMU is the client), runs libslirp as the
 // guest's network, and passes every guest frame through the Filter
 // (filter.h) before slirp sees it. It answers the guest's DNS itself
-// (resolver worker threads, res_nquery), writes every DNS question and flow
-// decision as a JSON line to the events file, and takes policy updates on a
-// control socket:
+// (resolver worker threads, res_nquery), reports every DNS question and
+// flow decision as a JSON line on its event socket (the daemon connects,
+// checks each report and appends it to the journal: intake.h; the helper
+// never opens a file after start-up and cannot reach the journal), and
+// takes policy updates on a control socket:
 //   → {"policy": {"mode": "allowlist", "allow": [...]}}
 //   ← {"ok": true, "policy": {...normalised...}, "flows_cut": 1}
 //   → {"stats": true}
@@ -19,10 +21,12 @@
 //   → {"port_remove": {"host_port": 40123}}  ← {"ok": true, ..., "flows_cut": 0}
 //   → {"ports": true}  ← {"ok": true, "ports": [{"host", "host_port", "guest_port"}]}
 // Errors carry code conflict (port in use / already forwarded), not_found,
-// invalid_argument with the field. Each change is a net_port event.
+// invalid_argument with the field. The daemon records each change (net_port,
+// net_policy) from these replies.
 //
 // Lifecycle: sockets are created and listening, then the helper enters its
-// own user + mount namespaces (enter_namespaces), then prints
+// own user + mount namespaces (enter_namespaces) with an empty root
+// (hide_filesystem), then prints
 // {"ready": true, "pid": N, "confined": {...}} on stdout; the engine starts QEMU after that line.
 // The helper accepts one QEMU connection (within accept_timeout), removes the listening socket
 // file, drops privileges (no_new_privs, no capabilities, seccomp allowlist) and serves until QEMU
@@ -46,10 +50,7 @@ namespace airlock::net {
 struct HelperOptions {
   std::string qemu_socket;     // path to listen on for QEMU
   std::string control_socket;  // path to listen on for control clients ("" = none)
-  std::string events_path;     // JSON lines appended here ("" = events_fd)
-  int events_fd = -1;          // used when events_path is empty (-1 = stderr)
-  std::string sandbox;         // if set, every event line carries "sandbox": this id
-                               // (so the lines fit the sandbox's audit journal)
+  std::string events_socket;   // path to listen on for the daemon's event stream ("" = none)
   nlohmann::json policy;       // initial policy, the NetworkPolicy JSON form
   std::string dns_upstream;    // "a.b.c.d[:port]" instead of the host's resolv.conf
   bool seccomp = true;
@@ -83,6 +84,12 @@ int run_helper(const HelperOptions& options);
 // stderr and the helper continues with no_new_privs + seccomp only. The
 // network namespace is NOT changed: slirp needs the host's network.
 nlohmann::json enter_namespaces();
+
+// Makes an empty read-only tmpfs the root of the helper's own mount
+// namespace (after enter_namespaces, once nothing needs a file any more), so
+// no host file (the audit journal, the data directory) is reachable by
+// path. False, with a note on stderr, if the kernel refuses.
+bool hide_filesystem();
 
 // Installs the helper's seccomp allowlist (all threads) after setting
 // no_new_privs and dropping capabilities. Throws Error(internal) on failure.

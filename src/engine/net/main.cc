@@ -1,7 +1,8 @@
 // airlock-net: the per-sandbox network helper. See helper.h and docs/network.md.
 //
 //   airlock-net --qemu-socket RUN/net.sock --control-socket RUN/net-ctl.sock
-//               --events RUN/net-events.jsonl --policy '{"mode":"allowlist","allow":["*.a.com"]}'
+//               --events-socket RUN/net-events.sock --policy
+//               '{"mode":"allowlist","allow":["*.a.com"]}'
 #include <CLI/CLI.hpp>
 #include <fstream>
 #include <iostream>
@@ -20,9 +21,8 @@ int main(int argc, char** argv) {
       ->required();
   app.add_option("--control-socket", o.control_socket,
                  "unix socket for policy updates (JSON lines)");
-  app.add_option("--events", o.events_path, "append JSON-line events to this file");
-  app.add_option("--sandbox", o.sandbox, "sandbox id added to every event line");
-  app.add_option("--events-fd", o.events_fd, "write JSON-line events to this inherited fd");
+  app.add_option("--events-socket", o.events_socket,
+                 "unix socket to listen on for the daemon's JSON-line event stream");
   app.add_option("--policy", policy_text, "the policy as JSON");
   app.add_option("--policy-file", policy_file, "read the policy JSON from this file");
   app.add_option("--dns-upstream", o.dns_upstream,

@@ -35,9 +35,13 @@ constexpr V4Range kDenyV4[] = {
     {0x0A000000, 8},   // 10/8
     {0x64400000, 10},  // 100.64/10 CGNAT
     {0x7F000000, 8},   // loopback
+    {0xA83F8110, 32},  // 168.63.129.16: Azure's wireserver (metadata, not link-local)
     {0xA9FE0000, 16},  // link-local, cloud metadata
     {0xAC100000, 12},  // 172.16/12
+    {0xC0000000, 24},  // 192.0.0/24 IETF protocol assignments (DS-Lite, NAT64 discovery,
+                       // Oracle's 192.0.0.192 metadata)
     {0xC0A80000, 16},  // 192.168/16
+    {0xC6120000, 15},  // 198.18/15 benchmarking (RFC 2544): used as internal space
     {0xE0000000, 4},   // multicast
     {0xF0000000, 4},   // reserved + broadcast
 };
@@ -52,10 +56,17 @@ std::vector<Cidr> build_always_deny() {
   std::vector<Cidr> out;
   for (auto& r : kDenyV4) out.push_back(Cidr{IpAddr::v4(r.base), r.len + 96});
   // ::1 before ::/96 so loopback is named as such.
+  // fc00::/7 (ULA) also covers AWS's IPv6 metadata address fd00:ec2::254.
   for (const char* t : {"::1/128", "::/96", "fc00::/7", "fe80::/10",
                         // deprecated site-local; also libslirp's virtual IPv6 prefix
                         // (fec0::2 is the host's loopback through slirp)
-                        "fec0::/10", "ff00::/8"})
+                        "fec0::/10", "ff00::/8",
+                        // Teredo: embeds a server and an (obfuscated) client IPv4
+                        // address; a relay would reach them
+                        "2001::/32",
+                        // local-use NAT64 (RFC 8215): translates to IPv4 addresses at
+                        // operator-chosen positions, so none can be checked
+                        "64:ff9b:1::/48"})
     out.push_back(v6_cidr(t));
   return out;
 }

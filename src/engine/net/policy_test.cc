@@ -131,6 +131,44 @@ TEST(Policy, AlwaysDenyInEveryMode) {
   EXPECT_TRUE(open.decide(ip("64:ff9b::cb00:7105"), 80, Proto::tcp).allowed);  // NAT64 of public
 }
 
+// Issue 9: ranges review found missing, each with the rule that must name it,
+// in every mode and refused as an allow entry.
+TEST(Policy, AlwaysDenyReviewGaps) {
+  auto open = pol(R"({"mode":"open"})");
+  struct Case {
+    const char* addr;
+    const char* rule;
+  };
+  for (const Case& c : std::initializer_list<Case>{
+           {"192.0.0.1", "always-deny 192.0.0.0/24"},
+           {"192.0.0.170", "always-deny 192.0.0.0/24"},  // NAT64 discovery
+           {"192.0.0.192", "always-deny 192.0.0.0/24"},  // Oracle's metadata
+           {"198.18.0.1", "always-deny 198.18.0.0/15"},
+           {"198.19.255.254", "always-deny 198.18.0.0/15"},
+           {"2001::1", "always-deny 2001::/32"},
+           {"2001:0:4136:e378:8000:63bf:3fff:fdd2", "always-deny 2001::/32"},  // Teredo
+           {"64:ff9b:1::a00:1", "always-deny 64:ff9b:1::/48"},
+           {"64:ff9b:1:ffff::1", "always-deny 64:ff9b:1::/48"},
+           {"168.63.129.16", "always-deny 168.63.129.16/32"},  // Azure wireserver
+           {"::ffff:168.63.129.16", "always-deny 168.63.129.16/32"},
+           {"64:ff9b::a83f:8110", "always-deny 168.63.129.16/32 (embedded in 64:ff9b::a83f:8110)"},
+           {"fd00:ec2::254", "always-deny fc00::/7"},         // AWS IMDS over IPv6
+           {"100.100.100.200", "always-deny 100.64.0.0/10"},  // Alibaba's metadata
+           {"169.254.0.23", "always-deny 169.254.0.0/16"},    // Tencent's metadata
+       }) {
+    auto d = open.decide(ip(c.addr), 80, Proto::tcp);
+    EXPECT_FALSE(d.allowed) << c.addr;
+    EXPECT_EQ(d.rule, c.rule) << c.addr;
+    std::string allow = std::string(R"({"mode":"allowlist","allow":[")") + c.addr + R"("]})";
+    EXPECT_NE(field_of(allow.c_str()).find("network.allow[0]"), std::string::npos) << c.addr;
+  }
+  // Neighbours stay public: the documentation ranges the tests use, the
+  // edges of the new ranges, and 2001:db8::/32 beside Teredo.
+  for (const char* a : {"192.0.1.1", "192.0.2.1", "198.17.255.255", "198.20.0.1", "198.51.100.1",
+                        "168.63.129.17", "2001:1::1", "2001:db8::1", "64:ff9b:2::1"})
+    EXPECT_TRUE(open.decide(ip(a), 80, Proto::tcp).allowed) << a;
+}
+
 TEST(Policy, AllowlistCidrsNamesAndDenyWins) {
   auto p = pol(R"({"mode":"allowlist",
                    "allow":["203.0.113.0/28","2001:db8:1::/48","api.example.com","*.wild.example"],
