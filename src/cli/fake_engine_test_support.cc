@@ -9,6 +9,8 @@
 //   hang           runs until kill_exec
 //   connect IP PORT  a TCP flow decided by the sandbox's policy: records
 //                  net_flow (and net_flow_end with 10/20 bytes if allowed)
+#include <poll.h>
+
 #include <algorithm>
 #include <condition_variable>
 #include <mutex>
@@ -246,6 +248,32 @@ std::vector<nlohmann::json> Engine::network_events(const std::string& id, size_t
     if (e.value("event", "").rfind("net_", 0) == 0) out.push_back(e);
   out.erase(out.begin(), out.begin() + std::ptrdiff_t(std::min(skip, out.size())));
   return out;
+}
+// Follows the in-memory journal by index; waits by polling (a fake need not
+// be woken: 20 ms slices), watching the client's socket like the real one.
+std::unique_ptr<RecordFollower> Engine::follow_network_events(const std::string& id) {
+  struct Follower : RecordFollower {
+    Engine* engine;
+    std::string id;
+    size_t seen = 0;
+    std::vector<nlohmann::json> next() override {
+      auto all = engine->network_events(id, seen);
+      seen += all.size();
+      return all;
+    }
+    Wake wait(std::chrono::milliseconds timeout, int hangup_fd) override {
+      pollfd p{hangup_fd, 0, 0};
+      int ms = static_cast<int>(std::min<int64_t>(timeout.count(), 20));
+      if (::poll(&p, hangup_fd >= 0 ? 1 : 0, ms) > 0 && (p.revents & (POLLHUP | POLLERR)))
+        return Wake::hangup;
+      return Wake::grew;
+    }
+  };
+  audit(id);  // not_found for an unknown id
+  auto f = std::make_unique<Follower>();
+  f->engine = this;
+  f->id = id;
+  return f;
 }
 nlohmann::json Engine::info() { return {{"version", "fake"}, {"accel", "tcg"}}; }
 storage::ImageStore& Engine::images() {

@@ -128,16 +128,17 @@ bool still_live(engine::State state) {
 }
 
 // GET .../network/events: a JSON array, or with follow=true an NDJSON stream
-// that polls the journal every 200 ms until the sandbox ends or the client
-// hangs up (the poll on the socket doubles as the wait, so a hangup is seen
-// within one period even when no events come).
+// until the sandbox ends or the client hangs up. The follower reads only what
+// was appended since its last read and sleeps until the journal grows, the
+// socket hangs up, or 500 ms pass (to see the sandbox end).
 void handle_network_events(engine::Engine& engine, Exchange& ex, const std::string& id,
                            bool follow) {
   // State first, events second: whatever the sandbox recorded before it
   // ended is in the batch fetched after seeing it ended. Both calls come
   // before the stream starts, so an unknown id is a plain 404.
   bool live = still_live(engine.get(id).state);
-  std::vector<json> events = engine.network_events(id, 0);
+  std::unique_ptr<engine::RecordFollower> follower = engine.follow_network_events(id);
+  std::vector<json> events = follower->next();
   if (!follow) {
     json arr = json::array();
     for (auto& e : events) arr.push_back(std::move(e));
@@ -145,7 +146,6 @@ void handle_network_events(engine::Engine& engine, Exchange& ex, const std::stri
     return;
   }
   ex.begin_stream("application/x-ndjson");
-  size_t seen = 0;
   try {
     while (true) {
       for (const auto& e : events) {
@@ -153,16 +153,15 @@ void handle_network_events(engine::Engine& engine, Exchange& ex, const std::stri
           ex.abort_stream();
           return;
         }
-        ++seen;
       }
       if (!live) break;
-      pollfd p{ex.native_handle(), 0, 0};  // POLLHUP/POLLERR are always reported
-      if (::poll(&p, 1, 200) > 0 && (p.revents & (POLLHUP | POLLERR))) {
+      using Wake = engine::RecordFollower::Wake;
+      if (follower->wait(std::chrono::milliseconds(500), ex.native_handle()) == Wake::hangup) {
         ex.abort_stream();
         return;
       }
       live = still_live(engine.get(id).state);
-      events = engine.network_events(id, seen);
+      events = follower->next();
     }
   } catch (const Error& e) {
     ex.write_chunk(error_body(to_string(e.code()), e.what(), e.field()).dump() + "\n");

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cstdlib>
 
 #include "common/error.h"
@@ -41,6 +42,11 @@ int main(int argc, char** argv) {
                  "TCG translation cache per QEMU in MiB, counted in its memory limit (0: QEMU's "
                  "1 GiB default)")
       ->check(CLI::Range(0, 4096));
+  int journal_max_mb = 64;
+  app.add_option("--journal-max-mb", journal_max_mb,
+                 "audit journal cap per sandbox in MiB: past it guest-driven records are "
+                 "dropped and counted, lifecycle records kept (0: no cap)")
+      ->check(CLI::Range(0, 1 << 20));
   app.set_version_flag("--version", AIRLOCK_VERSION);
   CLI11_PARSE(app, argc, argv);
 
@@ -64,6 +70,9 @@ int main(int argc, char** argv) {
     config.accel = accel == "auto" ? "" : accel;
     config.templates = !no_templates;
     config.tcg_tb_size_mb = tcg_tb_size_mb;
+    config.journal_max_bytes = static_cast<uint64_t>(journal_max_mb) << 20;
+    // The lifecycle reserve: 1 MiB, or a quarter of a smaller cap.
+    config.journal_reserve_bytes = std::min<uint64_t>(1u << 20, config.journal_max_bytes / 4);
     if (!template_ram_dir.empty())
       config.template_ram_dir = std::filesystem::absolute(template_ram_dir);
     for (const std::string& p : pools) {

@@ -93,7 +93,7 @@ Config with_defaults(Config c) {
 Engine::Impl::Impl(Config c)
     : cfg(with_defaults(std::move(c))),
       registry(cfg.data_dir / "registry.db"),
-      journal(cfg.data_dir / "audit"),
+      journal(cfg.data_dir / "audit", {cfg.journal_max_bytes, cfg.journal_reserve_bytes}),
       images(cfg.image_dir, cfg.share_dir / "images", cfg.guest_agent) {
   if (cfg.templates) templates.emplace(cfg.template_dir, cfg.template_ram_dir);
   if (!cfg.accel.empty()) {
@@ -384,6 +384,7 @@ SandboxInfo Engine::get(const std::string& id) {
 }
 
 std::vector<nlohmann::json> Engine::audit(const std::string& id) { return impl_->journal.read(id); }
+JournalStats Engine::journal_stats(const std::string& id) { return impl_->journal.stats(id); }
 
 storage::ImageStore& Engine::images() { return impl_->images; }
 

@@ -23,6 +23,7 @@
 #include <string_view>
 #include <vector>
 
+#include "engine/audit/journal.h"
 #include "engine/storage/image_store.h"
 
 namespace airlock::engine {
@@ -51,6 +52,11 @@ struct Config {
   // for agent_ping_timeout_ms fails the sandbox as `agent_lost`.
   int agent_ping_interval_ms = 5000;
   int agent_ping_timeout_ms = 30000;
+  // Audit journal cap per sandbox (audit/journal.h, JournalLimits): past
+  // journal_max_bytes - journal_reserve_bytes ordinary records are dropped
+  // and counted; the reserve is for lifecycle records. 0 = no cap.
+  uint64_t journal_max_bytes = 64ull << 20;
+  uint64_t journal_reserve_bytes = 1ull << 20;
 };
 
 enum class State { starting, running, stopping, deleted, timed_out, failed };
@@ -213,6 +219,9 @@ class Engine {
 
   // The sandbox's audit journal (kept after delete), oldest first.
   std::vector<nlohmann::json> audit(const std::string& id);
+  // Its size and what the cap dropped (counted since this engine started;
+  // the sandbox's end record carries the final count as "journal_dropped").
+  JournalStats journal_stats(const std::string& id);
 
   // Replaces a running sandbox's egress policy; flows no longer allowed are
   // cut. Returns {"policy": <normalised>, "flows_cut": N}. A sandbox created
@@ -221,6 +230,10 @@ class Engine {
   // The sandbox's network events (net_dns, net_flow, net_flow_end, ...) from
   // its journal, oldest first, skipping the first `skip` of them (for polling).
   std::vector<nlohmann::json> network_events(const std::string& id, size_t skip = 0);
+  // A follower of those events from the first one: next() returns only the
+  // ones appended since its last call, wait() sleeps until the journal grows
+  // (follow=true streams). not_found like network_events.
+  std::unique_ptr<RecordFollower> follow_network_events(const std::string& id);
   // Inbound port forwards (off by default): host 127.0.0.1:host_port (0 = a
   // free port) to the guest's TCP guest_port, through the network helper;
   // recorded as net_port events, connections through it as inbound flows.

@@ -11,6 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -377,23 +378,20 @@ nlohmann::json Engine::set_network(const std::string& id, const nlohmann::json& 
   return result;
 }
 
+// The net_* records through a JournalReader: one pass, from its offset on
+// (audit/journal.h), so a follower never re-reads the journal.
+std::unique_ptr<RecordFollower> Engine::follow_network_events(const std::string& id) {
+  auto reader = std::make_unique<JournalReader>(impl_->journal.reader(id, "net_"));
+  // A sandbox that exists but has not written a journal line yet follows
+  // from nothing; an id that names neither is not_found.
+  if (!reader->exists() && !impl_->registry.get(id))
+    throw Error(Errc::not_found, "no audit journal for sandbox " + id, "id");
+  return reader;
+}
+
 std::vector<nlohmann::json> Engine::network_events(const std::string& id, size_t skip) {
-  std::vector<nlohmann::json> out;
-  std::vector<nlohmann::json> all;
-  try {
-    all = impl_->journal.read(id);
-  } catch (const Error& e) {
-    // A sandbox that exists but has not written a journal line yet.
-    if (e.code() != Errc::not_found || !impl_->registry.get(id)) throw;
-  }
-  size_t seen = 0;
-  for (auto& rec : all) {
-    if (!rec.is_object()) continue;
-    std::string ev = rec.value("event", "");
-    if (ev.rfind("net_", 0) != 0) continue;
-    if (seen++ < skip) continue;
-    out.push_back(std::move(rec));
-  }
+  std::vector<nlohmann::json> out = follow_network_events(id)->next();
+  out.erase(out.begin(), out.begin() + static_cast<std::ptrdiff_t>(std::min(skip, out.size())));
   return out;
 }
 

@@ -1,5 +1,6 @@
 """The CLI as a user runs it: verbs, exit codes, streams, auto-started daemon."""
 
+import json
 import os
 import shutil
 import signal
@@ -65,6 +66,33 @@ class CliTest(DaemonTestCase):
         self.assertIn(b"created", logs)
         self.assertIn(b"exec", logs)
         self.assertIn(b"tcg", airlock(self.env, "info", check=True).stdout + b"kvm")
+
+    def test_logs_follow_network_streams_new_events_until_delete(self):
+        # The follower starts before the events: what it prints must be what
+        # the journal holds at the end, in order, each once (the real
+        # airlock-net helper appends them from its own process).
+        sid = airlock(self.env, "create", "--image", "minimal", "--network", "allowlist",
+                      "--allow", "192.0.2.1", check=True).stdout.decode().strip()
+        follow = subprocess.Popen([os.path.join(BIN, "airlock"), "logs", "--network", "--json",
+                                   "-f", sid], env=self.env, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE)
+        try:
+            for i in range(3):
+                airlock(self.env, "exec", sid, "--", "nslookup", f"n{i}.denied.example")
+            final = airlock(self.env, "logs", "--network", "--json", sid, check=True).stdout
+            airlock(self.env, "rm", sid, check=True)
+            out, err = follow.communicate(timeout=30)  # the stream ends with the sandbox
+        finally:
+            if follow.poll() is None:
+                follow.kill()
+                follow.wait()
+        self.assertEqual(follow.returncode, 0, err)
+        followed = [json.loads(line) for line in out.decode().splitlines()]
+        recorded = [json.loads(line) for line in final.decode().splitlines()]
+        names = [e.get("name", "") for e in followed if e["event"] == "net_dns"]
+        for i in range(3):
+            self.assertTrue(any(n.startswith(f"n{i}.denied.example") for n in names), followed)
+        self.assertEqual(followed[:len(recorded)], recorded)
 
     def test_run_propagates_exit_code_and_cleans_up(self):
         r = airlock(self.env, "run", "--", "sh", "-c", "exit 7")

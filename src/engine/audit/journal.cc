@@ -1,12 +1,19 @@
 #include "engine/audit/journal.h"
 
 #include <fcntl.h>
+#include <poll.h>
+#include <sys/inotify.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <fstream>
+#include <set>
+#include <string_view>
+#include <utility>
 
 #include "common/error.h"
 
@@ -22,6 +29,54 @@ void check_id(const std::string& id) {
   }
   if (!ok) throw Error(Errc::invalid_argument, "invalid sandbox id '" + id + "'", "id");
 }
+
+// Closes a descriptor on every path out of a scope.
+struct FdGuard {
+  int fd;
+  ~FdGuard() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+// One write of the whole line (see append), fsync'd for Durability::sync.
+void write_line(int fd, const std::string& line, Durability durability,
+                const std::filesystem::path& path) {
+  // One write: O_APPEND makes it atomic with respect to other appenders for
+  // regular files. A short write (disk full) is reported, not retried, so a
+  // retry can never splice a second half onto someone else's line.
+  ssize_t n;
+  do {
+    n = ::write(fd, line.data(), line.size());
+  } while (n < 0 && errno == EINTR);
+  int saved = errno;
+  if (n == static_cast<ssize_t>(line.size()) && durability == Durability::sync) {
+    if (::fsync(fd) != 0) saved = errno, n = -1;
+  }
+  if (n != static_cast<ssize_t>(line.size())) {
+    errno = n < 0 ? saved : ENOSPC;
+    throw_errno("append to audit journal " + path.string());
+  }
+}
+
+std::string make_line(const std::string& sandbox, const std::string& event,
+                      const nlohmann::json& fields) {
+  // ts/sandbox/event first so a human reading the file sees them first.
+  nlohmann::ordered_json rec;
+  rec["ts"] = rfc3339_now();
+  rec["sandbox"] = sandbox;
+  rec["event"] = event;
+  for (auto& [k, v] : fields.items()) {
+    if (k != "ts" && k != "sandbox" && k != "event") rec[k] = v;
+  }
+  // Invalid UTF-8 (argv is bytes) is replaced rather than making dump() throw.
+  return rec.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+}
+
+// A record line longer than this is not ours (a record is at most a request
+// body plus fields): the reader drops it rather than buffer without bound.
+constexpr size_t kMaxLine = 32u << 20;
+// How far before the ordinary cap journal_truncated may sit (one record).
+constexpr uint64_t kNoteWindow = 1u << 20;
 
 }  // namespace
 
@@ -45,7 +100,14 @@ std::string rfc3339_now() {
   return rfc3339_ms(std::chrono::duration_cast<std::chrono::milliseconds>(now).count());
 }
 
-AuditJournal::AuditJournal(std::filesystem::path dir) : dir_(std::move(dir)) {
+AuditJournal::AuditJournal(std::filesystem::path dir, JournalLimits limits)
+    : dir_(std::move(dir)), limits_(limits) {
+  if (limits_.max_bytes != 0 && limits_.lifecycle_reserve_bytes >= limits_.max_bytes)
+    throw Error(Errc::invalid_argument,
+                "journal cap (" + std::to_string(limits_.max_bytes) +
+                    " bytes) must be larger than its lifecycle reserve (" +
+                    std::to_string(limits_.lifecycle_reserve_bytes) + " bytes)",
+                "journal_max_bytes");
   std::error_code ec;
   std::filesystem::create_directories(dir_, ec);
   if (ec)
@@ -57,55 +119,243 @@ std::filesystem::path AuditJournal::path_of(const std::string& sandbox) const {
   return dir_ / (sandbox + ".jsonl");
 }
 
-void AuditJournal::append(const std::string& sandbox, const std::string& event,
+bool AuditJournal::is_terminal(const std::string& event) {
+  return event == "deleted" || event == "failed" || event == "timed_out";
+}
+
+bool AuditJournal::is_lifecycle(const std::string& event) {
+  static const std::set<std::string, std::less<>> kLifecycle = {
+      "created", "boot_failed",     "clone_failed",     "retry", "pooled", "adopted",
+      "file",    "network_changed", "journal_truncated"};
+  // exec, exec_kill and the start/end records of an exec.
+  return is_terminal(event) || kLifecycle.count(event) > 0 || event.rfind("exec", 0) == 0;
+}
+
+bool AuditJournal::append(const std::string& sandbox, const std::string& event,
                           nlohmann::json fields, Durability durability) {
   auto path = path_of(sandbox);
   if (fields.is_null()) fields = nlohmann::json::object();
   if (!fields.is_object()) throw Error(Errc::internal, "audit fields must be a JSON object");
-  // ts/sandbox/event first so a human reading the file sees them first.
-  nlohmann::ordered_json rec;
-  rec["ts"] = rfc3339_now();
-  rec["sandbox"] = sandbox;
-  rec["event"] = event;
-  for (auto& [k, v] : fields.items()) {
-    if (k != "ts" && k != "sandbox" && k != "event") rec[k] = v;
+  bool terminal = is_terminal(event);
+  if (terminal && limits_.max_bytes != 0) {
+    std::lock_guard lock(mu_);
+    auto it = dropped_.find(sandbox);
+    if (it != dropped_.end())
+      fields["journal_dropped"] = {{"records", it->second.records}, {"bytes", it->second.bytes}};
   }
-  // Invalid UTF-8 (argv is bytes) is replaced rather than making dump() throw.
-  std::string line = rec.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+  std::string line = make_line(sandbox, event, fields);
 
-  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0640);
-  if (fd < 0) throw_errno("open audit journal " + path.string());
-  // One write: O_APPEND makes it atomic with respect to other appenders for
-  // regular files. A short write (disk full) is reported, not retried, so a
-  // retry can never splice a second half onto someone else's line.
-  ssize_t n;
-  do {
-    n = ::write(fd, line.data(), line.size());
-  } while (n < 0 && errno == EINTR);
-  int saved = errno;
-  if (n == static_cast<ssize_t>(line.size()) && durability == Durability::sync) {
-    if (::fsync(fd) != 0) saved = errno, n = -1;
+  FdGuard fd{::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0640)};
+  if (fd.fd < 0) throw_errno("open audit journal " + path.string());
+  if (limits_.max_bytes != 0 && !terminal) {
+    // The file's own size, not a count kept here: appends by other processes
+    // (a second daemon, the network helper) count too. Two appenders racing
+    // past the line overshoot by at most one record each.
+    struct stat st {};
+    if (::fstat(fd.fd, &st) != 0) throw_errno("stat audit journal " + path.string());
+    uint64_t size = static_cast<uint64_t>(st.st_size);
+    bool lifecycle = durability == Durability::sync || is_lifecycle(event);
+    uint64_t limit =
+        lifecycle ? limits_.max_bytes : limits_.max_bytes - limits_.lifecycle_reserve_bytes;
+    if (size + line.size() > limit) {
+      std::lock_guard lock(mu_);
+      Dropped& d = dropped_[sandbox];
+      d.records += 1;
+      d.bytes += line.size();
+      if (!d.noted) {
+        d.noted = true;
+        // Once per journal, also across daemon restarts. Written whatever the
+        // size: it is small and there is one.
+        if (!already_noted(path, size)) {
+          write_line(fd.fd,
+                     make_line(sandbox, "journal_truncated",
+                               {{"max_bytes", limits_.max_bytes},
+                                {"lifecycle_reserve_bytes", limits_.lifecycle_reserve_bytes},
+                                {"dropped_records", d.records},
+                                {"dropped_bytes", d.bytes},
+                                {"first_dropped", event}}),
+                     Durability::sync, path);
+        }
+      }
+      return false;
+    }
   }
-  ::close(fd);
-  if (n != static_cast<ssize_t>(line.size())) {
-    errno = n < 0 ? saved : ENOSPC;
-    throw_errno("append to audit journal " + path.string());
+  write_line(fd.fd, line, durability, path);
+  if (event == "deleted") {
+    std::lock_guard lock(mu_);
+    dropped_.erase(sandbox);  // nothing of it is written after its end
   }
+  return true;
+}
+
+// Whether `path` (of `size` bytes) already has its journal_truncated record,
+// written by an earlier daemon. It sits just past the ordinary cap (or, when
+// other writers grew the file first, near its end), so only those two
+// windows are read, once per sandbox and process.
+bool AuditJournal::already_noted(const std::filesystem::path& path, uint64_t size) const {
+  FdGuard fd{::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW)};
+  if (fd.fd < 0) return false;
+  uint64_t soft = limits_.max_bytes - limits_.lifecycle_reserve_bytes;
+  uint64_t near_cap = soft > kNoteWindow ? soft - kNoteWindow : 0;
+  uint64_t near_end = size > 2 * kNoteWindow ? size - 2 * kNoteWindow : 0;
+  for (uint64_t from : {near_cap, std::max(near_end, near_cap + 4 * kNoteWindow)}) {
+    if (from >= size) continue;
+    std::string tail(static_cast<size_t>(std::min<uint64_t>(size - from, 4 * kNoteWindow)), '\0');
+    ssize_t n = ::pread(fd.fd, tail.data(), tail.size(), static_cast<off_t>(from));
+    if (n <= 0) continue;
+    tail.resize(static_cast<size_t>(n));
+    size_t pos = 0;
+    while ((pos = tail.find("\"journal_truncated\"", pos)) != std::string::npos) {
+      size_t b = tail.rfind('\n', pos);
+      b = b == std::string::npos ? 0 : b + 1;
+      size_t e = tail.find('\n', pos);
+      if (e == std::string::npos) break;
+      // A whole line whose own event is journal_truncated, not a field value.
+      auto j = nlohmann::json::parse(tail.substr(b, e - b), nullptr, false);
+      if (j.is_object() && j.value("event", "") == "journal_truncated") return true;
+      pos = e;
+    }
+  }
+  return false;
+}
+
+JournalStats AuditJournal::stats(const std::string& sandbox) const {
+  auto path = path_of(sandbox);
+  JournalStats s;
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0) s.bytes = static_cast<uint64_t>(st.st_size);
+  std::lock_guard lock(mu_);
+  auto it = dropped_.find(sandbox);
+  if (it != dropped_.end()) {
+    s.dropped_records = it->second.records;
+    s.dropped_bytes = it->second.bytes;
+  }
+  s.truncated =
+      s.dropped_records > 0 ||
+      (limits_.max_bytes != 0 && s.bytes >= limits_.max_bytes - limits_.lifecycle_reserve_bytes);
+  return s;
 }
 
 std::vector<nlohmann::json> AuditJournal::read(const std::string& sandbox) const {
   auto path = path_of(sandbox);
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(Errc::not_found, "no audit journal for sandbox " + sandbox, "id");
+  JournalReader r(path);
+  if (!r.exists()) throw Error(Errc::not_found, "no audit journal for sandbox " + sandbox, "id");
+  return r.next();
+}
+
+JournalReader AuditJournal::reader(const std::string& sandbox, std::string event_prefix) const {
+  return JournalReader(path_of(sandbox), std::move(event_prefix));
+}
+
+JournalReader::JournalReader(std::filesystem::path path, std::string event_prefix)
+    : path_(std::move(path)), prefix_(std::move(event_prefix)) {
+  open_file();
+}
+
+JournalReader::JournalReader(JournalReader&& o) noexcept
+    : path_(std::move(o.path_)),
+      prefix_(std::move(o.prefix_)),
+      fd_(std::exchange(o.fd_, -1)),
+      inotify_fd_(std::exchange(o.inotify_fd_, -1)),
+      offset_(o.offset_),
+      bytes_read_(o.bytes_read_),
+      partial_(std::move(o.partial_)),
+      skip_line_(o.skip_line_) {}
+
+JournalReader::~JournalReader() {
+  if (fd_ >= 0) ::close(fd_);
+  if (inotify_fd_ >= 0) ::close(inotify_fd_);
+}
+
+bool JournalReader::open_file() {
+  if (fd_ >= 0) return true;
+  fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+  if (fd_ < 0) return false;
+  // Watch after opening: an append in between is seen by wait()'s size check.
+  // Without inotify (the per-user instance limit) wait() polls instead.
+  int ino = ::inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
+  if (ino >= 0 && ::inotify_add_watch(ino, path_.c_str(), IN_MODIFY | IN_DONT_FOLLOW) < 0) {
+    ::close(ino);
+    ino = -1;
+  }
+  inotify_fd_ = ino;
+  return true;
+}
+
+std::vector<nlohmann::json> JournalReader::next() {
   std::vector<nlohmann::json> out;
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.empty()) continue;
+  if (!open_file()) return out;
+  auto take = [&](std::string_view line) {
+    if (line.empty()) return;
     auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-    if (j.is_discarded()) continue;  // torn line from a crash mid-write
+    if (j.is_discarded() || !j.is_object()) return;  // torn line from a crash mid-write
+    if (!prefix_.empty()) {
+      auto ev = j.find("event");
+      if (ev == j.end() || !ev->is_string() || ev->get_ref<const std::string&>().rfind(prefix_, 0))
+        return;
+    }
     out.push_back(std::move(j));
+  };
+  std::string buf(64 * 1024, '\0');
+  while (true) {
+    ssize_t n = ::pread(fd_, buf.data(), buf.size(), static_cast<off_t>(offset_));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    offset_ += static_cast<uint64_t>(n);
+    bytes_read_ += static_cast<uint64_t>(n);
+    std::string_view chunk(buf.data(), static_cast<size_t>(n));
+    size_t nl;
+    while ((nl = chunk.find('\n')) != std::string_view::npos) {
+      if (skip_line_) {
+        skip_line_ = false;
+      } else if (partial_.empty()) {
+        take(chunk.substr(0, nl));
+      } else {
+        partial_.append(chunk.substr(0, nl));
+        take(partial_);
+        partial_.clear();
+      }
+      chunk.remove_prefix(nl + 1);
+    }
+    if (!skip_line_) partial_.append(chunk);
+    if (partial_.size() > kMaxLine) {
+      partial_.clear();
+      skip_line_ = true;
+    }
   }
   return out;
+}
+
+RecordFollower::Wake JournalReader::wait(std::chrono::milliseconds timeout, int hangup_fd) {
+  open_file();
+  auto grown = [&] {
+    struct stat st {};
+    return fd_ >= 0 && ::fstat(fd_, &st) == 0 && static_cast<uint64_t>(st.st_size) > offset_;
+  };
+  if (grown()) return Wake::grew;
+  pollfd fds[2];
+  int n = 0, hang = -1, ino = -1;
+  if (hangup_fd >= 0) {
+    fds[n] = {hangup_fd, 0, 0};  // POLLHUP/POLLERR are always reported
+    hang = n++;
+  }
+  if (inotify_fd_ >= 0) {
+    fds[n] = {inotify_fd_, POLLIN, 0};
+    ino = n++;
+  }
+  // Bounded poll where nothing will wake us: no inotify, or no file yet.
+  auto ms = timeout.count();
+  if (inotify_fd_ < 0) ms = std::min<decltype(ms)>(ms, 100);
+  int r = ::poll(fds, static_cast<nfds_t>(n), static_cast<int>(std::max<decltype(ms)>(ms, 0)));
+  if (r < 0) return Wake::grew;  // EINTR: let the caller look
+  if (hang >= 0 && (fds[hang].revents & (POLLHUP | POLLERR | POLLNVAL))) return Wake::hangup;
+  if (ino >= 0 && (fds[ino].revents & POLLIN)) {
+    char drain[4096];
+    while (::read(inotify_fd_, drain, sizeof drain) > 0) {
+    }
+    return Wake::grew;
+  }
+  return grown() ? Wake::grew : Wake::timeout;
 }
 
 }  // namespace airlock::engine
