@@ -80,24 +80,33 @@ struct Conn {
   }
 
   // Reads a streamed response, passing body bytes to `sink` as they come.
-  // Non-200 answers are read whole and thrown.
+  // Non-200 answers are read whole and thrown. A connection that breaks
+  // after the request was sent throws ConnectionLost (what arrived before
+  // has already gone to `sink`).
   void read_stream(const std::function<void(std::string_view)>& sink) {
     http::response_parser<http::buffer_body> p;
     p.body_limit(std::numeric_limits<std::uint64_t>::max());
     beast::error_code ec;
     http::read_header(sock, buf, p, ec);
-    if (ec) throw Error(Errc::unavailable, "reading airlockd's answer failed: " + ec.message());
+    if (ec)
+      throw ConnectionLost("lost the connection to airlockd before it answered (" + ec.message() +
+                           ")");
     int status = p.get().result_int();
     std::string error_text;
     char chunk[64 * 1024];
     while (!p.is_done()) {
       p.get().body().data = chunk;
       p.get().body().size = sizeof chunk;
-      http::read(sock, buf, p, ec);
+      // read_some, not read: read() returns only once the 64 KiB buffer is
+      // full or the body ends, which held back a slow command's output
+      // (`echo a; sleep 5; echo b` showed nothing for 5 s).
+      http::read_some(sock, buf, p, ec);
       if (ec == http::error::need_buffer) ec = {};
       if (ec)
-        throw Error(Errc::unavailable, "airlockd's answer ended early (" + ec.message() + ")");
+        throw ConnectionLost("lost the connection to airlockd mid-stream (" + ec.message() +
+                             "); the output above is what arrived");
       size_t n = sizeof chunk - p.get().body().size;
+      if (n == 0) continue;
       if (status == 200) {
         sink(std::string_view(chunk, n));
       } else if (error_text.size() < (1 << 20)) {
@@ -116,7 +125,13 @@ Client::Client(std::filesystem::path socket) : socket_(std::move(socket)) {}
 
 bool Client::ping() const {
   try {
-    call("GET", "/v1/info");
+    Conn c(socket_);
+    http::request<http::empty_body> req{http::verb::get, "/v1/info", 11};
+    req.keep_alive(false);
+    c.send(req);
+    // Any answer is a daemon, also a 503 at its connection cap: starting
+    // another one then would only fail on the lock and mislead the user.
+    c.read_all();
     return true;
   } catch (const std::exception&) {
     return false;

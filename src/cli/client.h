@@ -13,7 +13,21 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "common/error.h"
+
 namespace airlock::cli {
+
+// The daemon's answer broke off after the request was sent (the daemon died
+// or closed the connection mid-exec): the command's fate is unknown. The CLI
+// exits with kExitConnectionLost for it, distinct from the command's codes.
+class ConnectionLost : public Error {
+ public:
+  explicit ConnectionLost(const std::string& message) : Error(Errc::unavailable, message) {}
+};
+
+// `airlock exec/run` exit status when the connection to airlockd was lost
+// while the command ran (as ssh uses 255 for its own failures).
+inline constexpr int kExitConnectionLost = 255;
 
 class Client {
  public:
@@ -21,7 +35,8 @@ class Client {
 
   const std::filesystem::path& socket() const { return socket_; }
 
-  // True if a daemon answers GET /v1/info on the socket.
+  // True if a daemon answers GET /v1/info on the socket (with anything: a
+  // daemon at its connection cap answers 503 and is still running).
   bool ping() const;
 
   // A JSON request (no body if `body` is null). Returns the parsed answer
@@ -31,7 +46,8 @@ class Client {
 
   // POST /v1/sandboxes/{id}/exec; calls `on_event` for every NDJSON event as
   // it arrives (start, stdout, stderr) and returns the final "exit" event.
-  // An "error" event, or a stream that ends without "exit", throws Error.
+  // An "error" event, or a stream that ends without "exit", throws Error;
+  // a connection that breaks mid-stream throws ConnectionLost.
   nlohmann::json exec(const std::string& id, const nlohmann::json& body,
                       const std::function<void(const nlohmann::json&)>& on_event) const;
 

@@ -10,7 +10,9 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
+#include <mutex>
 #include <thread>
 
 #include "cli/args.h"
@@ -181,6 +183,63 @@ TEST_F(ApiTest, ExecStreamsEventsAndExitCodes) {
   // Failing after the stream started: an error event.
   e = expect_error([&] { c.exec(id, exec_body({}, {"fail-late"}, std::nullopt), noop); });
   EXPECT_EQ(e.code(), Errc::guest_error);
+}
+
+// Output reaches the caller as it is produced, not when 64 KiB piled up or
+// the command ended: "a" arrives while the command still waits (it only goes
+// on to print "b" once the test kills it).
+TEST_F(ApiTest, ExecOutputArrivesWhileTheCommandRuns) {
+  Client c(socket_);
+  std::string id = c.call("POST", "/v1/sandboxes", json::object())["id"];
+  std::mutex mu;
+  std::condition_variable cv;
+  std::string exec_id, out;
+  std::thread runner([&] {
+    c.exec(id, exec_body({}, {"drip"}, std::nullopt), [&](const json& ev) {
+      std::lock_guard lock(mu);
+      if (ev["type"] == "start") exec_id = ev["exec_id"];
+      if (ev["type"] == "stdout") out += *daemon::base64_decode(ev["data"].get<std::string>());
+      cv.notify_all();
+    });
+  });
+  {
+    std::unique_lock lock(mu);
+    bool got_a = cv.wait_for(lock, std::chrono::seconds(5), [&] { return out == "a\n"; });
+    EXPECT_TRUE(got_a) << "first line not delivered while the command ran; got '" << out << "'";
+  }
+  std::string victim;
+  {
+    std::unique_lock lock(mu);
+    cv.wait_for(lock, std::chrono::seconds(5), [&] { return !exec_id.empty(); });
+    victim = exec_id;
+  }
+  ASSERT_FALSE(victim.empty());
+  c.call("DELETE", "/v1/sandboxes/" + id + "/exec/" + victim);  // lets it print "b" and end
+  runner.join();
+  EXPECT_EQ(out, "a\nb\n");
+}
+
+// A daemon that vanishes mid-stream: what arrived was delivered, then a
+// ConnectionLost (the CLI's distinct exit code), not a generic error.
+TEST_F(ApiTest, ConnectionLostMidStreamIsItsOwnError) {
+  Client c(socket_);
+  std::string id = c.call("POST", "/v1/sandboxes", json::object())["id"];
+  std::string out;
+  std::thread stopper;
+  try {
+    c.exec(id, exec_body({}, {"drip"}, std::nullopt), [&](const json& ev) {
+      if (ev["type"] != "stdout") return;
+      out += *daemon::base64_decode(ev["data"].get<std::string>());
+      if (!stopper.joinable())
+        stopper = std::thread([this] { server_->stop(); });  // shuts every connection down
+    });
+    ADD_FAILURE() << "exec returned though the daemon went away";
+  } catch (const ConnectionLost& e) {
+    EXPECT_NE(std::string(e.what()).find("lost the connection to airlockd"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(out, "a\n");
+  stopper.join();  // the hangup watch kills the drip exec, so run() returns
 }
 
 TEST_F(ApiTest, ClientHangupKillsExec) {

@@ -7,11 +7,16 @@
 //   exit N         exit code N          kill9          ends by signal 9
 //   slow N         timed out after N chunks    fail-late  error after start
 //   hang           runs until kill_exec
+//   drip           stdout "a\n", then (after kill_exec) "b\n" and exit 0
+//   tick MS N      N lines "tick\n", MS milliseconds apart
+//   flood N        N chunks of 64 KiB (stops when the client is gone)
+//   start-twice    calls on_start twice (a forged second `started`)
 //   connect IP PORT  a TCP flow decided by the sandbox's policy: records
 //                  net_flow (and net_flow_end with 10/20 bytes if allowed)
 #include <poll.h>
 
 #include <algorithm>
+#include <chrono>
 #include <condition_variable>
 #include <mutex>
 #include <set>
@@ -149,6 +154,25 @@ ExecResult Engine::exec(const std::string& id, const ExecRequest& req, const Exe
     }
     r.exit_code = d.allowed ? 0 : 1;
     return r;
+  } else if (cmd == "drip") {
+    out(1, "a\n");
+    {
+      std::unique_lock lock(impl_->mu);
+      impl_->cv.wait(lock, [&] { return impl_->killed.count(r.exec_id) > 0; });
+    }
+    out(1, "b\n");
+  } else if (cmd == "tick") {
+    for (int i = 0; i < std::stoi(argv.at(2)); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(std::stoi(argv.at(1))));
+      if (!out(1, "tick\n")) break;
+    }
+  } else if (cmd == "flood") {
+    std::string chunk(64 * 1024, 'x');
+    for (int i = 0; i < std::stoi(argv.at(1)); ++i)
+      if (!out(1, chunk)) break;
+  } else if (cmd == "start-twice") {
+    cb.on_start("ex-forged", 43);
+    out(1, "after\n");
   } else if (cmd == "hang") {
     std::unique_lock lock(impl_->mu);
     impl_->cv.wait(lock, [&] { return impl_->killed.count(r.exec_id) > 0; });

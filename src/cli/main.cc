@@ -7,11 +7,11 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
-#include <optional>
 #include <chrono>
 #include <cstdio>
 #include <iostream>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "cli/args.h"
@@ -275,6 +275,11 @@ int main_impl(int argc, char** argv) {
       ->check(CLI::IsMember({"none", "open"}));
   probe->add_flag("--json", popts.json, "print JSON");
   probe->add_flag("--quick", popts.quick, "fewer samples (time to a new instance over 3, not 10)");
+  probe
+      ->add_option("--only", popts.only,
+                   "run only these sections: task, reach, leftovers, time, hostile, after "
+                   "(repeatable; cleanup always runs)")
+      ->delimiter(',');
 
   auto* image = app.add_subcommand("image", "guest images");
   image->require_subcommand(1);
@@ -375,11 +380,11 @@ int main_impl(int argc, char** argv) {
       }
     }
     int code = 1;
-    std::optional<Error> failure;
+    std::exception_ptr failure;  // rethrown as is: ConnectionLost keeps its exit code
     try {
       code = run_exec(c, sid, eopts, argv_rest, interactive);
-    } catch (const Error& e) {
-      failure = e;
+    } catch (const Error&) {
+      failure = std::current_exception();
     }
     bool interrupted;
     {
@@ -390,10 +395,12 @@ int main_impl(int argc, char** argv) {
     try {
       c.call("DELETE", "/v1/sandboxes/" + sid);
     } catch (const Error& e) {
-      if (e.code() != Errc::not_found) throw;  // already gone after Ctrl-C
+      // Already gone after Ctrl-C; and a failed exec's own error (e.g. the
+      // daemon died) says more than the failed clean-up after it.
+      if (e.code() != Errc::not_found && !failure) throw;
     }
     if (interrupted) return 130;
-    if (failure) throw *failure;
+    if (failure) std::rethrow_exception(failure);
     return code;
   }
   if (cp->parsed()) {
@@ -601,6 +608,9 @@ int main(int argc, char** argv) {
   } catch (const airlock::cli::UsageError& e) {
     std::fprintf(stderr, "airlock: %s\n", e.what());
     return 2;
+  } catch (const airlock::cli::ConnectionLost& e) {
+    std::fprintf(stderr, "airlock: %s\n", e.what());
+    return airlock::cli::kExitConnectionLost;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "airlock: %s\n", e.what());
     return 1;

@@ -69,6 +69,48 @@ json ProbeReport::to_json(const json& context) const {
   return j;
 }
 
+std::vector<OutsideResult> parse_outside_lines(const std::string& out) {
+  std::vector<OutsideResult> r;
+  std::istringstream in(out);
+  std::string line;
+  while (std::getline(in, line)) {
+    std::istringstream ls(line);
+    OutsideResult x;
+    std::string extra;
+    if (!(ls >> x.what >> x.host >> x.status) || (ls >> extra)) continue;
+    if (x.what != "apt" && x.what != "pip") continue;
+    if (x.status != "ok" && x.status != "unresolved" && x.status != "unreachable" &&
+        x.status != "no-source")
+      continue;
+    r.push_back(std::move(x));
+  }
+  return r;
+}
+
+std::string outside_missing(const std::vector<OutsideResult>& results, const std::string& what) {
+  const std::string source = what == "apt" ? "the image's apt source" : "pip's configured index";
+  for (const auto& x : results) {
+    if (x.what != what) continue;
+    if (x.status == "ok") return "";
+    if (x.status == "no-source")
+      return what == "apt" ? "the image has no apt source" : "pip has no configured index";
+    return "no outside network: " + source + " " + x.host +
+           (x.status == "unresolved" ? " does not resolve" : " does not accept a connection") +
+           " (5 s)";
+  }
+  return "the outside-network check for " + what + " did not report";
+}
+
+std::string no_outside_network(const std::vector<OutsideResult>& results) {
+  std::string why;
+  for (const auto& x : results) {
+    if (x.status == "ok") return "";
+    if (why.empty() && (x.status == "unresolved" || x.status == "unreachable"))
+      why = outside_missing(results, x.what);
+  }
+  return why;
+}
+
 namespace {
 
 // Display width of UTF-8 text: code points, not bytes (observed text may

@@ -97,6 +97,23 @@ struct ReachResult {
 // ignored (the guest may print noise).
 std::vector<ReachResult> parse_reach_lines(const std::string& out);
 
+// One line of the outside-network check's output: "<what> <host> <status>",
+// what = apt | pip (whose configured source was tried), status = ok |
+// unresolved | unreachable | no-source.
+struct OutsideResult {
+  std::string what;
+  std::string host;
+  std::string status;
+};
+std::vector<OutsideResult> parse_outside_lines(const std::string& out);
+// Why the task for `what` cannot reach its source, for a SKIP ("" if it
+// can): "no outside network: the image's apt source deb.example.org does
+// not resolve". A missing line (the check did not run) is a reason too.
+std::string outside_missing(const std::vector<OutsideResult>& results, const std::string& what);
+// The host has no outside network: some source was tried and did not
+// resolve or connect, and none answered. The first failure's reason, else "".
+std::string no_outside_network(const std::vector<OutsideResult>& results);
+
 // The host's own addresses (getifaddrs): IPv4 and global IPv6, no loopback,
 // no link-local. These must be unreachable from a guest.
 std::vector<std::string> host_addresses();
@@ -106,7 +123,14 @@ struct ProbeOptions {
   std::string network = "none";  // none | open
   bool json = false;
   bool quick = false;  // fewer samples (time to instance over 3, not 10)
+  // Run only these sections (names as in kProbeSections); empty = all.
+  // Cleanup (7) always runs.
+  std::vector<std::string> only;
 };
+
+// The sections `--only` accepts, in the order they run.
+inline const std::vector<std::string> kProbeSections = {"task", "reach",   "leftovers",
+                                                        "time", "hostile", "after"};
 
 // Runs the battery against the daemon behind `client` (started already),
 // prints the table (or JSON) to stdout and progress to stderr, destroys every

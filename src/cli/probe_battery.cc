@@ -8,6 +8,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
@@ -178,20 +179,22 @@ class Battery {
                {"data_dir", data_dir_.string()},
                {"host_addresses", host_addresses()}};
     // Kept idle throughout; must still answer at the end (section 6).
-    idle_ = create({}, "idle");
-    task();
-    reach();
-    leftovers("guest kernel panic", [&](const std::string& id, int) {
-      exec(id, {{"cmd", "echo c > /proc/sysrq-trigger"}, {"timeout", 10}});
-    });
-    leftovers("QEMU killed (SIGKILL)", [&](const std::string&, int pid) {
-      if (pid <= 0 || ::kill(pid, SIGKILL) != 0)
-        throw Error(Errc::internal,
-                    "cannot SIGKILL QEMU pid " + std::to_string(pid) + ": " + std::strerror(errno));
-    });
-    time_to_instance();
-    hostile();
-    after_all();
+    if (want("after") || want("hostile")) idle_ = create({}, "idle");
+    if (want("task")) task();
+    if (want("reach")) reach();
+    if (want("leftovers")) {
+      leftovers("guest kernel panic", [&](const std::string& id, int) {
+        exec(id, {{"cmd", "echo c > /proc/sysrq-trigger"}, {"timeout", 10}});
+      });
+      leftovers("QEMU killed (SIGKILL)", [&](const std::string&, int pid) {
+        if (pid <= 0 || ::kill(pid, SIGKILL) != 0)
+          throw Error(Errc::internal, "cannot SIGKILL QEMU pid " + std::to_string(pid) + ": " +
+                                          std::strerror(errno));
+      });
+    }
+    if (want("time")) time_to_instance();
+    if (want("hostile")) hostile();
+    if (want("after")) after_all();
   }
 
   // Destroys every sandbox still tracked (also after an interrupt).
@@ -212,6 +215,9 @@ class Battery {
  private:
   void step() {
     if (t_.interrupted()) throw Interrupted{};
+  }
+  bool want(const std::string& section) const {
+    return o_.only.empty() || std::find(o_.only.begin(), o_.only.end(), section) != o_.only.end();
   }
 
   void add(ProbeCheck ch) {
@@ -286,6 +292,9 @@ class Battery {
     const std::string S = "1 task";
     std::string id = create({}, "task");
     bool none = o_.network == "none";
+    // Whether the package sources answer (decides SKIPs under --network open).
+    std::vector<OutsideResult> outside;
+    if (!none) outside = outside_network(id);
     Run apt = sh(id, "command -v apt-get");
     if (!apt.succeeded()) {
       add({S, "install a package", "", "no package manager in image", ProbeStatus::skip});
@@ -295,13 +304,19 @@ class Battery {
                  r.ok && r.code() != 0 && r.ms < 30000, r.summary() + ": " + one_line(r.out, 120),
                  r.ms);
     } else {
-      Run r = sh(id,
-                 "export DEBIAN_FRONTEND=noninteractive; apt-get update -q 2>&1 && "
-                 "apt-get install -y -q cowsay 2>&1 && test -x /usr/games/cowsay",
-                 900);
-      add_expect(S, "install a package (apt-get)", "works", r.succeeded(),
-                 r.summary() + ": " + one_line(r.out, 120), r.ms);
+      std::string why = outside_missing(outside, "apt");
+      if (!why.empty()) {
+        add({S, "install a package (apt-get)", "works", why, ProbeStatus::skip});
+      } else {
+        Run r = sh(id,
+                   "export DEBIAN_FRONTEND=noninteractive; apt-get update -q 2>&1 && "
+                   "apt-get install -y -q cowsay 2>&1 && test -x /usr/games/cowsay",
+                   900);
+        add_expect(S, "install a package (apt-get)", "works", r.succeeded(),
+                   r.summary() + ": " + one_line(r.out, 120), r.ms);
+      }
     }
+    if (!none) pip_task(id, outside);
     // example.com: a name reserved for documentation, resolvable everywhere.
     // curl (debian), else an HTTP GET over busybox nc (busybox-static's
     // wget crashes resolving a name without /etc/resolv.conf), else wget.
@@ -316,6 +331,10 @@ class Battery {
       add_expect(S, "fetch a URL by name", "fails cleanly and fast (< 5 s)",
                  f.ok && f.code() > 0 && f.code() < 126 && f.ms < 5000,
                  f.summary() + ": " + one_line(f.out, 120), f.ms);
+    else if (!f.succeeded() && !no_outside_network(outside).empty())
+      // No package source answers either: the host has no outside network.
+      add({S, "fetch a URL by name", "works (needs internet on the host)",
+           f.summary() + "; " + no_outside_network(outside), ProbeStatus::skip, f.ms});
     else
       add_expect(S, "fetch a URL by name", "works (needs internet on the host)", f.succeeded(),
                  f.summary() + ": " + one_line(f.out, 120), f.ms);
@@ -345,6 +364,51 @@ class Battery {
     reach_from(id, o_.network);
     guest_view(id);
     destroy(id);
+  }
+
+  // Whether the image's package sources answer from inside sandbox `id`:
+  // the apt source the image is configured with (`apt-get --print-uris`)
+  // and pip's configured index (its config, else pip's own default), each
+  // resolved and connected to with a 5 s bound. No host name is named here:
+  // whatever the image and pip are set up with is what the tasks would use.
+  std::vector<OutsideResult> outside_network(const std::string& id) {
+    static const char* kScript = R"SH(reach() {
+  hp=$(printf '%s' "$2" | sed -n 's#^[a-z+]*://\([^/@]*@\)\{0,1\}\([^/]*\).*#\2#p')
+  case "$2" in https*) dp=443 ;; *) dp=80 ;; esac
+  host=${hp%:*}; port=${hp##*:}; [ "$host" = "$hp" ] && port=$dp
+  [ -n "$host" ] || { echo "$1 - no-source"; return; }
+  if ! timeout 5 getent hosts "$host" >/dev/null 2>&1; then echo "$1 $host unresolved"
+  elif timeout 5 bash -c "exec 3<>/dev/tcp/$host/$port" 2>/dev/null; then echo "$1 $host ok"
+  else echo "$1 $host unreachable"; fi
+}
+reach apt "$(apt-get update --print-uris 2>/dev/null | sed -n "s/^'\([^']*\)'.*/\1/p" | head -n 1)"
+reach pip "$(python3 -m pip config get global.index-url 2>/dev/null ||
+  python3 -c 'from pip._internal.models.index import PyPI; print(PyPI.simple_url)' 2>/dev/null)"
+)SH";
+    return parse_outside_lines(sh(id, kScript, 60).out);
+  }
+
+  // Section 1 (part): `pip install` of a package from pip's configured
+  // index into a target directory (the image's Python is externally
+  // managed: nothing of the system's is replaced), then imported.
+  void pip_task(const std::string& id, const std::vector<OutsideResult>& outside) {
+    const std::string S = "1 task";
+    Run pip = sh(id, "python3 -m pip --version");
+    if (!pip.succeeded()) {
+      add({S, "install a Python package (pip)", "", "no pip in image", ProbeStatus::skip});
+      return;
+    }
+    std::string why = outside_missing(outside, "pip");
+    if (!why.empty()) {
+      add({S, "install a Python package (pip)", "works", why, ProbeStatus::skip});
+      return;
+    }
+    Run r = sh(id,
+               "python3 -m pip install -q --no-cache-dir --target /root/probe-pip cowsay 2>&1 && "
+               "PYTHONPATH=/root/probe-pip python3 -c 'import cowsay' 2>&1",
+               900);
+    add_expect(S, "install a Python package (pip)", "works", r.succeeded(),
+               r.summary() + ": " + one_line(r.out, 120), r.ms);
   }
 
   // Section 2 (part): TCP connects from sandbox `id` to addresses that
@@ -699,6 +763,12 @@ int run_probe(const Client& client, const ProbeOptions& opts, const DaemonPaths&
   if (opts.network != "none" && opts.network != "open")
     throw Error(Errc::invalid_argument, "--network must be none or open, not " + opts.network,
                 "network");
+  for (const auto& section : opts.only)
+    if (std::find(kProbeSections.begin(), kProbeSections.end(), section) == kProbeSections.end())
+      throw Error(
+          Errc::invalid_argument,
+          "--only: unknown section " + section + " (task, reach, leftovers, time, hostile, after)",
+          "only");
   static SandboxTracker tracker;
   // Ctrl-C / SIGTERM: a thread destroys the probe's sandboxes (ending any
   // call in flight) and flags the battery, which stops at its next step

@@ -141,5 +141,60 @@ TEST(HostAddresses, NoLoopbackNoDuplicates) {
   }
 }
 
+TEST(OutsideNetwork, ParsesKnownLinesIgnoringNoise) {
+  auto r = parse_outside_lines(
+      "apt deb.example.org ok\nwarning: something\npip idx.example.org unresolved\n"
+      "apt x ok extra\nnpm y ok\napt z maybe\n");
+  ASSERT_EQ(r.size(), 2u);
+  EXPECT_EQ(r[0].what, "apt");
+  EXPECT_EQ(r[0].host, "deb.example.org");
+  EXPECT_EQ(r[0].status, "ok");
+  EXPECT_EQ(r[1].status, "unresolved");
+}
+
+TEST(OutsideNetwork, ReachableSourceMeansNoSkip) {
+  auto r = parse_outside_lines("apt deb.example.org ok\npip idx.example.org ok\n");
+  EXPECT_EQ(outside_missing(r, "apt"), "");
+  EXPECT_EQ(outside_missing(r, "pip"), "");
+}
+
+TEST(OutsideNetwork, EveryFailureIsASkipReasonNamingTheSource) {
+  auto r = parse_outside_lines("apt deb.example.org unresolved\npip idx.example.org unreachable\n");
+  EXPECT_EQ(outside_missing(r, "apt"),
+            "no outside network: the image's apt source deb.example.org does not resolve (5 s)");
+  EXPECT_EQ(outside_missing(r, "pip"),
+            "no outside network: pip's configured index idx.example.org does not accept a "
+            "connection (5 s)");
+  r = parse_outside_lines("apt - no-source\npip - no-source\n");
+  EXPECT_EQ(outside_missing(r, "apt"), "the image has no apt source");
+  EXPECT_EQ(outside_missing(r, "pip"), "pip has no configured index");
+  // The check's output lost (exec failed): still a reason, never a silent pass.
+  EXPECT_EQ(outside_missing({}, "pip"), "the outside-network check for pip did not report");
+}
+
+TEST(OutsideNetwork, NoOutsideNetworkOnlyWhenATriedSourceFailedAndNoneAnswered) {
+  EXPECT_EQ(no_outside_network(parse_outside_lines("apt a.example.org unreachable\n"
+                                                   "pip b.example.org unresolved\n")),
+            "no outside network: the image's apt source a.example.org does not accept a "
+            "connection (5 s)");
+  // One source answers: the host has outside network.
+  EXPECT_EQ(no_outside_network(parse_outside_lines("apt a.example.org unresolved\n"
+                                                   "pip b.example.org ok\n")),
+            "");
+  // Nothing configured (e.g. busybox image) says nothing about the network.
+  EXPECT_EQ(no_outside_network(parse_outside_lines("apt - no-source\npip - no-source\n")), "");
+  EXPECT_EQ(no_outside_network({}), "");
+}
+
+TEST(OutsideNetwork, ASkipWithTheReasonKeepsTheReportPassing) {
+  ProbeReport rep;
+  rep.expect("1 task", "write", "works", true, "ok");
+  rep.add({"1 task", "install a package (apt-get)", "works",
+           outside_missing(parse_outside_lines("apt deb.example.org unresolved\n"), "apt"),
+           ProbeStatus::skip});
+  EXPECT_TRUE(rep.passed());
+  EXPECT_EQ(rep.checks()[1].status, ProbeStatus::skip);
+}
+
 }  // namespace
 }  // namespace airlock::cli

@@ -1,6 +1,9 @@
 #include "common/process.h"
 
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <sys/wait.h>
 
 #include <cerrno>
@@ -9,11 +12,37 @@
 
 namespace airlock {
 
+int open_regular_nofollow(const std::filesystem::path& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+  if (fd < 0) return -1;
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    errno = EINVAL;
+    return -1;
+  }
+  return fd;
+}
+
+int create_file_nofollow(const std::filesystem::path& path, mode_t mode, int extra_flags) {
+  if (::unlink(path.c_str()) != 0 && errno != ENOENT) return -1;
+  return ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC | extra_flags,
+                mode);
+}
+
 std::string read_file_capped(const std::filesystem::path& path, size_t cap) {
-  std::ifstream in(path, std::ios::binary);
+  int fd = open_regular_nofollow(path);
+  if (fd < 0) return {};
   std::string s(cap, '\0');
-  in.read(s.data(), static_cast<std::streamsize>(cap));
-  s.resize(static_cast<size_t>(in.gcount()));
+  size_t got = 0;
+  while (got < cap) {
+    ssize_t n = ::read(fd, s.data() + got, cap - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    got += static_cast<size_t>(n);
+  }
+  ::close(fd);
+  s.resize(got);
   return s;
 }
 

@@ -16,8 +16,21 @@
 
 namespace airlock {
 
-// Up to `cap` bytes of a file; "" if it cannot be read.
+// Up to `cap` bytes of a file; "" if it cannot be read. Never follows a
+// symlink at the last component and reads only regular files (no FIFO can
+// block it): run directories are writable by the jail, which may plant a
+// link to a host file or a FIFO under any name there.
 std::string read_file_capped(const std::filesystem::path& path, size_t cap);
+
+// Opens `path` for reading like read_file_capped does (O_NOFOLLOW, regular
+// files only, no blocking open); -1 with errno otherwise (ELOOP for a link,
+// EINVAL for anything but a regular file).
+int open_regular_nofollow(const std::filesystem::path& path);
+
+// Creates `path` afresh for writing (O_WRONLY, plus `extra_flags` such as
+// O_APPEND), replacing whatever had that name without following it:
+// unlink, then O_CREAT|O_EXCL|O_NOFOLLOW. -1 with errno on failure.
+int create_file_nofollow(const std::filesystem::path& path, mode_t mode, int extra_flags = 0);
 
 // State letter from /proc/<pid>/stat ('R', 'S', 'Z' zombie, ...); 0 if gone.
 char proc_state(pid_t pid);

@@ -14,7 +14,7 @@ nlohmann::json error_body(std::string_view code, std::string_view message, std::
   return {{"error", e}};
 }
 
-Exchange::Exchange(Socket& socket, beast::flat_buffer& buffer, RequestParser& parser)
+Exchange::Exchange(WatchedSocket& socket, beast::flat_buffer& buffer, RequestParser& parser)
     : socket_(socket), buffer_(buffer), parser_(parser) {
   method_ = std::string(parser_.get().method_string());
   auto t = parser_.get().target();
@@ -53,6 +53,8 @@ std::optional<std::string> Exchange::read_chunk(size_t max) {
     }
     if (ec) {
       close_ = true;
+      if (socket_.activity().timed_out)
+        throw Error(Errc::timeout, "the request body stalled past the idle timeout", "body");
       throw Error(Errc::invalid_argument, "reading the request body failed: " + ec.message(),
                   "body");
     }
@@ -130,6 +132,7 @@ void Exchange::send_error(int status, std::string_view code, std::string_view me
 
 void Exchange::begin_stream(std::string_view content_type) {
   std::lock_guard lock(write_mu_);
+  if (streaming_) return;  // one response head per exchange, whoever asks twice
   status_ = 200;
   streaming_ = true;
   http::response<http::empty_body> res{http::status::ok, 11};
@@ -166,7 +169,7 @@ void Exchange::abort_stream() {
   std::lock_guard lock(write_mu_);
   close_ = true;
   beast::error_code ec;
-  socket_.shutdown(Socket::shutdown_both, ec);
+  socket_.socket().shutdown(Socket::shutdown_both, ec);
 }
 
 }  // namespace airlock::daemon

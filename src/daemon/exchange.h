@@ -14,16 +14,16 @@
 #include <string_view>
 
 #include "common/error.h"
+#include "daemon/connection.h"
 
 namespace airlock::daemon {
 
 namespace http = boost::beast::http;
-using Socket = boost::asio::local::stream_protocol::socket;
 using RequestParser = http::request_parser<http::buffer_body>;
 
 class Exchange {
  public:
-  Exchange(Socket& socket, boost::beast::flat_buffer& buffer, RequestParser& parser);
+  Exchange(WatchedSocket& socket, boost::beast::flat_buffer& buffer, RequestParser& parser);
 
   const http::request<http::buffer_body>& request() const { return parser_.get(); }
   std::string_view method() const { return method_; }
@@ -62,14 +62,14 @@ class Exchange {
   bool keep_alive() const;
   int status() const { return status_; }
   bool responded() const { return status_ != 0; }
-  int native_handle() { return socket_.native_handle(); }
+  int native_handle() { return socket_.socket().native_handle(); }
 
  private:
   void continue_100();
   template <class Response>
   void write(Response& res);
 
-  Socket& socket_;
+  WatchedSocket& socket_;
   boost::beast::flat_buffer& buffer_;
   RequestParser& parser_;
   std::string method_, path_, query_;

@@ -66,7 +66,8 @@ class HangupWatch {
   std::thread thread_;
 };
 
-void handle_exec(engine::Engine& engine, Exchange& ex, const std::string& id) {
+void handle_exec(engine::Engine& engine, Exchange& ex, const std::string& id,
+                 ServerCounters& counters) {
   engine::ExecRequest req = parse_exec(ex.read_body(kMaxJsonBody));
   if (req.background) {
     // Nothing to stream: the exec runs on in the guest (GET .../exec lists it).
@@ -76,8 +77,18 @@ void handle_exec(engine::Engine& engine, Exchange& ex, const std::string& id) {
   std::unique_ptr<HangupWatch> watch;
   auto line = [&](const json& j) { return ex.write_chunk(j.dump() + "\n"); };
   engine::ExecCallbacks cb;
+  std::string started;  // exec id of the first start
   cb.on_start = [&](const std::string& exec_id, int pid) {
-    ex.begin_stream("application/x-ndjson");
+    // A forged or repeated `started` from the guest must not write a second
+    // response head into the stream (nor start a second hangup watch).
+    if (!started.empty()) {
+      counters.duplicate_exec_starts++;
+      spdlog::warn("exec {} in {}: ignoring a repeated start (exec id {}, pid {})", started, id,
+                   exec_id, pid);
+      return;
+    }
+    started = exec_id.empty() ? "?" : exec_id;
+    if (!ex.streaming()) ex.begin_stream("application/x-ndjson");
     line({{"type", "start"}, {"exec_id", exec_id}, {"pid", pid}});
     watch = std::make_unique<HangupWatch>(engine, id, exec_id, ex.native_handle());
   };
@@ -187,7 +198,7 @@ void handle_get_file(engine::Engine& engine, Exchange& ex, const std::string& id
   ex.end_stream();
 }
 
-void dispatch(engine::Engine& engine, Exchange& ex) {
+void dispatch(engine::Engine& engine, Exchange& ex, ServerCounters& counters) {
   RouteMatch m = match_route(ex.method(), ex.path());
   if (m.status == RouteStatus::not_found) {
     ex.send_error(404, "not_found",
@@ -211,7 +222,8 @@ void dispatch(engine::Engine& engine, Exchange& ex) {
       check_query_keys(q, {});
       expect_no_body(ex);
       json j = engine.info();
-      j["daemon"] = {{"version", AIRLOCK_VERSION}, {"pid", ::getpid()}};
+      j["daemon"] = {
+          {"version", AIRLOCK_VERSION}, {"pid", ::getpid()}, {"connections", counters.to_json()}};
       ex.send_json(200, j);
       return;
     }
@@ -255,7 +267,7 @@ void dispatch(engine::Engine& engine, Exchange& ex) {
       return;
     case Route::exec:
       check_query_keys(q, {});
-      handle_exec(engine, ex, id);
+      handle_exec(engine, ex, id, counters);
       return;
     case Route::list_execs: {
       check_query_keys(q, {});
@@ -408,9 +420,9 @@ void dispatch(engine::Engine& engine, Exchange& ex) {
 
 }  // namespace
 
-void handle(engine::Engine& engine, Exchange& ex) {
+void handle(engine::Engine& engine, Exchange& ex, ServerCounters& counters) {
   try {
-    dispatch(engine, ex);
+    dispatch(engine, ex, counters);
   } catch (const Error& e) {
     if (ex.streaming()) return;  // the stream already reported or aborted
     ex.send_error(e);

@@ -8,6 +8,6 @@ namespace airlock::daemon {
 
 // Answers one request. Never throws for anything a client can cause:
 // airlock::Error becomes its HTTP status, other exceptions 500.
-void handle(engine::Engine& engine, Exchange& ex);
+void handle(engine::Engine& engine, Exchange& ex, ServerCounters& counters);
 
 }  // namespace airlock::daemon

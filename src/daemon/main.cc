@@ -42,11 +42,24 @@ int main(int argc, char** argv) {
                  "TCG translation cache per QEMU in MiB, counted in its memory limit (0: QEMU's "
                  "1 GiB default)")
       ->check(CLI::Range(0, 4096));
+  daemon::ServerLimits limits;
+  app.add_option("--max-connections", limits.max_connections,
+                 "client connections served at once; more are answered 503 (default 256)")
+      ->check(CLI::Range(1, 65536));
+  double idle_timeout_s = 60;
+  app.add_option("--idle-timeout", idle_timeout_s,
+                 "seconds a connection may send nothing (between or mid-request) or read "
+                 "nothing of a stream before it is closed; a silent exec is not idle (default 60)")
+      ->check(CLI::Range(0.05, 86400.0));
   int journal_max_mb = 64;
   app.add_option("--journal-max-mb", journal_max_mb,
                  "audit journal cap per sandbox in MiB: past it guest-driven records are "
                  "dropped and counted, lifecycle records kept (0: no cap)")
       ->check(CLI::Range(0, 1 << 20));
+  std::string jail_ids;
+  app.add_option("--jail-ids", jail_ids,
+                 "BASE:COUNT: uids/gids for QEMU jails, checked against /etc/subuid, /etc/subgid, "
+                 "passwd and group (default 2100000000:65536)");
   app.set_version_flag("--version", AIRLOCK_VERSION);
   CLI11_PARSE(app, argc, argv);
 
@@ -59,7 +72,8 @@ int main(int argc, char** argv) {
     std::filesystem::create_directories(data);
     std::filesystem::path sock =
         socket.empty() ? daemon::default_socket(data) : std::filesystem::path(socket);
-    daemon::Server server(std::filesystem::absolute(sock));
+    limits.idle_timeout = std::chrono::milliseconds(static_cast<int64_t>(idle_timeout_s * 1000));
+    daemon::Server server(std::filesystem::absolute(sock), limits);
     server.bind();  // before the engine: a second daemon must not touch the data dir
 
     engine::Config config;
@@ -70,6 +84,19 @@ int main(int argc, char** argv) {
     config.accel = accel == "auto" ? "" : accel;
     config.templates = !no_templates;
     config.tcg_tb_size_mb = tcg_tb_size_mb;
+    if (!jail_ids.empty()) {
+      auto colon = jail_ids.find(':');
+      try {
+        if (colon == std::string::npos) throw std::invalid_argument("no ':'");
+        unsigned long base = std::stoul(jail_ids.substr(0, colon));
+        unsigned long count = std::stoul(jail_ids.substr(colon + 1));
+        if (base > UINT32_MAX || count > UINT32_MAX) throw std::out_of_range("past 2^32");
+        config.jail_ids = {static_cast<uint32_t>(base), static_cast<uint32_t>(count)};
+      } catch (const std::exception&) {
+        throw Error(Errc::invalid_argument, "--jail-ids must be BASE:COUNT, got " + jail_ids,
+                    "jail_ids");
+      }
+    }
     config.journal_max_bytes = static_cast<uint64_t>(journal_max_mb) << 20;
     // The lifecycle reserve: 1 MiB, or a quarter of a smaller cap.
     config.journal_reserve_bytes = std::min<uint64_t>(1u << 20, config.journal_max_bytes / 4);

@@ -9,11 +9,15 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/local/stream_protocol.hpp>
 #include <boost/asio/signal_set.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <chrono>
 #include <cstring>
+#include <functional>
+#include <map>
 #include <thread>
 
 #include "common/error.h"
@@ -32,16 +36,22 @@ struct Server::Impl {
   int lock_fd = -1;
   net::io_context io;
   std::unique_ptr<stream::acceptor> acceptor;
+  std::unique_ptr<net::steady_timer> watchdog;
   engine::Engine* engine = nullptr;
+  ServerCounters counters;
 
   std::mutex mu;
   std::condition_variable cv;
-  std::set<int> open_fds;  // connections to shut down at exit
+  // Open connections by fd: shut down at exit or when idle too long.
+  std::map<int, std::shared_ptr<Activity>> conns;
   int threads = 0;
+  int refusing = 0;  // refused connections still being answered (io thread only)
   bool stopping = false;
 
   void accept_next();
-  void serve(stream::socket sock);
+  void refuse(stream::socket sock);
+  void watch_idle();
+  void serve(stream::socket sock, std::shared_ptr<Activity> activity);
 };
 
 namespace {
@@ -60,9 +70,13 @@ bool answers(const std::filesystem::path& path) {
 
 }  // namespace
 
-Server::Server(std::filesystem::path socket_path) : impl_(std::make_unique<Impl>()) {
+Server::Server(std::filesystem::path socket_path, ServerLimits limits)
+    : impl_(std::make_unique<Impl>()) {
   impl_->socket_path = std::move(socket_path);
+  impl_->counters.limits = limits;
 }
+
+nlohmann::json Server::counters() const { return impl_->counters.to_json(); }
 
 Server::~Server() {
   if (impl_->lock_fd >= 0) ::close(impl_->lock_fd);
@@ -114,28 +128,125 @@ void Server::Impl::accept_next() {
       if (ec != net::error::operation_aborted) spdlog::warn("accept: {}", ec.message());
       if (!acceptor->is_open()) return;
     } else {
-      std::lock_guard lock(mu);
+      std::unique_lock lock(mu);
       if (stopping) return;
-      ++threads;
-      open_fds.insert(sock.native_handle());
-      std::thread([this, s = std::move(sock)]() mutable { serve(std::move(s)); }).detach();
+      if (threads >= counters.limits.max_connections) {
+        lock.unlock();
+        refuse(std::move(sock));
+      } else {
+        ++threads;
+        counters.open = threads;
+        auto activity = std::make_shared<Activity>();
+        conns[sock.native_handle()] = activity;
+        std::thread([this, s = std::move(sock), activity]() mutable {
+          serve(std::move(s), std::move(activity));
+        }).detach();
+      }
     }
     accept_next();
   });
 }
 
-void Server::Impl::serve(stream::socket sock) {
+// Over the connection cap: answer 503 at once (no thread), then give the
+// client a moment to send its request and read the answer before closing,
+// so it sees the error rather than a reset. All on the io thread; at most
+// 64 such sockets linger at a time, the rest are closed at once.
+void Server::Impl::refuse(stream::socket sock) {
+  ++counters.refused;
+  spdlog::warn("refusing a connection: {} open (--max-connections {})", counters.open.load(),
+               counters.limits.max_connections);
+  const std::string answer = [this] {
+    std::string body =
+        error_body("unavailable", "airlockd is serving its maximum of " +
+                                      std::to_string(counters.limits.max_connections) +
+                                      " connections (--max-connections); try again later")
+            .dump() +
+        "\n";
+    return "HTTP/1.1 503 Service Unavailable\r\nServer: airlockd/" AIRLOCK_VERSION
+           "\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: " +
+           std::to_string(body.size()) + "\r\n\r\n" + body;
+  }();
+  // A fresh unix socket's buffer takes a few hundred bytes without blocking.
+  ::send(sock.native_handle(), answer.data(), answer.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+  beast::error_code ignored;
+  sock.shutdown(stream::socket::shutdown_send, ignored);
+  if (refusing >= 64) return;  // closed by the destructor
+  ++refusing;
+  struct Lingering {
+    stream::socket sock;
+    net::steady_timer timer;
+    char buf[4096];
+  };
+  auto l = std::make_shared<Lingering>(Lingering{std::move(sock), net::steady_timer(io), {}});
+  l->timer.expires_after(std::chrono::seconds(2));
+  l->timer.async_wait([l](beast::error_code) {
+    beast::error_code e;
+    l->sock.close(e);
+  });
+  auto drain = std::make_shared<std::function<void()>>();
+  *drain = [this, l, drain] {
+    l->sock.async_read_some(net::buffer(l->buf), [this, l, drain](beast::error_code ec, size_t) {
+      if (!ec) return (*drain)();
+      l->timer.cancel();
+      --refusing;
+      *drain = nullptr;  // breaks the self-reference
+    });
+  };
+  (*drain)();
+}
+
+// Every quarter of the idle timeout (at most 1 s), cut the connections whose
+// pending read or write has made no progress for the whole timeout. A read
+// gets SHUT_RD (the thread can still answer 408), a write SHUT_RDWR.
+void Server::Impl::watch_idle() {
+  auto idle = counters.limits.idle_timeout;
+  auto period =
+      std::clamp(idle / 4, std::chrono::milliseconds(20), std::chrono::milliseconds(1000));
+  watchdog->expires_after(period);
+  watchdog->async_wait([this, idle](beast::error_code ec) {
+    if (ec) return;
+    int64_t now = steady_ms();
+    {
+      std::lock_guard lock(mu);
+      for (auto& [fd, a] : conns) {
+        int64_t since = a->op_since_ms;
+        if (since == 0 || a->timed_out || now - since < idle.count()) continue;
+        a->timed_out = true;
+        ++counters.idle_closed;
+        bool reading = a->reading;
+        spdlog::info("closing connection {}: no {} for {} ms (--idle-timeout)", fd,
+                     reading ? "request data" : "reader progress", now - since);
+        ::shutdown(fd, reading ? SHUT_RD : SHUT_RDWR);
+      }
+    }
+    watch_idle();
+  });
+}
+
+void Server::Impl::serve(stream::socket sock, std::shared_ptr<Activity> activity) {
   int fd = sock.native_handle();
+  WatchedSocket wsock(sock, *activity);
   beast::flat_buffer buffer;
   while (true) {
     RequestParser parser;
     parser.header_limit(64 * 1024);
     parser.body_limit(kMaxUploadBody);
     beast::error_code ec;
-    http::read_header(sock, buffer, parser, ec);
+    http::read_header(wsock, buffer, parser, ec);
     if (ec) {
-      if (ec != http::error::end_of_stream && ec != net::error::eof &&
-          ec != net::error::connection_reset && ec != net::error::bad_descriptor) {
+      bool quiet = ec == http::error::end_of_stream || ec == net::error::eof ||
+                   ec == net::error::connection_reset || ec == net::error::bad_descriptor;
+      if (activity->timed_out && !quiet) {
+        // Stopped mid-request: say why before hanging up.
+        http::response<http::string_body> res{http::status::request_timeout, 11};
+        res.set(http::field::content_type, "application/json");
+        res.body() =
+            error_body("timeout", "the request stalled past the idle timeout").dump() + "\n";
+        res.keep_alive(false);
+        res.prepare_payload();
+        beast::error_code ignored;
+        http::write(wsock, res, ignored);
+      } else if (!quiet) {
         // Malformed request head: answer once, then hang up (we cannot find
         // the start of the next request).
         http::response<http::string_body> res{http::status::bad_request, 11};
@@ -145,26 +256,27 @@ void Server::Impl::serve(stream::socket sock) {
         res.keep_alive(false);
         res.prepare_payload();
         beast::error_code ignored;
-        http::write(sock, res, ignored);
+        http::write(wsock, res, ignored);
       }
       break;
     }
     auto start = std::chrono::steady_clock::now();
-    Exchange ex(sock, buffer, parser);
-    handle(*engine, ex);
+    Exchange ex(wsock, buffer, parser);
+    handle(*engine, ex, counters);
     auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
                   std::chrono::steady_clock::now() - start)
                   .count();
     spdlog::info("{} {} {} {}ms", ex.method(), std::string(parser.get().target()), ex.status(), ms);
-    if (!ex.keep_alive()) break;
+    if (!ex.keep_alive() || activity->timed_out) break;
   }
   beast::error_code ignored;
   sock.shutdown(stream::socket::shutdown_both, ignored);
   {
     std::lock_guard lock(mu);
-    open_fds.erase(fd);
+    conns.erase(fd);
     sock.close(ignored);
     --threads;
+    counters.open = threads;
   }
   cv.notify_all();
 }
@@ -179,6 +291,8 @@ bool Server::run(engine::Engine& engine) {
     stop();
   });
   s.accept_next();
+  s.watchdog = std::make_unique<net::steady_timer>(s.io);
+  s.watch_idle();
   spdlog::info("airlockd {} listening on {}", AIRLOCK_VERSION, s.socket_path.string());
   s.io.run();
 
@@ -186,7 +300,7 @@ bool Server::run(engine::Engine& engine) {
   // running execs see their client gone and are killed.
   std::unique_lock lock(s.mu);
   s.stopping = true;
-  for (int fd : s.open_fds) ::shutdown(fd, SHUT_RDWR);
+  for (auto& [fd, a] : s.conns) ::shutdown(fd, SHUT_RDWR);
   bool done = s.cv.wait_for(lock, std::chrono::seconds(10), [&] { return s.threads == 0; });
   if (!done) spdlog::warn("{} connection(s) still inside the engine at exit", s.threads);
   return done;
@@ -201,6 +315,7 @@ void Server::stop() {
       std::error_code fec;
       std::filesystem::remove(s.socket_path, fec);
     }
+    if (s.watchdog) s.watchdog->cancel();
     s.io.stop();
   });
 }

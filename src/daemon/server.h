@@ -20,6 +20,15 @@
 //     or, after the stream started, {"type":"error","error":{code,message,field}}.
 //     Errors before the process starts are ordinary 4xx/5xx JSON responses.
 //     A client that disconnects kills the exec.
+//
+// Bounds (ServerLimits, airlockd --max-connections / --idle-timeout): beyond
+// max_connections a new connection is answered 503 unavailable and closed;
+// a socket read or write blocked longer than idle_timeout (a client that
+// sends nothing, stops mid-request or stops reading a stream) closes its
+// connection, with a 408 when a request had begun. Time inside the engine is
+// never idle: a silent exec or an event follow stream is not cut. Counted in
+// GET /v1/info "daemon.connections".
+//
 //   * file download: 200 chunked application/octet-stream; an error after
 //     the first byte aborts the connection without the terminating chunk,
 //     so the client sees a truncated (invalid) chunked body, never a short
@@ -33,13 +42,14 @@
 #include <mutex>
 #include <set>
 
+#include "daemon/connection.h"
 #include "engine/engine.h"
 
 namespace airlock::daemon {
 
 class Server {
  public:
-  explicit Server(std::filesystem::path socket_path);
+  explicit Server(std::filesystem::path socket_path, ServerLimits limits = {});
   ~Server();
   Server(const Server&) = delete;
   Server& operator=(const Server&) = delete;
@@ -56,6 +66,9 @@ class Server {
 
   // Asks run() to return; thread-safe.
   void stop();
+
+  // Connections open / refused / cut, as in GET /v1/info.
+  nlohmann::json counters() const;
 
  private:
   struct Impl;

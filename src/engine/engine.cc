@@ -5,11 +5,14 @@
 
 #include <spdlog/spdlog.h>
 #include <sys/random.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
+#include <thread>
 
 #include "common/error.h"
 #include "engine/engine_impl.h"
@@ -66,6 +69,9 @@ Config with_defaults(Config c) {
   }
   if (!c.accel.empty() && c.accel != "kvm" && c.accel != "tcg")
     throw Error(Errc::invalid_argument, "accel must be \"kvm\", \"tcg\" or empty (probe)", "accel");
+  // As root every QEMU runs under a leased uid of this range: refuse to
+  // start if any local user could become one (jail_ids.h).
+  if (::geteuid() == 0) vmm::set_jail_ids(c.jail_ids);
   if (c.boot_timeout_s < 1 || c.boot_timeout_s > 3600)
     throw Error(Errc::invalid_argument, "boot_timeout_s must be between 1 and 3600",
                 "boot_timeout_s");
@@ -81,9 +87,13 @@ Config with_defaults(Config c) {
     c.template_ram_dir = fs::is_directory("/dev/shm", ec) ? fs::path("/dev/shm") / ("airlock-" + tag)
                                                           : c.template_dir / "ram";
   }
+  // 0700: the registry holds env values, journals what sandboxes did, run
+  // dirs their sockets. Existing ones made by older versions are tightened.
   for (const fs::path& d : {c.data_dir, c.data_dir / "sandboxes", c.data_dir / "audit"}) {
     fs::create_directories(d, ec);
     if (ec) throw Error(Errc::internal, "cannot create " + d.string() + ": " + ec.message());
+    if (::chmod(d.c_str(), 0700) != 0)
+      throw Error(Errc::internal, "cannot make " + d.string() + " 0700: " + std::strerror(errno));
   }
   return c;
 }
@@ -92,6 +102,7 @@ Config with_defaults(Config c) {
 
 Engine::Impl::Impl(Config c)
     : cfg(with_defaults(std::move(c))),
+      launcher(cfg.launcher ? cfg.launcher : qemu_launcher()),
       registry(cfg.data_dir / "registry.db"),
       journal(cfg.data_dir / "audit", {cfg.journal_max_bytes, cfg.journal_reserve_bytes}),
       images(cfg.image_dir, cfg.share_dir / "images", cfg.guest_agent) {
@@ -135,13 +146,12 @@ std::shared_ptr<Live> Engine::Impl::running(const std::string& id) {
     std::lock_guard lock(mu);
     auto it = live.find(id);
     if (it != live.end()) {
-      std::lock_guard sl(it->second->mu);
-      if (it->second->state == State::running) {
-        it->second->last_activity_ms = now_ms();  // any call counts for idle_timeout
+      State st = it->second->state();
+      if (st == State::running) {
+        it->second->last_activity_ms = steady_ms();  // any call counts for idle_timeout
         return it->second;
       }
-      throw Error(Errc::conflict,
-                  "sandbox " + id + " is " + to_string(it->second->state) + ", not running");
+      throw Error(Errc::conflict, "sandbox " + id + " is " + to_string(st) + ", not running");
     }
   }
   auto rec = registry.get(id);
@@ -154,173 +164,265 @@ std::shared_ptr<Live> Engine::Impl::running(const std::string& id) {
   throw Error(Errc::conflict, "sandbox " + id + " is " + state + why + ", not running");
 }
 
-void Engine::Impl::teardown(Live& sb, State state, const std::string& reason,
+bool Engine::Impl::teardown(Live& sb, State state, const std::string& reason,
                             const std::string& event, const std::string& failure,
                             const nlohmann::json& details) {
-  const std::string& id = sb.rec.info.id;
-  {
-    std::lock_guard lock(sb.mu);
-    sb.state = State::stopping;
+  const std::string id = sb.id();
+  // The one owner of the stop: whoever moves the sandbox to `stopping`.
+  // Everyone else (destroy racing the reaper, a pool drain) backs off.
+  try {
+    if (!sb.transition_any(State::stopping, {.reason = reason})) return false;
+  } catch (const Error& e) {
+    if (e.code() == Errc::conflict) return false;
+    // The registry could not be written: the VM still must not outlive this.
+    spdlog::error("sandbox {}: {}; stopping it anyway", id, e.what());
+  } catch (const std::exception& e) {
+    spdlog::error("sandbox {}: {}; stopping it anyway", id, e.what());
   }
+  finish_stop(sb, state, reason, event, failure, details);
+  return true;
+}
+
+void Engine::Impl::finish_stop(Live& sb, State state, const std::string& reason,
+                               const std::string& event, const std::string& failure,
+                               const nlohmann::json& details) noexcept {
+  const std::string id = sb.id();
   // Close first: every call waiting on the guest fails at once instead of
   // noticing the dead socket later.
   if (sb.channel) sb.channel->close("sandbox " + id + " is being stopped: " + reason);
+  // The helper before the VM: it runs in the VM's cgroup, which the VM's
+  // kill removes (and cannot while a process is in it).
+  pid_t net_pid;
+  {
+    std::lock_guard lock(sb.mu);
+    net_pid = sb.net_pid;
+    sb.net_pid = 0;
+  }
+  if (sb.networked || net_pid > 0) kill_net_helper(net_pid, sb.run_dir());
   try {
     if (sb.vm) sb.vm->kill();
   } catch (const std::exception& e) {
-    spdlog::error("sandbox {}: killing QEMU failed: {}", id, e.what());
+    spdlog::error("sandbox {}: killing the VM failed: {}", id, e.what());
   }
-  // The helper exits by itself once QEMU's connection closes; killing it
-  // explicitly also covers a helper whose QEMU never connected.
-  if (network_enabled(sb.rec.info.spec.network) || sb.net_pid > 0)
-    kill_net_helper(sb.net_pid, sb.rec.run_dir);
-  sb.net_pid = 0;
   std::error_code ec;
-  fs::remove_all(sb.rec.run_dir, ec);
+  fs::remove_all(sb.run_dir(), ec);
   if (ec)
-    spdlog::error("sandbox {}: removing {} failed: {}", id, sb.rec.run_dir.string(), ec.message());
+    spdlog::error("sandbox {}: removing {} failed: {}", id, sb.run_dir().string(), ec.message());
   try {
-    registry.set_state(id, state, reason, failure);
+    sb.transition(State::stopping, state,
+                  {.reason = reason, .failure = failure, .event = event, .details = details});
   } catch (const std::exception& e) {
-    spdlog::error("sandbox {}: registry update failed: {}", id, e.what());
-  }
-  try {
-    nlohmann::json ev = details.is_object() ? details : nlohmann::json::object();
-    ev["reason"] = reason;
-    if (!failure.empty()) ev["failure"] = failure;
-    journal.append(id, event, ev, Durability::sync);
-  } catch (const std::exception& e) {
-    spdlog::error("sandbox {}: audit append failed: {}", id, e.what());
+    spdlog::error("sandbox {}: recording {} failed: {}", id, to_string(state), e.what());
   }
   {
     std::lock_guard lock(sb.mu);
-    sb.state = state;
-    sb.failure = state == State::failed ? failure : std::string();
-    sb.end_reason = reason;
     sb.execs.clear();
   }
-  sb.ended.notify_all();  // calls that lost the guest name the cause (engine_ops.cc)
+  {
+    std::lock_guard lock(mu);
+    auto it = live.find(id);
+    if (it != live.end() && it->second.get() == &sb) live.erase(it);
+  }
+  std::lock_guard lock(admit_mu);
+  admitted_disk_mb.erase(id);
 }
 
 void Engine::Impl::reaper_loop() {
   std::unique_lock lock(mu);
   while (!stopping) {
-    int64_t now = now_ms();
+    // A snapshot under the lock; every check (/proc, cgroups, sockets) runs
+    // outside it, so no engine call waits for the reaper.
+    std::vector<std::shared_ptr<Live>> snapshot;
+    snapshot.reserve(live.size());
+    for (auto& [id, sb] : live) snapshot.push_back(sb);
+    lock.unlock();
+    int64_t now = steady_ms();
     // Wake at the earliest expiry, and at least every second to notice QEMU
     // processes that died on their own.
     int64_t next = now + 1000;
     // Every check is in check_health (engine_failure.cc): expiry, idle,
     // QEMU gone, channel closed, network helper, agent ping.
     std::vector<std::pair<std::shared_ptr<Live>, Verdict>> victims;
-    for (auto it = live.begin(); it != live.end();) {
-      auto& sb = it->second;
+    for (auto& sb : snapshot) {
+      if (sb->state() != State::running) continue;
       std::optional<Verdict> v;
       try {
         v = check_health(sb, now);
       } catch (const std::exception& e) {
-        spdlog::error("sandbox {}: health check failed: {}", it->first, e.what());
+        spdlog::error("sandbox {}: health check failed: {}", sb->id(), e.what());
       }
       if (!v) {
-        next = std::min(next, sb->rec.info.expires_at_ms);
-        ++it;
+        next = std::min<int64_t>(next, sb->expires_steady_ms.load());
         continue;
       }
       victims.emplace_back(sb, std::move(*v));
-      it = live.erase(it);
     }
-    if (!victims.empty()) {
-      lock.unlock();
-      for (auto& [sb, v] : victims) {
+    for (auto& [sb, v] : victims) {
+      try {
         if (v.details.value("classify", false))
-          v = classify_death(sb->rec.run_dir, sb->vm ? sb->vm->pid() : sb->rec.info.pid,
+          v = classify_death(sb->run_dir(), sb->vm ? sb->vm->pid() : sb->rec.info.pid,
                              sb->memory_cgroup);
-        spdlog::info("sandbox {}: {}{}", sb->rec.info.id,
-                     v.failure.empty() ? "" : v.failure + ": ", v.reason);
-        teardown(*sb, v.state, v.reason, v.event, v.failure, v.details);
+      } catch (const std::exception& e) {
+        v = Verdict{State::failed, "vmm_died", std::string("the VM is gone: ") + e.what(), "failed",
+                    nlohmann::json::object()};
       }
-      lock.lock();
-      continue;  // re-evaluate: time has passed
+      spdlog::info("sandbox {}: {}{}", sb->id(), v.failure.empty() ? "" : v.failure + ": ",
+                   v.reason);
+      teardown(*sb, v.state, v.reason, v.event, v.failure, v.details);
     }
-    wake.wait_for(lock, std::chrono::milliseconds(std::max<int64_t>(next - now_ms(), 1)));
+    snapshot.clear();
+    lock.lock();
+    if (!victims.empty()) continue;  // re-evaluate: time has passed
+    if (stopping) break;
+    wake.wait_for(lock, std::chrono::milliseconds(std::max<int64_t>(next - steady_ms(), 1)));
   }
+}
+
+void Engine::Impl::close_interrupted_execs(const std::string& id) {
+  std::vector<nlohmann::json> recs;
+  try {
+    recs = journal.read(id);
+  } catch (const std::exception&) {
+    return;  // no journal yet
+  }
+  std::map<std::string, nlohmann::json> open;  // exec_id -> its start record
+  for (const auto& r : recs) {
+    if (!r.is_object() || !r.contains("exec_id") || !r["exec_id"].is_string()) continue;
+    std::string ev = r.value("event", "");
+    if (ev == "exec_start")
+      open[r["exec_id"]] = r;
+    else if (ev == "exec")
+      open.erase(r["exec_id"].get<std::string>());
+  }
+  for (const auto& [exec_id, start] : open) {
+    nlohmann::json end{
+        {"exec_id", exec_id},
+        {"argv", start.value("argv", nlohmann::json::array())},
+        {"reason", "interrupted"},
+        {"interrupted", true},
+        {"error", "the daemon stopped while the exec ran; its result was never seen"}};
+    try {
+      journal.append(id, "exec", end, Durability::sync);
+    } catch (const std::exception& e) {
+      spdlog::error("sandbox {}: audit: {}", id, e.what());
+    }
+  }
+}
+
+void Engine::Impl::recover_one(SandboxRecord rec) {
+  const std::string id = rec.info.id;
+  close_interrupted_execs(id);
+  auto img = images.find(rec.info.spec.image);
+  vmm::VmConfig vc;
+  vc.id = id;
+  vc.run_dir = rec.run_dir;
+  if (img) {
+    vc.kernel = img->kernel;
+    vc.initrd = img->initrd;
+  }
+  vc.disk = rec.run_dir / "disk.qcow2";
+  std::unique_ptr<VmHandle> vm;
+  if (rec.info.pid > 0) {
+    try {
+      vm = launcher->adopt(vc, rec.info.pid);
+    } catch (const std::exception& e) {
+      spdlog::warn("sandbox {}: cannot adopt pid {}: {}", id, rec.info.pid, e.what());
+    }
+  }
+  const State was = rec.info.state;
+  auto sb = std::make_shared<Live>(rec, registry, journal);
+  std::string reason, failure;
+  nlohmann::json details = nlohmann::json::object();
+  auto clean = [&](State state, const std::string& why, const std::string& event,
+                   const std::string& fail) {
+    sb->vm = std::move(vm);
+    // A sandbox the previous daemon was already stopping is finished here.
+    if (was == State::stopping)
+      finish_stop(*sb, state, why, event, fail, details);
+    else
+      teardown(*sb, state, why, event, fail, details);
+  };
+  if (rec.info.spec.metadata.count(kPoolMarker)) {
+    // An idle pool member of the previous daemon: nobody's sandbox.
+    clean(State::deleted, "warm pool member dropped at daemon restart", "deleted", "");
+    return;
+  }
+  if (was != State::running) {
+    reason = "the daemon stopped while the sandbox was " + std::string(to_string(was));
+  } else if (!vm || !vm->alive()) {
+    // What the console and qemu.log say (its cgroup is not known here).
+    Verdict v = classify_death(rec.run_dir, rec.info.pid, "");
+    failure = v.failure;
+    reason = v.reason + " (while the daemon was down)";
+    details = v.details;
+  } else {
+    try {
+      auto deadline = channel::Clock::now() + std::chrono::seconds(cfg.boot_timeout_s);
+      sb->channel = channel::GuestChannel::connect(vm->agent_socket(), deadline);
+      // resync: the previous daemon may have died in the middle of a frame.
+      sb->channel->hello({.hostname = id, .resync = true, .network = nullptr}, deadline);
+      sb->vm = std::move(vm);
+      nlohmann::json adopted{{"pid", sb->vm->pid()}};
+      if (sb->networked) {
+        // Keep the helper if it survived with its VM; without it the VM
+        // simply has a dead NIC (nothing gets out), which is recorded.
+        pid_t np = read_net_pid(rec.run_dir);
+        if (is_our_net_helper(np, rec.run_dir)) {
+          sb->net_pid = np;
+          adopted["net_pid"] = np;
+        } else {
+          adopted["net_pid"] = nullptr;
+          spdlog::warn("sandbox {}: network helper is gone; the VM has no egress", id);
+        }
+      }
+      // Deadlines continue on the steady clock from what is left of the life.
+      sb->expires_steady_ms =
+          steady_ms() + std::max<int64_t>(rec.info.expires_at_ms - wall_ms(), 0);
+      journal.append(id, "adopted", adopted, Durability::sync);
+      spdlog::info("sandbox {}: re-adopted (pid {})", id, sb->vm->pid());
+      {
+        std::lock_guard lock(admit_mu);
+        admitted_disk_mb[id] = rec.info.spec.disk_mb;
+      }
+      std::lock_guard lock(mu);
+      live[id] = sb;
+      return;
+    } catch (const std::exception& e) {
+      reason = std::string("guest agent unreachable after daemon restart: ") + e.what();
+      failure = "agent_lost";
+      sb->channel.reset();
+      if (sb->vm) vm = std::move(sb->vm);
+    }
+  }
+  spdlog::warn("sandbox {}: cleaning up: {}", id, reason);
+  clean(State::failed, reason, "failed", failure);
 }
 
 void Engine::Impl::recover() {
-  for (auto& rec : registry.list(/*all=*/false)) {
-    const std::string& id = rec.info.id;
-    auto img = images.find(rec.info.spec.image);
-    vmm::VmConfig vc;
-    vc.id = id;
-    vc.run_dir = rec.run_dir;
-    if (img) {
-      vc.kernel = img->kernel;
-      vc.initrd = img->initrd;
-    }
-    vc.disk = rec.run_dir / "disk.qcow2";
-    std::unique_ptr<vmm::Vm> vm;
-    if (rec.info.pid > 0) {
+  // Concurrently: each re-adoption waits for its agent's hello (up to
+  // boot_timeout_s), and one slow or dead guest must not hold up the rest.
+  std::vector<SandboxRecord> recs = registry.list(/*all=*/false);
+  std::atomic<size_t> next{0};
+  auto worker = [&] {
+    for (size_t i; (i = next++) < recs.size();) {
       try {
-        vm = vmm::Vm::adopt(vc, rec.info.pid);
+        recover_one(recs[i]);
       } catch (const std::exception& e) {
-        spdlog::warn("sandbox {}: cannot adopt pid {}: {}", id, rec.info.pid, e.what());
+        spdlog::error("sandbox {}: recovery failed: {}", recs[i].info.id, e.what());
       }
     }
-    auto sb = std::make_shared<Live>();
-    sb->rec = rec;
-    std::string reason, failure;
-    nlohmann::json details = nlohmann::json::object();
-    if (rec.info.spec.metadata.count(kPoolMarker)) {
-      // An idle pool member of the previous daemon: nobody's sandbox.
-      sb->vm = std::move(vm);
-      teardown(*sb, State::deleted, "warm pool member dropped at daemon restart", "deleted");
-      continue;
-    }
-    if (rec.info.state != State::running) {
-      reason = "the daemon stopped while the sandbox was " + std::string(to_string(rec.info.state));
-    } else if (!vm || !vm->alive()) {
-      // What the console and qemu.log say (its cgroup is not known here).
-      Verdict v = classify_death(rec.run_dir, rec.info.pid, "");
-      failure = v.failure;
-      reason = v.reason + " (while the daemon was down)";
-      details = v.details;
-    } else {
-      try {
-        auto deadline = channel::Clock::now() + std::chrono::seconds(cfg.boot_timeout_s);
-        sb->channel = channel::GuestChannel::connect(vm->agent_socket(), deadline);
-        // resync: the previous daemon may have died in the middle of a frame.
-        sb->channel->hello({.hostname = id, .resync = true, .network = nullptr}, deadline);
-        sb->vm = std::move(vm);
-        nlohmann::json adopted{{"pid", sb->vm->pid()}};
-        if (network_enabled(rec.info.spec.network)) {
-          // Keep the helper if it survived with its VM; without it the VM
-          // simply has a dead NIC (nothing gets out), which is recorded.
-          pid_t np = read_net_pid(rec.run_dir);
-          if (is_our_net_helper(np, rec.run_dir)) {
-            sb->net_pid = np;
-            adopted["net_pid"] = np;
-          } else {
-            adopted["net_pid"] = nullptr;
-            spdlog::warn("sandbox {}: network helper is gone; the VM has no egress", id);
-          }
-        }
-        journal.append(id, "adopted", adopted, Durability::sync);
-        spdlog::info("sandbox {}: re-adopted (pid {})", id, sb->vm->pid());
-        std::lock_guard lock(mu);
-        live[id] = sb;
-        continue;
-      } catch (const std::exception& e) {
-        reason = std::string("guest agent unreachable after daemon restart: ") + e.what();
-        failure = "agent_lost";
-        sb->channel.reset();
-      }
-    }
-    sb->vm = std::move(vm);
-    spdlog::warn("sandbox {}: cleaning up: {}", id, reason);
-    teardown(*sb, State::failed, reason, "failed", failure, details);
-  }
+  };
+  std::vector<std::thread> workers;
+  size_t n = std::min<size_t>(recs.size(), 32);
+  for (size_t i = 0; i < n; ++i) workers.emplace_back(worker);
+  for (auto& t : workers) t.join();
 }
 
 Engine::Engine(Config config) : impl_(std::make_unique<Impl>(std::move(config))) {
+  // The configured pool is checked before any thread runs: a bad image
+  // name is an Error for the caller (airlockd exits with it), not a
+  // std::terminate from a joinable thread unwinding.
+  for (const auto& [image, size] : impl_->cfg.pool) set_pool(image, size);
   impl_->recover();
   // Probe now if an image exists, so info() can say which accelerator and
   // why; otherwise the first create() probes.
@@ -335,8 +437,17 @@ Engine::Engine(Config config) : impl_(std::make_unique<Impl>(std::move(config)))
     }
   }
   impl_->reaper = std::thread([this] { impl_->reaper_loop(); });
-  for (const auto& [image, size] : impl_->cfg.pool) set_pool(image, size);
-  impl_->pool_thread = std::thread([this] { impl_->pool_loop(); });
+  try {
+    impl_->pool_thread = std::thread([this] { impl_->pool_loop(); });
+  } catch (...) {
+    {
+      std::lock_guard lock(impl_->mu);
+      impl_->stopping = true;
+    }
+    impl_->wake.notify_all();
+    impl_->reaper.join();
+    throw;
+  }
 }
 
 Engine::~Engine() {

@@ -25,8 +25,11 @@
 
 #include "engine/audit/journal.h"
 #include "engine/storage/image_store.h"
+#include "engine/vmm/jail_ids.h"
 
 namespace airlock::engine {
+
+class Launcher;  // launcher.h: how VMs are started (the VMM seam)
 
 struct Config {
   std::filesystem::path data_dir;   // registry.db, sandboxes/, audit/
@@ -37,6 +40,9 @@ struct Config {
   std::string accel;                // "", "kvm" or "tcg": "" = probe (cached)
   // TCG translation cache cap per QEMU, MiB (vmm::VmConfig::tcg_tb_size_mb); 0 = QEMU's 1 GiB.
   int tcg_tb_size_mb = 128;
+  // The uids/gids QEMU jails get (as root); checked at start against
+  // /etc/subuid, /etc/subgid, passwd and group: Error(field "jail_ids").
+  vmm::JailIdRange jail_ids;
   // Templates (docs/design.md, "Templates and clones"): a create whose shape
   // has a template starts as a copy-on-write clone of it instead of booting.
   bool templates = true;
@@ -52,6 +58,13 @@ struct Config {
   // for agent_ping_timeout_ms fails the sandbox as `agent_lost`.
   int agent_ping_interval_ms = 5000;
   int agent_ping_timeout_ms = 30000;
+  // How VMs are started; null = QEMU (qemu_launcher()). Tests inject the
+  // fake launcher (fake_launcher.h).
+  std::shared_ptr<Launcher> launcher;
+  // The wall clock for timestamps shown to users (created_at_ms,
+  // expires_at_ms, ms since the epoch); null = system_clock. Deadlines
+  // never use it (steady clock). Tests step it.
+  std::function<int64_t()> wall_clock_ms;
   // Audit journal cap per sandbox (audit/journal.h, JournalLimits): past
   // journal_max_bytes - journal_reserve_bytes ordinary records are dropped
   // and counted; the reserve is for lifecycle records. 0 = no cap.
@@ -59,7 +72,20 @@ struct Config {
   uint64_t journal_reserve_bytes = 1ull << 20;
 };
 
-enum class State { starting, running, stopping, deleted, timed_out, failed };
+// The sandbox state machine (docs/design.md, "State and lifecycle";
+// transitions in sandbox.cc). pausing, paused and snapshotting are reserved
+// for pause, snapshot and fork: no sandbox enters them yet.
+enum class State {
+  starting,
+  running,
+  pausing,
+  paused,
+  snapshotting,
+  stopping,
+  deleted,
+  timed_out,
+  failed
+};
 const char* to_string(State state);
 
 struct SandboxSpec {

@@ -107,14 +107,20 @@ std::optional<std::pair<std::string, std::string>> guest_end(const std::string& 
 Verdict classify_death(const fs::path& run_dir, int pid, const std::string& memory_cgroup) {
   Verdict v{State::failed, "", "", "failed", nlohmann::json::object()};
   fs::path log = run_dir / "console.log";
-  std::string tail = vmm::console_tail(log, 40);
-  auto end = guest_end(tail);
+  // Markers are looked for in the last 200 lines: a panic's own line comes
+  // before its stack trace, which alone can be longer than the 40 lines
+  // reported (and the closing "end Kernel panic" line may not be captured
+  // yet on a loaded host).
+  std::string wide = vmm::console_tail(log, 200);
+  auto end = guest_end(wide);
   if (!end) {
     // The capture thread may still be copying the console's last bytes.
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
-    tail = vmm::console_tail(log, 40);
-    end = guest_end(tail);
+    wide = vmm::console_tail(log, 200);
+    end = guest_end(wide);
   }
+  std::string tail = vmm::console_tail(log, 40);
+  if (end && tail.find(end->second) == std::string::npos) tail = end->second + "\n...\n" + tail;
   v.details["console_tail"] = tail;
   v.details["pid"] = pid;
   if (end) {
@@ -140,7 +146,7 @@ Verdict classify_death(const fs::path& run_dir, int pid, const std::string& memo
 std::optional<Verdict> Engine::Impl::check_health(const std::shared_ptr<Live>& sbp, int64_t now) {
   Live& sb = *sbp;
   const auto& info = sb.rec.info;
-  if (now >= info.expires_at_ms)
+  if (now >= sb.expires_steady_ms.load())
     return Verdict{State::timed_out, "",
                    "lifetime of " + std::to_string(info.spec.timeout_s) + " s expired", "timed_out",
                    nlohmann::json::object()};

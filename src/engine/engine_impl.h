@@ -18,7 +18,9 @@
 #include "engine/audit/journal.h"
 #include "engine/channel/guest_channel.h"
 #include "engine/engine.h"
+#include "engine/launcher.h"
 #include "engine/registry/registry.h"
+#include "engine/sandbox.h"
 #include "engine/storage/image_store.h"
 #include "engine/templates/template_store.h"
 #include "engine/vmm/accel.h"
@@ -33,48 +35,16 @@ inline constexpr const char* kPoolMarker = "airlock.pool";
 // "<prefix>" + 12 lowercase hex digits from getrandom.
 std::string random_id(const std::string& prefix);
 
-// The in-memory side of a running sandbox. Held by shared_ptr so an exec in
-// flight keeps it valid while destroy() tears the VM down under it.
-struct Live {
-  std::mutex mu;  // state, execs
-  SandboxRecord rec;
-  State state = State::running;
-  std::unique_ptr<vmm::Vm> vm;
-  std::unique_ptr<channel::GuestChannel> channel;
-  std::map<std::string, uint32_t> execs;  // exec_id -> stream, while running
-  pid_t net_pid = 0;                      // the airlock-net helper (0 = none: mode "none")
-  std::mutex net_mu;                      // serialises policy changes
-
-  // Failure detection (engine.cc reaper; docs/design.md "Failure states").
-  // Once teardown has set a terminal state it stores the failure and reason
-  // here (under mu) and notifies `ended`, so a call that lost the guest
-  // mid-way can name the cause instead of a bare "connection lost".
-  std::condition_variable ended;
-  std::string failure, end_reason;
-  // Activity for idle_timeout: the last call on it (0 = not seen yet) and
-  // the calls in flight (ActivityGuard).
-  std::atomic<int64_t> last_activity_ms{0};
-  std::atomic<int> busy{0};
-  // Agent ping: at most one in flight; ping_sent_ms is when it was sent.
-  std::atomic<bool> ping_in_flight{false};
-  std::atomic<int64_t> ping_sent_ms{0};
-  // Reaper-only: when it last pinged, when it first saw the channel closed
-  // while QEMU ran, QEMU's memory cgroup (read while it ran: gone with it).
-  int64_t last_ping_ms = 0;
-  int64_t closed_seen_ms = 0;
-  std::string memory_cgroup;
-};
-
 // Marks a call on `sb` in flight for idle_timeout: the sandbox is active
 // from construction to destruction (the end of the call counts too).
 class ActivityGuard {
  public:
   explicit ActivityGuard(Live& sb) : sb_(sb) {
-    sb_.last_activity_ms = now_ms();
+    sb_.last_activity_ms = steady_ms();
     ++sb_.busy;
   }
   ~ActivityGuard() {
-    sb_.last_activity_ms = now_ms();
+    sb_.last_activity_ms = steady_ms();
     --sb_.busy;
   }
   ActivityGuard(const ActivityGuard&) = delete;
@@ -136,13 +106,32 @@ struct Verdict {
 Verdict classify_death(const std::filesystem::path& run_dir, int pid,
                        const std::string& memory_cgroup);
 
+// Memory pressure for the warm pool (engine_pool.cc): less than 10% of RAM
+// available in `meminfo`, or PSI `psi` avg10 above 10%. A missing or
+// malformed file counts as no pressure; never throws.
+bool memory_pressure(const std::filesystem::path& meminfo = "/proc/meminfo",
+                     const std::filesystem::path& psi = "/proc/pressure/memory");
+
+// The sum of disk_mb that fits: Error(unavailable, field disk_mb, with the
+// numbers) if `admitted_mb` + `want_mb` exceeds the free space of the
+// filesystem holding `dir` (engine_lifecycle.cc).
+void check_disk_space(const std::filesystem::path& dir, int64_t admitted_mb, int64_t want_mb);
+
 struct Engine::Impl {
   Config cfg;
+  std::shared_ptr<Launcher> launcher;  // cfg.launcher or QEMU
   Registry registry;
   AuditJournal journal;
   storage::ImageStore images;
 
-  std::mutex mu;                 // live, stopping
+  // Wall-clock ms for timestamps shown to users (cfg.wall_clock_ms).
+  int64_t wall_ms() const { return cfg.wall_clock_ms ? cfg.wall_clock_ms() : now_ms(); }
+  // Sandboxes admitted (starting or running, pool members included) and
+  // their disk_mb, for the free-space check.
+  std::mutex admit_mu;
+  std::map<std::string, int64_t> admitted_disk_mb;
+
+  std::mutex mu;                 // live, stopping (never held while checking a sandbox)
   std::condition_variable wake;  // the reaper's
   std::map<std::string, std::shared_ptr<Live>> live;
   bool stopping = false;
@@ -173,14 +162,22 @@ struct Engine::Impl {
   vmm::AccelVerdict resolve_accel(const storage::Image& img);
   // The running sandbox `id`, or Error(not_found / conflict naming its state).
   std::shared_ptr<Live> running(const std::string& id);
-  // Kills the VM, removes its files, records `state` + `reason` (+
-  // `failure`, SandboxInfo::failure) in the registry and `event` in the
-  // journal (with `details` merged in, e.g. the console tail). The sandbox
-  // must already be out of `live`. Never throws (teardown must finish;
-  // failures are logged).
-  void teardown(Live& sb, State state, const std::string& reason, const std::string& event,
+  // Moves the sandbox to `stopping` (false, nothing done, if it cannot go
+  // there: someone else is already stopping it, or it ended), kills the VM
+  // and the network helper, removes its files and moves it to `state` with
+  // `reason` (+ `failure`), appending `event` (with `details` merged in,
+  // e.g. the console tail). Removes it from `live`. Never throws.
+  bool teardown(Live& sb, State state, const std::string& reason, const std::string& event,
                 const std::string& failure = {},
                 const nlohmann::json& details = nlohmann::json::object());
+  // The rest of teardown for a sandbox already in `stopping`.
+  void finish_stop(Live& sb, State state, const std::string& reason, const std::string& event,
+                   const std::string& failure, const nlohmann::json& details) noexcept;
+  // Re-adopts (or cleans up) one sandbox of the previous daemon (recover()).
+  void recover_one(SandboxRecord rec);
+  // Ends every exec that has an exec_start but no end record in `id`'s
+  // journal as `interrupted` (the daemon died while it ran).
+  void close_interrupted_execs(const std::string& id);
   // Re-adopts running sandboxes and cleans up dead ones (construction).
   void recover();
   // One boot attempt (engine_lifecycle.cc): fresh overlay, QEMU, agent
@@ -236,10 +233,11 @@ struct Engine::Impl {
   // if `audited`.
   nlohmann::json json_op(const std::string& id, nlohmann::json req, bool audited);
   void reaper_loop();
-  // One reaper check of a live sandbox (engine_failure.cc), under `mu`:
+  // One reaper check of a live sandbox (engine_failure.cc):
   // nullopt if healthy; else how to end it. A verdict with
   // details["classify"] means "QEMU is gone": classify_death() says why
   // (outside `mu`). Also starts the agent ping when one is due.
+  // `now` is steady_ms(). Called WITHOUT `mu` (it reads /proc and cgroups).
   std::optional<Verdict> check_health(const std::shared_ptr<Live>& sb, int64_t now);
 };
 

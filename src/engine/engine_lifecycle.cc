@@ -1,15 +1,18 @@
 // create() and destroy(): the boot watchdog and the guarantee that a failed
 // create leaves nothing behind (no QEMU, no run dir, no overlay).
 #include <spdlog/spdlog.h>
+#include <sys/statvfs.h>
 
 #include <algorithm>
 #include <chrono>
+#include <fstream>
 
 #include "common/error.h"
 #include "engine/engine.h"
 #include "engine/engine_impl.h"
 #include "engine/types_json.h"
 #include "engine/validate.h"
+#include "engine/vmm/cgroup.h"
 
 namespace airlock::engine {
 
@@ -42,6 +45,33 @@ class StartSlot {
   Impl& impl_;
 };
 
+// The network helper joins its sandbox's cgroup (the jail's, named after
+// the id), so its memory, cpu and pids count against the sandbox's limits.
+// Without a jail cgroup (e.g. no cgroup delegation) it stays where it is.
+void move_net_helper_to_cgroup(Live& sb) {
+  pid_t np;
+  {
+    std::lock_guard lock(sb.mu);
+    np = sb.net_pid;
+  }
+  if (np <= 0 || !sb.vm) return;
+  try {
+    nlohmann::json paths = vmm::read_cgroup_limits(sb.vm->pid()).value("paths", nlohmann::json());
+    if (!paths.is_object()) return;
+    for (const auto& [controller, p] : paths.items()) {
+      if (!p.is_string()) continue;
+      std::string dir = p.get<std::string>();
+      if (dir.find("/airlock/" + sb.id()) == std::string::npos) continue;
+      std::ofstream procs(dir + "/cgroup.procs");
+      procs << np << "\n";
+      procs.flush();
+      if (!procs) spdlog::warn("sandbox {}: cannot move the network helper into {}", sb.id(), dir);
+    }
+  } catch (const std::exception& e) {
+    spdlog::warn("sandbox {}: network helper cgroup: {}", sb.id(), e.what());
+  }
+}
+
 }  // namespace
 
 std::optional<Engine::Impl::BootFailure> Engine::Impl::boot_once(Live& sb,
@@ -50,7 +80,7 @@ std::optional<Engine::Impl::BootFailure> Engine::Impl::boot_once(Live& sb,
                                                                  const templates::Template* tpl) {
   auto& impl = *this;
   const auto& info = sb.rec.info;
-  const fs::path& dir = sb.rec.run_dir;
+  const fs::path& dir = sb.run_dir();
   std::error_code ec;
   fs::path disk = dir / "disk.qcow2";
   fs::remove(disk, ec);  // a retry starts from a pristine disk
@@ -64,8 +94,38 @@ std::optional<Engine::Impl::BootFailure> Engine::Impl::boot_once(Live& sb,
   vc.memory_mb = info.spec.memory_mb;
   vc.accel = accel;
   vc.tcg_tb_size_mb = impl.cfg.tcg_tb_size_mb;
-  const bool networked = network_enabled(info.spec.network);
+  const bool networked = sb.networked;
   auto deadline = channel::Clock::now() + std::chrono::seconds(impl.cfg.boot_timeout_s);
+  // Everything this attempt acquires (overlay, helper, VM, channel) goes
+  // when it fails, whatever it throws; dismissed only on success.
+  bool vm_exited = false;
+  std::string console;
+  ScopeGuard attempt([&] {
+    if (sb.vm) {
+      vm_exited = !sb.vm->alive();
+      console = sb.vm->console_tail(20);
+    }
+    sb.channel.reset();
+    // The helper first: it is in the VM's cgroup, which the VM's kill removes.
+    pid_t np;
+    {
+      std::lock_guard lock(sb.mu);
+      np = sb.net_pid;
+      sb.net_pid = 0;
+    }
+    if (networked || np > 0) kill_net_helper(np, dir);
+    if (sb.vm) {
+      try {
+        sb.vm->kill();
+      } catch (const std::exception& k) {
+        spdlog::error("sandbox {}: kill after failed boot: {}", info.id, k.what());
+      }
+    }
+    sb.vm.reset();
+    sb.rec.info.pid = 0;
+    std::error_code e2;
+    fs::remove(disk, e2);
+  });
   try {
     if (tpl) {
       // A clone: the template's empty overlay (backing: the template's
@@ -82,16 +142,19 @@ std::optional<Engine::Impl::BootFailure> Engine::Impl::boot_once(Live& sb,
       // The helper listens before QEMU starts: QEMU connects its NIC once,
       // at start-up, and never reconnects. One helper per boot attempt (it
       // accepts a single QEMU connection).
-      sb.net_pid = start_net_helper(impl.cfg, info.id, dir, impl.journal.path_of(info.id),
-                                    info.spec.network);
+      pid_t np =
+          start_net_helper(impl.cfg, info.id, dir, impl.journal.path_of(info.id), sb.network());
+      std::lock_guard lock(sb.mu);
+      sb.net_pid = np;
       vc.net_socket = dir / "net.sock";
       vc.net_mac = mac_for(info.id);
     }
-    sb.vm = vmm::Vm::start(vc);
+    sb.vm = impl.launcher->start(vc);
     // Recorded at once so a daemon that dies during the boot can find and
     // kill this QEMU when it restarts.
     sb.rec.info.pid = sb.vm->pid();
-    impl.registry.update(sb.rec);
+    impl.registry.set_pid(info.id, sb.rec.info.pid);
+    if (networked) move_net_helper_to_cgroup(sb);
     sb.channel = channel::GuestChannel::connect(sb.vm->agent_socket(), deadline);
     channel::HelloParams hello;
     hello.hostname = info.id;
@@ -102,32 +165,24 @@ std::optional<Engine::Impl::BootFailure> Engine::Impl::boot_once(Live& sb,
     // own MAC (a clone would otherwise keep the template's).
     if (networked) hello.network = hello_network(info.id);
     sb.channel->hello(hello, deadline);
+    attempt.dismiss();
     return std::nullopt;
   } catch (const Error& e) {
     BootFailure f{e.code(), e.what(), {}};
     if (e.code() == Errc::timeout)
       f.cause = "the guest agent did not answer within " + std::to_string(impl.cfg.boot_timeout_s) +
                 " s (" + e.what() + ")";
-    if (sb.vm && !sb.vm->alive()) {
+    bool had_vm = static_cast<bool>(sb.vm);
+    attempt.fire();  // clean up now (it reads the console first)
+    if (had_vm && vm_exited) {
       f.cause = "QEMU exited during boot (" + std::string(e.what()) + ")";
       f.code = Errc::internal;
     }
-    if (sb.vm) f.console = sb.vm->console_tail(20);
-    sb.channel.reset();
-    if (sb.vm) {
-      try {
-        sb.vm->kill();
-      } catch (const std::exception& k) {
-        spdlog::error("sandbox {}: kill after failed boot: {}", info.id, k.what());
-      }
-    }
-    sb.vm.reset();
-    if (networked) kill_net_helper(sb.net_pid, dir);
-    sb.net_pid = 0;
-    sb.rec.info.pid = 0;
-    fs::remove(disk, ec);
+    f.console = console;
     return f;
   }
+  // Any other exception: `attempt` has cleaned up; it propagates to
+  // launch(), whose own guard removes the rest.
 }
 
 SandboxInfo Engine::create(const SandboxSpec& spec) {
@@ -159,7 +214,21 @@ SandboxInfo Engine::create(const SandboxSpec& spec) {
   // once (engine_pool.cc).
   if (auto pooled = impl.take_pooled(checked)) return *pooled;
   vmm::AccelVerdict accel = impl.resolve_accel(*img);
-  return impl.launch(checked, *img, accel, false)->rec.info;
+  return impl.launch(checked, *img, accel, false)->info();
+}
+
+void check_disk_space(const fs::path& dir, int64_t admitted_mb, int64_t want_mb) {
+  struct statvfs st {};
+  if (::statvfs(dir.c_str(), &st) != 0) return;  // unknown: do not refuse on it
+  int64_t free_mb =
+      static_cast<int64_t>(st.f_bavail) * static_cast<int64_t>(st.f_frsize) / (1024 * 1024);
+  if (admitted_mb + want_mb <= free_mb) return;
+  throw Error(Errc::unavailable,
+              "not enough disk for disk_mb=" + std::to_string(want_mb) +
+                  ": the sandboxes already " +
+                  "admitted hold disk_mb=" + std::to_string(admitted_mb) + " in total and " +
+                  dir.string() + " has " + std::to_string(free_mb) + " MiB free",
+              "disk_mb");
 }
 
 std::shared_ptr<Live> Engine::Impl::launch(const SandboxSpec& checked, const storage::Image& image,
@@ -167,33 +236,60 @@ std::shared_ptr<Live> Engine::Impl::launch(const SandboxSpec& checked, const sto
   auto& impl = *this;
   const storage::Image* img = &image;
   const SandboxSpec& spec = checked;
-  auto sb = std::make_shared<Live>();
-  auto& info = sb->rec.info;
+  SandboxRecord rec;
+  auto& info = rec.info;
   info.spec = checked;
   info.state = State::starting;
   info.accel = vmm::to_string(accel.accel);
   info.start = "boot";
-  info.created_at_ms = now_ms();
+  info.created_at_ms = wall_ms();
   info.expires_at_ms = info.created_at_ms + int64_t{spec.timeout_s} * 1000;
   // A pool member is marked so a restarted daemon drops it rather than
   // reporting it as a user's failed sandbox.
   if (pooled) info.spec.metadata[kPoolMarker] = spec.image;
+  // Admission: the disk every admitted sandbox may fill must fit the data
+  // dir's filesystem (overlays are sparse; their disk_mb is the promise).
+  // Reserved under the id before the row exists.
+  auto unreserve = [&](const std::string& id) {
+    std::lock_guard lock(admit_mu);
+    admitted_disk_mb.erase(id);
+  };
   for (int tries = 0;; ++tries) {
     info.id = random_id("sb-");
-    sb->rec.run_dir = impl.sandbox_dir(info.id);
+    rec.run_dir = impl.sandbox_dir(info.id);
+    {
+      std::lock_guard lock(admit_mu);
+      int64_t sum = 0;
+      for (const auto& [id, mb] : admitted_disk_mb) sum += mb;
+      check_disk_space(cfg.data_dir, sum, spec.disk_mb);
+      admitted_disk_mb[info.id] = spec.disk_mb;
+    }
     try {
-      impl.registry.insert(sb->rec);
+      impl.registry.insert(rec);
       break;
     } catch (const Error& e) {
+      unreserve(info.id);
       if (e.code() != Errc::conflict || tries > 5) throw;  // 48 random bits collided
+    } catch (...) {
+      unreserve(info.id);
+      throw;
     }
   }
   const std::string id = info.id;
+  auto sb = std::make_shared<Live>(rec, registry, journal);
+  // From here every resource (row, reservation, run dir, overlay, helper,
+  // VM) is released by this guard on ANY exception, until the commit
+  // point: `failed` with the reason, nothing else left.
+  std::string fail_reason = "create aborted by an error during or after boot";
+  ScopeGuard undo([&] {
+    if (!teardown(*sb, State::failed, fail_reason, "failed", "boot_failed")) unreserve(id);
+  });
   std::error_code ec;
-  fs::create_directories(sb->rec.run_dir, ec);
+  fs::create_directories(sb->run_dir(), ec);
+  if (!ec) fs::permissions(sb->run_dir(), fs::perms::owner_all, ec);  // 0700
   if (ec) {
-    impl.registry.set_state(id, State::failed, "cannot create run dir: " + ec.message());
-    throw Error(Errc::internal, "cannot create " + sb->rec.run_dir.string() + ": " + ec.message());
+    fail_reason = "cannot create run dir: " + ec.message();
+    throw Error(Errc::internal, "cannot create " + sb->run_dir().string() + ": " + ec.message());
   }
 
   // Admission: at most `max_starts` boots/clones at once. Past that, VMs
@@ -242,48 +338,50 @@ std::shared_ptr<Live> Engine::Impl::launch(const SandboxSpec& checked, const sto
       spdlog::error("sandbox {}: audit: {}", id, e.what());
     }
   }
-  info.start = tpl ? "clone" : "boot";
+  sb->rec.info.start = tpl ? "clone" : "boot";
   if (failure) {
-    fs::remove_all(sb->rec.run_dir, ec);
-    std::string reason = "boot failed: " + failure->cause;
-    impl.registry.set_state(id, State::failed, reason, "boot_failed");
-    impl.journal.append(id, "failed", {{"reason", reason}}, Durability::sync);
+    fail_reason = "boot failed: " + failure->cause;
     std::string msg = "sandbox " + id + " did not boot (" + std::to_string(kBootAttempts) +
                       " attempts): " + failure->cause;
     msg += failure->console.empty() ? "\n(no console output)"
                                     : "\nlast console lines:\n" + failure->console;
     throw Error(failure->code == Errc::timeout ? Errc::timeout : Errc::internal, msg);
   }
-  info.boot_ms =
+  sb->rec.info.boot_ms =
       std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0)
           .count();
+  sb->expires_steady_ms = steady_ms() + int64_t{spec.timeout_s} * 1000;
+  const auto& done = sb->rec.info;
   if (pooled) {
     // Stays `starting` in the registry until handed out (take_pooled).
     impl.journal.append(id, "pooled",
                         {{"image_key", img->key},
-                         {"boot_ms", info.boot_ms},
-                         {"start", info.start},
+                         {"boot_ms", done.boot_ms},
+                         {"start", done.start},
                          {"template", tpl ? tpl->key : std::string()},
-                         {"pid", info.pid}});
+                         {"pid", done.pid}});
+    undo.dismiss();  // commit: the pool owns it
     return sb;
   }
-  info.state = State::running;
-  impl.registry.set_running(id, info.pid, info.boot_ms);
-  impl.journal.append(id, "created",
-                      {{"spec", spec_to_json(checked)},
-                       {"image_key", img->key},
-                       {"kernel_release", img->kernel_release},
-                       {"accel", info.accel},
-                       {"accel_reason", accel.reason},
-                       {"boot_ms", info.boot_ms},
-                       {"start", info.start},
-                       {"template", tpl ? tpl->key : std::string()},
-                       {"pid", info.pid}},
-                      Durability::sync);
+  sb->transition(State::starting, State::running,
+                 {.event = "created",
+                  .details = {{"spec", spec_to_json(checked)},
+                              {"image_key", img->key},
+                              {"kernel_release", img->kernel_release},
+                              {"accel", done.accel},
+                              {"accel_reason", accel.reason},
+                              {"boot_ms", done.boot_ms},
+                              {"start", done.start},
+                              {"template", tpl ? tpl->key : std::string()},
+                              {"pid", done.pid}},
+                  .journal_required = true,
+                  .pid = done.pid,
+                  .boot_ms = done.boot_ms});
   {
     std::lock_guard lock(impl.mu);
     impl.live[id] = sb;
   }
+  undo.dismiss();          // commit: the sandbox is the caller's
   impl.wake.notify_all();  // the reaper's earliest expiry may have changed
   return sb;
 }
@@ -294,10 +392,7 @@ void Engine::destroy(const std::string& id) {
   {
     std::lock_guard lock(impl.mu);
     auto it = impl.live.find(id);
-    if (it != impl.live.end()) {
-      sb = it->second;
-      impl.live.erase(it);
-    }
+    if (it != impl.live.end()) sb = it->second;
   }
   if (!sb) {
     auto rec = impl.registry.get(id);
@@ -309,7 +404,9 @@ void Engine::destroy(const std::string& id) {
                                                              : "stopping";
     throw Error(Errc::conflict, "sandbox " + id + " is " + state + "; nothing to delete");
   }
-  impl.teardown(*sb, State::deleted, "deleted by request", "deleted");
+  if (!impl.teardown(*sb, State::deleted, "deleted by request", "deleted"))
+    throw Error(Errc::conflict, "sandbox " + id + " is " + to_string(sb->state()) +
+                                    " (stopped by someone else); nothing to delete");
 }
 
 }  // namespace airlock::engine

@@ -278,8 +278,13 @@ nlohmann::json net_control(const fs::path& run_dir, const nlohmann::json& reques
 bool net_helper_alive(const Live& sb) {
   // Mode none has no helper; a re-adopted sandbox whose helper was already
   // gone has net_pid 0 and was recorded then (adopted.net_pid = null).
-  if (sb.net_pid <= 0 || !network_enabled(sb.rec.info.spec.network)) return true;
-  return is_our_net_helper(sb.net_pid, sb.rec.run_dir);
+  pid_t pid;
+  {
+    std::lock_guard lock(const_cast<Live&>(sb).mu);
+    pid = sb.net_pid;
+  }
+  if (pid <= 0 || !sb.networked) return true;
+  return is_our_net_helper(pid, sb.run_dir());
 }
 
 nlohmann::json hello_network(const std::string& id) {
@@ -303,7 +308,7 @@ namespace {
 
 // Conflict naming why if the sandbox has no network.
 std::shared_ptr<Live> networked(std::shared_ptr<Live> sb, const std::string& id, const char* what) {
-  if (!network_enabled(sb->rec.info.spec.network))
+  if (!sb->networked)
     throw Error(Errc::conflict, "sandbox " + id +
                                     " was created with network mode \"none\": it has no network "
                                     "interface to " +
@@ -325,7 +330,7 @@ nlohmann::json Engine::add_port(const std::string& id, int guest_port, int host_
   auto sb = networked(impl_->running(id), id, "forward a port to");
   std::lock_guard net_lock(sb->net_mu);
   // The helper records the net_port event in the journal itself.
-  auto reply = net_control(sb->rec.run_dir,
+  auto reply = net_control(sb->run_dir(),
                            {{"port_add", {{"guest_port", guest_port}, {"host_port", host_port}}}});
   if (reply.contains("error")) throw_helper_error(reply["error"], "the network helper refused");
   return {{"host", reply.value("host", "127.0.0.1")},
@@ -336,7 +341,7 @@ nlohmann::json Engine::add_port(const std::string& id, int guest_port, int host_
 nlohmann::json Engine::list_ports(const std::string& id) {
   auto sb = networked(impl_->running(id), id, "forward ports to");
   std::lock_guard net_lock(sb->net_mu);
-  auto reply = net_control(sb->rec.run_dir, {{"ports", true}});
+  auto reply = net_control(sb->run_dir(), {{"ports", true}});
   if (reply.contains("error")) throw_helper_error(reply["error"], "the network helper refused");
   return reply.value("ports", nlohmann::json::array());
 }
@@ -346,7 +351,7 @@ void Engine::remove_port(const std::string& id, int host_port) {
     throw Error(Errc::invalid_argument, "host_port must be 1..65535", "host_port");
   auto sb = networked(impl_->running(id), id, "forward ports to");
   std::lock_guard net_lock(sb->net_mu);
-  auto reply = net_control(sb->rec.run_dir, {{"port_remove", {{"host_port", host_port}}}});
+  auto reply = net_control(sb->run_dir(), {{"port_remove", {{"host_port", host_port}}}});
   if (reply.contains("error")) throw_helper_error(reply["error"], "the network helper refused");
 }
 
@@ -355,11 +360,11 @@ nlohmann::json Engine::set_network(const std::string& id, const nlohmann::json& 
   auto sb = impl.running(id);
   nlohmann::json normal = normalize_network(policy);  // field-named errors before any change
   std::lock_guard net_lock(sb->net_mu);               // one policy change at a time per sandbox
-  if (!network_enabled(sb->rec.info.spec.network))
+  if (!sb->networked)
     throw Error(Errc::conflict, "sandbox " + id +
                                     " was created with network mode \"none\": it has no network "
                                     "interface to apply a policy to");
-  nlohmann::json reply = net_control(sb->rec.run_dir, {{"policy", normal}});
+  nlohmann::json reply = net_control(sb->run_dir(), {{"policy", normal}});
   if (reply.contains("error")) {
     const auto& e = reply["error"];
     std::string code = e.value("code", "internal");
@@ -369,11 +374,13 @@ nlohmann::json Engine::set_network(const std::string& id, const nlohmann::json& 
   }
   nlohmann::json result{{"policy", reply.value("policy", normal)},
                         {"flows_cut", reply.value("flows_cut", 0)}};
-  {
-    std::lock_guard lock(sb->mu);
-    sb->rec.info.spec.network = result["policy"];
-  }
-  impl.registry.update(sb->rec);
+  sb->set_network(result["policy"]);
+  // Only the spec column is written, never the state: a sandbox destroyed
+  // while the helper answered stays deleted (and the caller hears so).
+  if (State st = sb->state(); st != State::running)
+    throw Error(Errc::conflict,
+                "sandbox " + id + " was stopped (" + to_string(st) + ") during the policy change");
+  impl.registry.set_spec(id, sb->info().spec);
   impl.journal.append(id, "network_changed", result, Durability::sync);
   return result;
 }

@@ -142,5 +142,32 @@ TEST_F(EngineNetworkTest, RestartKeepsTheHelper) {
   EXPECT_TRUE(processes("airlock-net", id).empty());
 }
 
+// The helper runs in its sandbox's cgroup (the jail's, named after the id):
+// its memory, cpu and pids count against the sandbox's limits, and it is
+// gone before the cgroup is removed.
+TEST_F(EngineNetworkTest, HelperRunsInTheSandboxCgroup) {
+  Engine engine(cfg_);
+  SandboxInfo sb = engine.create({.network = {{"mode", "open"}}});
+  auto cgroup_of = [](pid_t pid) {
+    std::ifstream in("/proc/" + std::to_string(pid) + "/cgroup");
+    std::string all, line;
+    while (std::getline(in, line)) all += line + "\n";
+    return all;
+  };
+  std::string qemu = cgroup_of(sb.pid);
+  if (qemu.find("/airlock/" + sb.id) == std::string::npos) {
+    engine.destroy(sb.id);
+    GTEST_SKIP() << "QEMU has no per-sandbox cgroup on this host";
+  }
+  pid_t net = 0;
+  std::ifstream(data_ / "sandboxes" / sb.id / "net.pid") >> net;
+  ASSERT_GT(net, 0);
+  EXPECT_NE(cgroup_of(net).find("/airlock/" + sb.id), std::string::npos) << cgroup_of(net);
+  engine.destroy(sb.id);
+  EXPECT_TRUE(processes("airlock-net", sb.id).empty());
+  for (const char* root : {"/sys/fs/cgroup/airlock", "/sys/fs/cgroup/memory"})
+    EXPECT_FALSE(fs::exists(fs::path(root) / sb.id)) << "cgroup left: " << root;
+}
+
 }  // namespace
 }  // namespace airlock::engine

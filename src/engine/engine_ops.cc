@@ -23,7 +23,7 @@ constexpr auto kExecGrace = std::chrono::seconds(30);
 // Streaming file transfers may legitimately take long under TCG; the
 // sandbox's life bounds them (the reaper kills the VM at expiry).
 channel::Deadline transfer_deadline(const Live& sb) {
-  int64_t left_ms = std::max<int64_t>(sb.rec.info.expires_at_ms - now_ms(), 1000);
+  int64_t left_ms = std::max<int64_t>(sb.expires_steady_ms.load() - steady_ms(), 1000);
   return Clock::now() + std::chrono::milliseconds(std::min<int64_t>(left_ms, 3600 * 1000));
 }
 
@@ -33,16 +33,9 @@ channel::Deadline transfer_deadline(const Live& sb) {
 // within about a second and classifies it; the call waits for that (5 s at
 // most) so its error names the cause (vmm_died, guest_panic, ...).
 [[noreturn]] void rethrow_for(Live& sb, const Error& e) {
-  State st;
-  std::string failure, reason;
-  {
-    std::unique_lock lock(sb.mu);
-    if (sb.channel && sb.channel->closed())
-      sb.ended.wait_for(lock, std::chrono::seconds(5), [&] { return is_terminal(sb.state); });
-    st = sb.state;
-    failure = sb.failure;
-    reason = sb.end_reason;
-  }
+  auto [st, failure, reason] =
+      sb.wait_ended(sb.channel && sb.channel->closed() ? std::chrono::milliseconds(5000)
+                                                       : std::chrono::milliseconds(0));
   if (st == State::failed && !failure.empty())
     throw Error(Errc::guest_error,
                 "sandbox " + sb.rec.info.id + " failed during the call: " + failure + ": " + reason);
@@ -205,6 +198,15 @@ ExecResult Engine::exec(const std::string& id, const ExecRequest& request,
     std::lock_guard lock(sb->mu);
     sb->execs.erase(result.exec_id);
   };
+  // The start is on record before the guest runs anything: a daemon killed
+  // mid-exec leaves exec_start without an end, which the next daemon's
+  // recover() closes as `interrupted`.
+  try {
+    impl.journal.append(id, "exec_start", audit);  // write(2) survives a daemon kill
+  } catch (...) {
+    finish();
+    throw;
+  }
   nlohmann::json r;
   try {
     r = sb->channel->exec(stream, req, stdin_source, handlers, deadline);

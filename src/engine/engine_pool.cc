@@ -8,7 +8,9 @@
 // members are shed instead of refilled.
 #include <spdlog/spdlog.h>
 
+#include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 
@@ -34,11 +36,14 @@ bool member_alive(Live& sb) {
   return sb.vm && sb.vm->alive() && sb.channel && !sb.channel->closed();
 }
 
+}  // namespace
+
 // Memory pressure: less than 10% of RAM available, or tasks stalled on
 // memory more than 10% of the last 10 s (PSI). Pool members are a luxury:
-// they go first.
-bool memory_pressure() {
-  std::ifstream mi("/proc/meminfo");
+// they go first. Runs on the pool thread: a malformed file (an odd kernel,
+// a test) must never throw out of it.
+bool memory_pressure(const std::filesystem::path& meminfo, const std::filesystem::path& psi_file) {
+  std::ifstream mi(meminfo);
   std::string key;
   uint64_t value = 0, total = 0, avail = 0;
   std::string unit;
@@ -47,16 +52,20 @@ bool memory_pressure() {
     if (key == "MemAvailable:") avail = value;
   }
   if (total > 0 && avail * 10 < total) return true;
-  std::ifstream psi("/proc/pressure/memory");
+  std::ifstream psi(psi_file);
   std::string line;
   if (std::getline(psi, line)) {
     auto at = line.find("avg10=");
-    if (at != std::string::npos && std::stod(line.substr(at + 6)) > 10.0) return true;
+    if (at == std::string::npos) return false;
+    const char* begin = line.c_str() + at + 6;
+    char* end = nullptr;
+    errno = 0;
+    double avg10 = std::strtod(begin, &end);
+    if (end == begin || errno != 0) return false;
+    return avg10 > 10.0;
   }
   return false;
 }
-
-}  // namespace
 
 // Under TCG a fresh QEMU translates every guest code path the first time it
 // runs, so the first exec in a new clone is slow. A member therefore runs
@@ -108,29 +117,37 @@ std::optional<SandboxInfo> Engine::Impl::take_pooled(const SandboxSpec& checked)
   if (!sb) return std::nullopt;
 
   auto t0 = std::chrono::steady_clock::now();
+  // Not shared yet (out of the queue, not in `live`): rec is ours to write.
   auto& info = sb->rec.info;
   info.spec = checked;  // the caller's env, metadata, lifetime
   info.start = "pool";
-  info.created_at_ms = now_ms();
+  info.created_at_ms = wall_ms();
   info.expires_at_ms = info.created_at_ms + int64_t{checked.timeout_s} * 1000;
-  info.state = State::running;
   info.boot_ms =
       std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0)
           .count();
-  registry.update(sb->rec);  // one write: spec, state, times
-  journal.append(info.id, "created",
-                 {{"spec", spec_to_json(checked)},
-                  {"accel", info.accel},
-                  {"boot_ms", info.boot_ms},
-                  {"start", info.start},
-                  {"pid", info.pid}},
-                 Durability::sync);
+  sb->set_network(checked.network);
+  sb->expires_steady_ms = steady_ms() + int64_t{checked.timeout_s} * 1000;
+  // If the hand-out cannot be recorded, the member goes (never a half-made
+  // sandbox); the caller then boots a fresh one.
+  ScopeGuard undo([&] { teardown(*sb, State::deleted, "pool hand-out failed", "deleted"); });
+  // One write: spec, state, times (compare-and-set from starting).
+  sb->transition(State::starting, State::running,
+                 {.event = "created",
+                  .details = {{"spec", spec_to_json(checked)},
+                              {"accel", info.accel},
+                              {"boot_ms", info.boot_ms},
+                              {"start", info.start},
+                              {"pid", info.pid}},
+                  .journal_required = true,
+                  .write_record = true});
   {
     std::lock_guard lock(mu);
     live[info.id] = sb;
   }
+  undo.dismiss();
   wake.notify_all();  // the reaper's earliest expiry
-  return info;
+  return sb->info();
 }
 
 void Engine::Impl::pool_loop() {

@@ -43,7 +43,7 @@ templates::Template Engine::Impl::build_template(const storage::Image& img,
                                                  const std::string& key) {
   auto t0 = std::chrono::steady_clock::now();
   templates::Staging st = templates->stage(key);
-  std::unique_ptr<vmm::Vm> vm;
+  std::unique_ptr<VmHandle> vm;
   int net_fd = -1;
   auto cleanup = [&] {
     if (vm) {
@@ -75,14 +75,14 @@ templates::Template Engine::Impl::build_template(const storage::Image& img,
       net_fd = listen_unix(vc.net_socket);
     }
     auto deadline = channel::Clock::now() + std::chrono::seconds(cfg.boot_timeout_s);
-    vm = vmm::Vm::start(vc);
+    vm = launcher->start(vc);
     {
       auto ch = channel::GuestChannel::connect(vm->agent_socket(), deadline);
       channel::HelloParams hello;
       hello.hostname = "airlock-template";
       ch->hello(hello, deadline);
     }  // closed: the saved guest waits for a host, as after a daemon restart
-    uint64_t bytes = vm->save_state(st.state);
+    uint64_t bytes = vm->save_state(st.state, std::chrono::seconds(30));
     vm->kill();
     vm.reset();
     cleanup();

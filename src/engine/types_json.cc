@@ -10,6 +10,12 @@ const char* to_string(State state) {
       return "starting";
     case State::running:
       return "running";
+    case State::pausing:
+      return "pausing";
+    case State::paused:
+      return "paused";
+    case State::snapshotting:
+      return "snapshotting";
     case State::stopping:
       return "stopping";
     case State::deleted:
@@ -23,8 +29,9 @@ const char* to_string(State state) {
 }
 
 State state_from_string(std::string_view name) {
-  for (State s : {State::starting, State::running, State::stopping, State::deleted,
-                  State::timed_out, State::failed}) {
+  for (State s : {State::starting, State::running, State::pausing, State::paused,
+                  State::snapshotting, State::stopping, State::deleted, State::timed_out,
+                  State::failed}) {
     if (name == to_string(s)) return s;
   }
   throw Error(Errc::internal, "unknown sandbox state '" + std::string(name) + "' in registry");

@@ -52,10 +52,12 @@ class Client:
 
     def raw(self, method, path, body=None, headers=None, timeout=300):
         conn = UnixHTTPConnection(self.sock_path, timeout=timeout)
-        conn.request(method, path, body=body, headers=headers or {})
-        resp = conn.getresponse()
-        data = resp.read()
-        conn.close()
+        try:
+            conn.request(method, path, body=body, headers=headers or {})
+            resp = conn.getresponse()
+            data = resp.read()
+        finally:
+            conn.close()
         return resp.status, resp.getheaders(), data
 
     def call(self, method, path, body=None, timeout=300):
@@ -188,6 +190,11 @@ class DaemonTestCase(unittest.TestCase):
         cls.data_dir = os.path.join(cls.tmp, "data")
         cls.sock = os.path.join(cls.tmp, "airlockd.sock")
         cls.log = open(os.path.join(cls.tmp, "airlockd.log"), "wb")
+        cls.start_daemon()
+
+    @classmethod
+    def start_daemon(cls):
+        """Starts airlockd on the class's data dir and socket (again after a kill: re-adoption)."""
         cls.daemon = subprocess.Popen(
             cls.daemon_prefix + [os.path.join(BIN, "airlockd"), "--data-dir", cls.data_dir, "--socket", cls.sock,
              "--image-dir", IMAGE_DIR,
@@ -243,17 +250,31 @@ class DaemonTestCase(unittest.TestCase):
 
     def assertNothingLeft(self, sid):
         """No QEMU, helper process, socket, overlay or temp file of sandbox `sid` remains."""
-        run_dir = os.path.join(self.data_dir, "sandboxes", sid)
-        deadline = time.time() + 10
-        while time.time() < deadline and (pids_mentioning(sid) or os.path.exists(run_dir)
-                                          or cgroup_dirs_for(sid)):
-            time.sleep(0.1)
-        self.assertEqual(qemu_pids_for(sid), [], f"QEMU of {sid} still running")
-        self.assertEqual(pids_mentioning(sid), [], f"a process of {sid} (e.g. airlock-net) still running")
-        self.assertFalse(os.path.exists(run_dir), f"{run_dir} still exists: "
-                         + (str(os.listdir(run_dir)) if os.path.isdir(run_dir) else ""))
-        self.assertEqual(cgroup_dirs_for(sid), [], f"cgroups of {sid} remain")
-        leftovers = []
-        for base, _, files in os.walk(self.data_dir):
-            leftovers += [os.path.join(base, f) for f in files if sid in f and not f.endswith(".jsonl")]
-        self.assertEqual(leftovers, [], "files of the deleted sandbox remain")
+        self.assertEqual(leftovers_of(self.data_dir, sid), [])
+
+
+def leftovers_of(data_dir, sid, wait=10):
+    """What remains of deleted sandbox `sid` (QEMU, helper processes, run dir, cgroups,
+    files other than its journal), as a list of descriptions; [] when nothing.
+    Waits up to `wait` seconds for teardown to finish first."""
+    run_dir = os.path.join(data_dir, "sandboxes", sid)
+    deadline = time.time() + wait
+    while time.time() < deadline and (pids_mentioning(sid) or os.path.exists(run_dir)
+                                      or cgroup_dirs_for(sid)):
+        time.sleep(0.1)
+    problems = []
+    if qemu_pids_for(sid):
+        problems.append(f"QEMU of {sid} still running: {qemu_pids_for(sid)}")
+    if pids_mentioning(sid):
+        problems.append(f"a process of {sid} (e.g. airlock-net) still running: {pids_mentioning(sid)}")
+    if os.path.exists(run_dir):
+        problems.append(f"{run_dir} still exists: "
+                        + (str(os.listdir(run_dir)) if os.path.isdir(run_dir) else ""))
+    if cgroup_dirs_for(sid):
+        problems.append(f"cgroups of {sid} remain: {cgroup_dirs_for(sid)}")
+    files = []
+    for base, _, names in os.walk(data_dir):
+        files += [os.path.join(base, f) for f in names if sid in f and not f.endswith(".jsonl")]
+    if files:
+        problems.append(f"files of the deleted sandbox remain: {files}")
+    return problems

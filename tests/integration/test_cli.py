@@ -2,6 +2,7 @@
 
 import json
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -9,7 +10,7 @@ import tempfile
 import time
 import unittest
 
-from harness import BIN, IMAGE_DIR, DaemonTestCase, qemu_pids_for
+from harness import BIN, IMAGE_DIR, ApiError, DaemonTestCase, qemu_pids_for
 
 
 def airlock(env, *args, stdin=None, check=False, timeout=300):
@@ -107,6 +108,83 @@ class CliTest(DaemonTestCase):
         r = airlock(self.env, "exec", "sb-000000000000", "--", "true")
         self.assertEqual(r.returncode, 1)
         self.assertIn(b"sb-000000000000", r.stderr)
+
+
+def airlock_popen(env, *args):
+    return subprocess.Popen([os.path.join(BIN, "airlock"), *args], env=env, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def read_line_within(pipe, seconds):
+    """The first line on `pipe`, or None if none is complete within `seconds`."""
+    data = b""
+    deadline = time.monotonic() + seconds
+    while not data.endswith(b"\n"):
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([pipe], [], [], left)[0]:
+            return None
+        chunk = os.read(pipe.fileno(), 1)
+        if not chunk:
+            return data or None
+        data += chunk
+    return data
+
+
+class CliStreamTest(DaemonTestCase):
+    """Output reaches a pipe as it is produced; a daemon killed mid-exec is reported."""
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.env = dict(os.environ, AIRLOCK_SOCKET=cls.sock, AIRLOCK_DATA_DIR=cls.data_dir,
+                       AIRLOCK_IMAGE_DIR=IMAGE_DIR)
+
+    def test_exec_streams_into_a_pipe_while_the_command_runs(self):
+        sid = self.api.create()["id"]
+        # The command prints "a", then waits for the test's go before "b":
+        # "a" must come out of the pipe while the command (and the CLI) still run.
+        p = airlock_popen(self.env, "exec", sid, "--", "sh", "-c",
+                          "echo a; while [ ! -e /tmp/go ]; do sleep 0.1; done; echo b")
+        try:
+            first = read_line_within(p.stdout, 120)
+            self.assertEqual(first, b"a\n", "the first line did not reach the pipe while the command ran")
+            self.assertIsNone(p.poll(), "the CLI had ended before the first line arrived")
+            self.api.exec(sid, argv=["touch", "/tmp/go"])
+            rest, err = p.communicate(timeout=120)
+            self.assertEqual(p.returncode, 0, err)
+            self.assertEqual(rest, b"b\n")
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        self.api.delete(sid)
+        self.assertNothingLeft(sid)
+
+    def test_daemon_killed_mid_exec_is_a_lost_connection(self):
+        sid = self.api.create()["id"]
+        p = airlock_popen(self.env, "exec", sid, "--", "sh", "-c", "echo a; sleep 60; echo b")
+        try:
+            self.assertEqual(read_line_within(p.stdout, 120), b"a\n")
+            self.assertIsNone(p.poll())
+            self.daemon.kill()  # SIGKILL: no goodbye on the stream
+            self.daemon.wait()
+            rest, err = p.communicate(timeout=60)
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+            if self.daemon.poll() is not None:
+                self.start_daemon()  # the class's other tests need one
+        self.assertEqual(rest, b"", "nothing but what arrived before the daemon died")
+        self.assertEqual(p.returncode, 255, err)
+        self.assertIn(b"lost the connection to airlockd", err)
+        # A new daemon (started above) takes the sandbox over; deleting it
+        # leaves nothing behind.
+        try:
+            self.api.delete(sid)
+        except ApiError as e:
+            self.assertIn(e.status, (404, 409), e)
+        self.assertNothingLeft(sid)
 
 
 class AutoStartTest(unittest.TestCase):

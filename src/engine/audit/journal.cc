@@ -145,7 +145,8 @@ bool AuditJournal::append(const std::string& sandbox, const std::string& event,
   }
   std::string line = make_line(sandbox, event, fields);
 
-  FdGuard fd{::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0640)};
+  FdGuard fd{::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW,
+                    0600)};  // owner only
   if (fd.fd < 0) throw_errno("open audit journal " + path.string());
   if (limits_.max_bytes != 0 && !terminal) {
     // The file's own size, not a count kept here: appends by other processes

@@ -1,6 +1,9 @@
 #include "engine/registry/registry.h"
 
+#include <fcntl.h>
 #include <sqlite3.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <utility>
@@ -125,6 +128,13 @@ void migrate(sqlite3* db) {
 }  // namespace
 
 Registry::Registry(const std::filesystem::path& db_path) {
+  // Created 0600 before SQLite opens it (SQLite gives -wal and -shm the
+  // database's mode); an older 0644 one is tightened.
+  if (int fd = ::open(db_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600); fd >= 0) {
+    ::fchmod(fd, 0600);
+    ::close(fd);
+  }
+  for (const char* suffix : {"-wal", "-shm"}) ::chmod((db_path.string() + suffix).c_str(), 0600);
   int flags = SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX;
   if (sqlite3_open_v2(db_path.c_str(), &db_, flags, nullptr) != SQLITE_OK) {
     std::string msg = db_ ? sqlite3_errmsg(db_) : "out of memory";
@@ -216,6 +226,61 @@ void Registry::set_running(const std::string& id, int pid, int64_t boot_ms) {
   if (sqlite3_changes(db_) == 0) throw Error(Errc::not_found, "no sandbox " + id);
 }
 
+bool Registry::compare_and_set_state(const std::string& id, const RegistryStateWrite& w) {
+  std::lock_guard lock(mu_);
+  const int64_t terminal = is_terminal(w.to);
+  const std::string failure = w.to == State::failed ? w.failure : std::string();
+  if (w.record) {
+    Stmt s(db_,
+           "UPDATE sandboxes SET spec=?3, state=?4, reason=?5, accel=?6, start=?7,"
+           " created_at_ms=?8, expires_at_ms=?9, boot_ms=?10, pid=?11, run_dir=?12, failure=?13"
+           " WHERE id=?1 AND state=?2",
+           "move " + id + " to " + to_string(w.to));
+    SandboxRecord r = *w.record;
+    r.info.state = w.to;
+    r.info.reason = w.reason;
+    r.info.failure = failure;
+    if (w.pid) r.info.pid = *w.pid;
+    if (terminal) r.info.pid = 0;
+    if (w.boot_ms) r.info.boot_ms = *w.boot_ms;
+    s.bind(1, id).bind(2, std::string(to_string(w.from)));
+    bind_fields(s, 3, r);
+    s.step();
+  } else {
+    Stmt s(db_,
+           "UPDATE sandboxes SET state=?3, reason=?4, failure=?5,"
+           " pid = CASE WHEN ?6 THEN 0 WHEN ?7 >= 0 THEN ?7 ELSE pid END,"
+           " boot_ms = CASE WHEN ?8 >= 0 THEN ?8 ELSE boot_ms END"
+           " WHERE id=?1 AND state=?2",
+           "move " + id + " to " + to_string(w.to));
+    s.bind(1, id).bind(2, std::string(to_string(w.from))).bind(3, std::string(to_string(w.to)));
+    s.bind(4, w.reason).bind(5, failure).bind(6, terminal);
+    s.bind(7, static_cast<int64_t>(w.pid.value_or(-1))).bind(8, w.boot_ms.value_or(-1));
+    s.step();
+  }
+  if (sqlite3_changes(db_) > 0) return true;
+  Stmt q(db_, "SELECT 1 FROM sandboxes WHERE id = ?1", "look up " + id);
+  q.bind(1, id);
+  if (!q.step()) throw Error(Errc::not_found, "no sandbox " + id);
+  return false;
+}
+
+void Registry::set_pid(const std::string& id, int pid) {
+  std::lock_guard lock(mu_);
+  Stmt s(db_, "UPDATE sandboxes SET pid=?2 WHERE id=?1", "set pid of " + id);
+  s.bind(1, id).bind(2, static_cast<int64_t>(pid));
+  s.step();
+  if (sqlite3_changes(db_) == 0) throw Error(Errc::not_found, "no sandbox " + id);
+}
+
+void Registry::set_spec(const std::string& id, const SandboxSpec& spec) {
+  std::lock_guard lock(mu_);
+  Stmt s(db_, "UPDATE sandboxes SET spec=?2 WHERE id=?1", "set spec of " + id);
+  s.bind(1, id).bind(2, spec_to_json(spec).dump());
+  s.step();
+  if (sqlite3_changes(db_) == 0) throw Error(Errc::not_found, "no sandbox " + id);
+}
+
 std::optional<SandboxRecord> Registry::get(const std::string& id) const {
   std::lock_guard lock(mu_);
   Stmt s(db_, (std::string("SELECT ") + kColumns + " FROM sandboxes WHERE id = ?1").c_str(),
@@ -228,7 +293,7 @@ std::optional<SandboxRecord> Registry::get(const std::string& id) const {
 std::vector<SandboxRecord> Registry::list(bool all) const {
   std::lock_guard lock(mu_);
   std::string sql = std::string("SELECT ") + kColumns + " FROM sandboxes";
-  if (!all) sql += " WHERE state IN ('starting','running','stopping')";
+  if (!all) sql += " WHERE state NOT IN ('deleted','timed_out','failed')";
   sql += " ORDER BY created_at_ms, id";
   Stmt s(db_, sql.c_str(), "list sandboxes");
   std::vector<SandboxRecord> out;

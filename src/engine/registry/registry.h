@@ -33,9 +33,21 @@ struct SandboxRecord {
   std::filesystem::path run_dir;  // <data_dir>/sandboxes/<id>
 };
 
+// A compare-and-set of a row's state (Registry::compare_and_set_state).
+struct RegistryStateWrite {
+  State from, to;
+  std::string reason;
+  std::string failure;  // stored only for `failed`
+  std::optional<int> pid;
+  std::optional<int64_t> boot_ms;
+  // Also write every other column from this record (pool hand-out).
+  const SandboxRecord* record = nullptr;
+};
+
 class Registry {
  public:
-  // Opens (creating if needed) the database and its schema.
+  // Opens (creating if needed) the database and its schema. The database
+  // and its -wal/-shm files are 0600: specs hold env values.
   explicit Registry(const std::filesystem::path& db_path);
   ~Registry();
   Registry(const Registry&) = delete;
@@ -52,9 +64,16 @@ class Registry {
                  const std::string& failure = {});
   // starting -> running with the QEMU pid and measured boot time.
   void set_running(const std::string& id, int pid, int64_t boot_ms);
+  // UPDATE ... WHERE id AND state = w.from: false if the row is not in
+  // w.from (someone else moved it; nothing written). Clears pid for a
+  // terminal state. Error(not_found) for an unknown id.
+  bool compare_and_set_state(const std::string& id, const RegistryStateWrite& w);
+  // Columns that are not the state (the engine's sandbox owns that).
+  void set_pid(const std::string& id, int pid);
+  void set_spec(const std::string& id, const SandboxSpec& spec);
 
   std::optional<SandboxRecord> get(const std::string& id) const;
-  // Oldest first. all=false: only starting/running/stopping rows.
+  // Oldest first. all=false: only rows in a non-terminal state.
   std::vector<SandboxRecord> list(bool all) const;
 
  private:

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <sqlite3.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 
 #include <filesystem>
 #include <thread>
@@ -190,6 +191,54 @@ TEST_F(RegistryTest, UnopenableDatabaseIsInternalError) {
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), Errc::internal);
     EXPECT_NE(std::string(e.what()).find("missing-dir"), std::string::npos);
+  }
+}
+
+// The state is written compare-and-set: a writer that lost the race (its
+// `from` is stale) changes nothing, so a deleted row never becomes running.
+TEST_F(RegistryTest, CompareAndSetStateRefusesAStaleFrom) {
+  Registry reg(dir_ / "registry.db");
+  reg.insert(record("sb-00000000000c", 1));
+  EXPECT_TRUE(reg.compare_and_set_state("sb-00000000000c",
+                                        {State::starting, State::running, "", "", 42, 7}));
+  auto r = reg.get("sb-00000000000c");
+  EXPECT_EQ(r->info.state, State::running);
+  EXPECT_EQ(r->info.pid, 42);
+  EXPECT_EQ(r->info.boot_ms, 7);
+  EXPECT_TRUE(
+      reg.compare_and_set_state("sb-00000000000c", {State::running, State::stopping, "bye", ""}));
+  EXPECT_TRUE(
+      reg.compare_and_set_state("sb-00000000000c", {State::stopping, State::deleted, "bye", ""}));
+  EXPECT_EQ(reg.get("sb-00000000000c")->info.pid, 0);  // terminal: no pid
+  // A stale writer still believing it is running.
+  EXPECT_FALSE(
+      reg.compare_and_set_state("sb-00000000000c", {State::running, State::stopping, "late", ""}));
+  SandboxRecord stale = record("sb-00000000000c", 1);
+  EXPECT_FALSE(reg.compare_and_set_state("sb-00000000000c",
+                                         {State::running, State::running, "", "", {}, {}, &stale}));
+  EXPECT_EQ(reg.get("sb-00000000000c")->info.state, State::deleted);
+  EXPECT_EQ(reg.get("sb-00000000000c")->info.reason, "bye");
+  // set_spec never touches the state.
+  SandboxSpec spec = stale.info.spec;
+  spec.env["C"] = "3";
+  reg.set_spec("sb-00000000000c", spec);
+  EXPECT_EQ(reg.get("sb-00000000000c")->info.state, State::deleted);
+  EXPECT_EQ(reg.get("sb-00000000000c")->info.spec.env.at("C"), "3");
+  EXPECT_THROW(reg.compare_and_set_state("sb-nope", {State::running, State::stopping}), Error);
+}
+
+TEST_F(RegistryTest, DatabaseIsOwnerOnly) {
+  ::umask(022);
+  {
+    Registry reg(dir_ / "registry.db");
+    reg.insert(record("sb-00000000000d", 1));
+  }
+  fs::permissions(dir_ / "registry.db", fs::perms(0644));  // an older daemon's
+  Registry reg(dir_ / "registry.db");
+  reg.insert(record("sb-00000000000e", 2));
+  for (const char* f : {"registry.db", "registry.db-wal", "registry.db-shm"}) {
+    if (!fs::exists(dir_ / f)) continue;
+    EXPECT_EQ(fs::status(dir_ / f).permissions() & fs::perms::all, fs::perms(0600)) << f;
   }
 }
 

@@ -5,7 +5,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <map>
@@ -101,12 +103,22 @@ json to_json(const Template& t) {
 
 TemplateStore::TemplateStore(fs::path root, fs::path ram_dir)
     : root_(std::move(root)), ram_dir_(std::move(ram_dir)) {
-  for (const fs::path& d : {root_, ram_dir_}) {
+  {
     std::error_code ec;
-    fs::create_directories(d, ec);
-    if (ec) throw Error(Errc::internal, "cannot create " + d.string() + ": " + ec.message());
-    ::chmod(d.c_str(), 0700);
+    fs::create_directories(root_, ec);
+    if (ec) throw Error(Errc::internal, "cannot create " + root_.string() + ": " + ec.message());
+    ::chmod(root_.c_str(), 0700);
   }
+  // The RAM directory is made by the daemon itself (mkdir 0700, so there is
+  // no moment it is open to others) and never adopted as found: a directory
+  // someone else owns, opens or links could let them swap a template's RAM.
+  {
+    std::error_code ec;
+    if (ram_dir_.has_parent_path()) fs::create_directories(ram_dir_.parent_path(), ec);
+    if (::mkdir(ram_dir_.c_str(), 0700) != 0 && errno != EEXIST)
+      throw_errno("cannot create template RAM directory " + ram_dir_.string());
+  }
+  check_ram_dir();
   // Interrupted builds (a daemon killed mid-save) leave staging areas.
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(root_, ec))
@@ -114,6 +126,31 @@ TemplateStore::TemplateStore(fs::path root, fs::path ram_dir)
   for (const auto& e : fs::directory_iterator(ram_dir_, ec))
     if (e.path().filename().string().find(".staging-") != std::string::npos)
       fs::remove(e.path(), ec);
+}
+
+void TemplateStore::check_ram_dir() const {
+  struct stat st {};
+  const std::string p = ram_dir_.string();
+  if (::lstat(p.c_str(), &st) != 0) throw_errno("template RAM directory " + p);
+  if (S_ISLNK(st.st_mode))
+    throw Error(Errc::invalid_argument,
+                "template RAM directory " + p + " is a symbolic link; refusing to use it",
+                "template_ram_dir");
+  if (!S_ISDIR(st.st_mode))
+    throw Error(Errc::invalid_argument, "template RAM directory " + p + " is not a directory",
+                "template_ram_dir");
+  if (st.st_uid != ::geteuid())
+    throw Error(Errc::invalid_argument,
+                "template RAM directory " + p + " is owned by uid " + std::to_string(st.st_uid) +
+                    ", not by the daemon (uid " + std::to_string(::geteuid()) + ")",
+                "template_ram_dir");
+  if ((st.st_mode & 07777) != 0700) {
+    char mode[8];
+    std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(st.st_mode & 07777));
+    throw Error(Errc::invalid_argument,
+                "template RAM directory " + p + " has mode " + mode + ", must be 0700",
+                "template_ram_dir");
+  }
 }
 
 std::string TemplateStore::key_for(const std::string& image_key, const Shape& shape,
@@ -148,6 +185,7 @@ std::optional<Template> TemplateStore::load(const std::string& key, json* record
   t.ram = ram_dir_ / (key + ".ram");
   std::error_code ec;
   if (!fs::exists(t.dir, ec)) return std::nullopt;
+  check_ram_dir();
   auto bad = [&](const std::string& what) -> std::optional<Template> {
     if (why) *why = "template " + key + ": " + what;
     return std::nullopt;
@@ -228,11 +266,13 @@ Staging TemplateStore::stage(const std::string& key) {
   if (ec) throw Error(Errc::internal, "cannot create " + s.dir.string() + ": " + ec.message());
   s.disk = s.dir / "disk.qcow2";
   s.state = s.dir / "state.bin";
+  check_ram_dir();
   s.ram = ram_dir_ / (key + ".ram" + tag);
   return s;
 }
 
 Template TemplateStore::commit(const Staging& st, const Template& meta) {
+  check_ram_dir();
   std::error_code ec;
   for (const fs::path& p : {st.disk, st.state, st.ram})
     if (!fs::is_regular_file(p, ec))
@@ -335,6 +375,7 @@ std::vector<std::string> TemplateStore::prune(size_t keep) {
     removed.push_back(valid[i]);
   }
   // RAM files whose template is gone.
+  check_ram_dir();
   for (const auto& e : fs::directory_iterator(ram_dir_, ec)) {
     std::string name = e.path().filename().string();
     if (!name.ends_with(".ram")) continue;

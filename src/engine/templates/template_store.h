@@ -80,7 +80,11 @@ struct Staging {
 class TemplateStore {
  public:
   // Creates both directories if needed (Error(internal) naming the one that
-  // cannot be made). Leftovers of interrupted builds are removed.
+  // cannot be made). The RAM directory must be the daemon's own: a directory
+  // (not a symlink), owned by the daemon's uid, mode 0700; it is checked here
+  // and before every use (find, stage, commit, prune), Error(invalid_argument,
+  // field "template_ram_dir") naming the path and what is wrong otherwise.
+  // Leftovers of interrupted builds are removed.
   TemplateStore(std::filesystem::path root, std::filesystem::path ram_dir);
 
   // The template key for these inputs (hex, 16 digits).
@@ -119,6 +123,7 @@ class TemplateStore {
 
  private:
   std::optional<Template> load(const std::string& key, nlohmann::json* record, std::string* why);
+  void check_ram_dir() const;
 
   std::filesystem::path root_;
   std::filesystem::path ram_dir_;

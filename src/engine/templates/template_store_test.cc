@@ -3,6 +3,7 @@
 #include "engine/templates/template_store.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <fstream>
@@ -158,6 +159,68 @@ TEST_F(TemplateStoreTest, InterruptedBuildsAreCleanedAndPruneKeepsTheNewest) {
   EXPECT_TRUE(store.find("old", &why)) << why;
   EXPECT_TRUE(store.find("new", &why)) << why;
   EXPECT_FALSE(fs::exists(root_ / "ram" / "mid.ram"));
+}
+
+// The RAM directory is the daemon's own (issue 9): made 0700 by the store,
+// and a directory that is a symlink, too open, or someone else's is refused
+// at start and before each use, naming the path and the fault.
+std::string refusal(const fs::path& tpl, const fs::path& ram) {
+  try {
+    TemplateStore store(tpl, ram);
+  } catch (const Error& e) {
+    EXPECT_EQ(e.field(), "template_ram_dir");
+    return e.what();
+  }
+  return "";
+}
+
+TEST_F(TemplateStoreTest, RamDirIsCreatedOwnedAndPrivate) {
+  TemplateStore store(root_ / "tpl", root_ / "ram");
+  struct stat st {};
+  ASSERT_EQ(::lstat((root_ / "ram").c_str(), &st), 0);
+  EXPECT_TRUE(S_ISDIR(st.st_mode));
+  EXPECT_EQ(st.st_mode & 07777, 0700u);
+  EXPECT_EQ(st.st_uid, ::geteuid());
+}
+
+TEST_F(TemplateStoreTest, RamDirThatIsASymlinkIsRefused) {
+  fs::create_directory(root_ / "elsewhere");
+  ::chmod((root_ / "elsewhere").c_str(), 0700);
+  fs::create_directory_symlink(root_ / "elsewhere", root_ / "ram");
+  std::string why = refusal(root_ / "tpl", root_ / "ram");
+  EXPECT_NE(why.find((root_ / "ram").string()), std::string::npos) << why;
+  EXPECT_NE(why.find("symbolic link"), std::string::npos) << why;
+}
+
+TEST_F(TemplateStoreTest, RamDirWithWrongModeIsRefusedNotRepaired) {
+  fs::create_directory(root_ / "ram");
+  ::chmod((root_ / "ram").c_str(), 0777);
+  std::string why = refusal(root_ / "tpl", root_ / "ram");
+  EXPECT_NE(why.find("mode 0777"), std::string::npos) << why;
+  struct stat st {};
+  ASSERT_EQ(::stat((root_ / "ram").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0777u);  // not silently adopted
+}
+
+TEST_F(TemplateStoreTest, RamDirThatIsAFileIsRefused) {
+  std::ofstream(root_ / "ram") << "x";
+  EXPECT_NE(refusal(root_ / "tpl", root_ / "ram").find("not a directory"), std::string::npos);
+}
+
+TEST_F(TemplateStoreTest, RamDirOwnedBySomeoneElseIsRefused) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to make a directory another uid owns";
+  fs::create_directory(root_ / "ram");
+  ::chmod((root_ / "ram").c_str(), 0700);
+  ASSERT_EQ(::chown((root_ / "ram").c_str(), 4242, 4242), 0);
+  std::string why = refusal(root_ / "tpl", root_ / "ram");
+  EXPECT_NE(why.find("owned by uid 4242"), std::string::npos) << why;
+}
+
+TEST_F(TemplateStoreTest, RamDirIsCheckedBeforeEveryUse) {
+  TemplateStore store(root_ / "tpl", root_ / "ram");
+  ::chmod((root_ / "ram").c_str(), 0755);  // loosened after start
+  EXPECT_THROW(store.stage("k1"), Error);
+  EXPECT_THROW(store.prune(1), Error);
 }
 
 }  // namespace

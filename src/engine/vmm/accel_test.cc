@@ -59,6 +59,9 @@ TEST_F(AccelTest, ThisHostSaysTcgQuickly) {
     EXPECT_EQ(v.accel, Accel::tcg);
   }
   EXPECT_FALSE(v.reason.empty());
+  // The probe boot runs jailed: its verdict must be the boot's real outcome,
+  // never the jail's uid failing to open the host's root:kvm 0660 node.
+  EXPECT_EQ(v.reason.find("Permission denied"), std::string::npos) << v.reason;
 }
 
 TEST_F(AccelTest, AFailedProbeBootIsCachedUntilTheKeyChanges) {

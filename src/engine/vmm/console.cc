@@ -12,22 +12,36 @@
 #include <deque>
 
 #include "common/error.h"
+#include "common/process.h"
 #include "engine/vmm/qmp.h"
 
 namespace airlock::vmm {
 
 namespace {
 
+// The jail can create names in run_dir (not replace the daemon's files: the
+// sticky bit), so a log is never opened through a link it planted: a fresh
+// log replaces whatever has its name; appending reopens only a regular file
+// that is not a link, else starts afresh.
 int open_log(const std::filesystem::path& log, bool truncate) {
-  int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | (truncate ? O_TRUNC : 0),
-                  0640);
+  int fd = -1;
+  if (!truncate) {
+    fd = ::open(log.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    struct stat st {};
+    if (fd >= 0 && (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))) {
+      ::close(fd);
+      fd = -1;
+    }
+  }
+  if (fd < 0) fd = create_file_nofollow(log, 0640, O_APPEND);
   if (fd < 0) throw_errno("open " + log.string());
   return fd;
 }
 
-// Last `max` bytes of the file at `path` ("" if missing).
+// Last `max` bytes of the file at `path` ("" if missing, a link or not a
+// regular file).
 std::string read_last(const std::filesystem::path& path, size_t max) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  int fd = open_regular_nofollow(path);
   if (fd < 0) return {};
   std::string out;
   struct stat st {};
@@ -103,7 +117,9 @@ void ConsoleCapture::write_capped(const char* data, size_t size) {
       // Rotate: the current half becomes .old (dropping the older half).
       std::error_code ec;
       std::filesystem::rename(log_, log_.string() + ".old", ec);
-      int fd = ::open(log_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0640);
+      // Never O_CREAT|O_TRUNC through whatever the jail put at the name
+      // between the rename and this open.
+      int fd = create_file_nofollow(log_, 0640, O_APPEND);
       if (fd < 0) return;  // disk trouble: drop output rather than grow anything
       ::close(log_fd_);
       log_fd_ = fd;

@@ -26,6 +26,7 @@
 #include "common/error.h"
 #include "common/process.h"
 #include "common/subprocess.h"
+#include "engine/vmm/jail_ids.h"
 
 namespace airlock::vmm {
 
@@ -43,10 +44,9 @@ struct Jail::Op {
 
 namespace {
 
-constexpr uid_t kUidBase = 200000;
-constexpr uint32_t kUidRange = 65536;
 const fs::path kLeaseDir = "/run/airlock/jail-leases";
 constexpr const char* kRootName = ".jail";  // the new root's mount point, in run_dir
+constexpr const char* kKvmNode = "kvm.node";  // the jail's own KVM node, in run_dir
 constexpr rlim_t kNofile = 4096;
 constexpr rlim_t kNproc = 1024;
 
@@ -256,6 +256,7 @@ std::vector<std::string> read_lines(const fs::path& p) {
 // exclusive across daemons; a lease whose run_dir is gone is stale (its
 // sandbox was torn down without release) and is reclaimed.
 uint32_t lease_uid(const fs::path& run_dir) {
+  const uint32_t kUidRange = jail_ids().count;
   std::error_code ec;
   fs::create_directories(kLeaseDir, ec);
   ::chmod(kLeaseDir.c_str(), 0700);
@@ -283,8 +284,23 @@ uint32_t lease_uid(const fs::path& run_dir) {
       fs::remove(lease, ec);  // stale: retry this n once
     }
   }
-  throw Error(Errc::unavailable, "jail: no free uid in " + std::to_string(kUidBase) + "..+" +
+  throw Error(Errc::unavailable, "jail: no free uid in " + std::to_string(jail_ids().base) + "..+" +
                                      std::to_string(kUidRange));
+}
+
+// A character device node of `device`'s major/minor at `node` (replacing
+// whatever is there: run_dir is the jail's to write, so never followed),
+// owned by uid:gid, mode 0600.
+void make_kvm_node(const fs::path& device, const fs::path& node, uid_t uid, gid_t gid) {
+  struct stat st {};
+  if (::stat(device.c_str(), &st) != 0) throw_errno("jail: stat " + device.string());
+  if (!S_ISCHR(st.st_mode))
+    throw Error(Errc::invalid_argument, "jail: " + device.string() + " is not a character device",
+                "kvm");
+  if (::unlink(node.c_str()) != 0 && errno != ENOENT) throw_errno("unlink " + node.string());
+  if (::mknod(node.c_str(), S_IFCHR | 0600, st.st_rdev) != 0) throw_errno("mknod " + node.string());
+  // lchown: the node was just made by us, but never follow a name in run_dir.
+  if (::lchown(node.c_str(), uid, gid) != 0) throw_errno("chown " + node.string());
 }
 
 void write_lease(uint32_t n, const fs::path& run_dir, const std::vector<fs::path>& cgroups) {
@@ -385,7 +401,14 @@ Jail Jail::prepare(const JailSpec& spec) {
     for (const auto& p : spec.rw) plan.add(p, true, false, "rw");
     plan.add(run_dir, true, false, "run_dir");
     for (const char* dev : {"/dev/null", "/dev/urandom"}) plan.add(dev, true, true, "dev");
-    if (spec.kvm) plan.add("/dev/kvm", true, true, "kvm");
+    if (spec.kvm && j.mode_ == JailMode::full) {
+      // Its own node (made below, once the uid is leased), bound at /dev/kvm.
+      plan.add_file_op({Jail::Op::file, (root / "dev/kvm").string(), {}, 0, false});
+      plan.add_bind({Jail::Op::bind, (root / "dev/kvm").string(), (run_dir / kKvmNode).string(),
+                     MS_NOSUID | MS_NOEXEC});
+    } else if (spec.kvm) {
+      plan.add(spec.kvm_device, true, true, "kvm");
+    }
     if (!spec.pid_file.empty()) {
       // The shadow the jailed program writes its own pid file into.
       plan.add_file_op({Jail::Op::file, (root / ".pidfile").string(), {}, 0, true});
@@ -407,8 +430,8 @@ Jail Jail::prepare(const JailSpec& spec) {
 
   if (j.mode_ == JailMode::full) {
     uint32_t n = lease_uid(run_dir);
-    j.uid_ = kUidBase + n;
-    j.gid_ = kUidBase + n;
+    j.uid_ = jail_ids().base + n;
+    j.gid_ = jail_ids().base + n;
     try {
       // root:<gid> 01770: the jail creates its sockets; the sticky bit keeps
       // it from renaming or deleting the daemon's own files in run_dir.
@@ -416,6 +439,7 @@ Jail Jail::prepare(const JailSpec& spec) {
       if (::chmod(run_dir.c_str(), 01770) != 0) throw_errno("chmod " + run_dir.string());
       for (const auto& p : spec.chown)
         if (::chown(p.c_str(), j.uid_, j.gid_) != 0) throw_errno("chown " + p.string());
+      if (spec.kvm) make_kvm_node(spec.kvm_device, run_dir / kKvmNode, j.uid_, j.gid_);
       if (!cgroup_controllers_available().empty()) {
         j.cgroups_ = create_sandbox_cgroup(spec.id, spec.limits);
         write_lease(n, run_dir, j.cgroups_);
@@ -633,6 +657,7 @@ std::vector<std::string> release_jail(const fs::path& run_dir_in) {
   std::error_code ec;
   fs::path run_dir = fs::absolute(run_dir_in, ec).lexically_normal();
   ::rmdir((run_dir / kRootName).c_str());  // the host side is an empty directory
+  ::unlink((run_dir / kKvmNode).c_str());   // a device node outlives nothing of ours
   for (const auto& e : fs::directory_iterator(kLeaseDir, ec)) {
     auto lines = read_lines(e.path());
     if (lines.empty() || lines[0] != run_dir.string()) continue;

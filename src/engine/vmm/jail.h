@@ -2,7 +2,7 @@
 // is not a security boundary by QEMU's own policy.
 //
 // As root (the full jail), the jailed process gets
-//   - its own unprivileged uid/gid, 200000 + N, leased per sandbox in
+//   - its own unprivileged uid/gid, BASE + N (jail_ids.h), leased per sandbox in
 //     /run/airlock/jail-leases/N (never reused while the lease's run_dir
 //     exists); run_dir becomes root:<gid> mode 01770 (it can create its
 //     sockets; the sticky bit keeps it from renaming or deleting the
@@ -12,7 +12,7 @@
 //   - a root of its own: a read-only tmpfs holding exactly the paths it
 //     needs, bind-mounted at their host paths (read-only except run_dir and
 //     `rw`), symlinks on the way reproduced, /dev/null and /dev/urandom
-//     (/dev/kvm only with `kvm`), then pivot_root: the host's / is gone
+//     (with `kvm`, its own node of /dev/kvm), then pivot_root: the host's / is gone
 //   - no capabilities (effective, permitted, inheritable, ambient and the
 //     bounding set), no_new_privs, umask 077, an empty environment but PATH
 //   - rlimits: CORE 0, NOFILE 4096, NPROC 1024 (its uid is its own),
@@ -54,7 +54,12 @@ struct JailSpec {
   std::vector<std::filesystem::path> ro;     // files or dirs bound read-only (missing = error)
   std::vector<std::filesystem::path> rw;     // files or dirs bound read-write
   std::vector<std::filesystem::path> chown;  // given to the jail's uid (root only)
-  bool kvm = false;                          // also bind /dev/kvm
+  // KVM: as root the jail gets its own node of kvm_device's major/minor,
+  // owned by its uid, mode 0600, at /dev/kvm (as Firecracker's jailer does):
+  // the host's node is root:kvm 0660, which the jail's uid cannot open.
+  // Without root the host's node is bound as it is.
+  bool kvm = false;
+  std::filesystem::path kvm_device = "/dev/kvm";
   std::vector<gid_t> groups;                 // supplementary groups (root only)
   CgroupLimits limits;
   uint64_t fsize_bytes = 0;        // RLIMIT_FSIZE; 0 = unlimited

@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -15,6 +16,7 @@
 #include "common/error.h"
 #include "common/process.h"
 #include "common/subprocess.h"
+#include "engine/vmm/jail_ids.h"
 #include "engine/vmm/posture.h"
 
 namespace airlock::vmm {
@@ -95,7 +97,7 @@ TEST_F(JailTest, SleepRunsInTheJailAndItsPostureSaysSo) {
   EXPECT_FALSE(has(p["root"]["entries"], "root")) << p["root"].dump();
   EXPECT_EQ(p["capabilities"]["bounding"], "0000000000000000");
   if (jail.mode() != JailMode::full) GTEST_SKIP() << "not root: no uid, no cgroup";
-  EXPECT_GE(p["uid"]["effective"].get<long>(), 200000);
+  EXPECT_GE(p["uid"]["effective"].get<long>(), static_cast<long>(jail_ids().base));
   EXPECT_EQ(p["uid"]["real"], p["uid"]["effective"]);
   EXPECT_EQ(p["gid"]["effective"], p["uid"]["effective"]);
   EXPECT_EQ(jail.uid(), static_cast<uid_t>(p["uid"]["effective"].get<long>()));
@@ -144,6 +146,38 @@ TEST_F(JailTest, ShellSeesOnlyItsRootAndCannotReachTheHostsPidFile) {
   // It wrote "1" into its pid file; the host's copy kept the host pid.
   EXPECT_NE(slurp(spec_.pid_file), "1\n");
   EXPECT_NE(slurp(spec_.pid_file), "");
+}
+
+// The host's /dev/kvm is root:kvm 0660: a bind of it would leave the jail's
+// uid with EACCES (a KVM host silently ran every sandbox under TCG). The
+// jail gets its own node of the same major/minor, owned by its uid.
+TEST_F(JailTest, KvmNodeOfTheDevicesMajorMinorIsOpenableByTheJailsUid) {
+  if (jail_mode() != JailMode::full) GTEST_SKIP() << "needs root (the full jail)";
+  // /dev/kvm where it exists; else any character device stands in for it.
+  fs::path device = fs::exists("/dev/kvm") ? "/dev/kvm" : "/dev/zero";
+  struct stat host {};
+  ASSERT_EQ(::stat(device.c_str(), &host), 0);
+  spec_.exe = "/bin/sh";
+  spec_.kvm = true;
+  spec_.kvm_device = device;
+  Jail jail = Jail::prepare(spec_);
+  // stat(1) is not in the jail: the shell reports what it can open, and
+  // the node it sees is checked from the host through run_dir below.
+  pid_ = jail.spawn({"sh", "-c", "exec 3<>/dev/kvm && echo OPENED; echo uid=$(id -u 2>/dev/null)"},
+                    out_);
+  ASSERT_TRUE(wait_gone(pid_, 10s));
+  pid_ = -1;
+  std::string out = slurp(dir_ / "out");
+  EXPECT_NE(out.find("OPENED"), std::string::npos) << out;
+  struct stat node {};
+  ASSERT_EQ(::lstat((run_ / "kvm.node").c_str(), &node), 0);
+  EXPECT_TRUE(S_ISCHR(node.st_mode));
+  EXPECT_EQ(node.st_rdev, host.st_rdev);
+  EXPECT_EQ(node.st_uid, jail.uid());
+  EXPECT_NE(node.st_uid, 0u);
+  EXPECT_EQ(node.st_mode & 07777, 0600u);
+  release_jail(run_);
+  EXPECT_FALSE(fs::exists(run_ / "kvm.node"));
 }
 
 TEST_F(JailTest, MissingPathIsNamedAndNothingIsLeft) {

@@ -142,7 +142,7 @@ pid_t spawn_detached(const std::vector<std::string>& argv, const fs::path& run_d
 
   int devnull = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
   if (devnull < 0) throw_errno("open /dev/null");
-  int log = ::open(qemu_log(run_dir).c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);
+  int log = create_file_nofollow(qemu_log(run_dir), 0640);
   if (log < 0) {
     ::close(devnull);
     throw_errno("open " + qemu_log(run_dir).string());
@@ -326,7 +326,7 @@ pid_t spawn_qemu(const VmConfig& c, const std::vector<std::string>& argv) {
   if (!c.jail) return spawn_detached(argv, c.run_dir);
   std::string exe = resolve_binary(argv[0]);
   Jail jail = Jail::prepare(jail_spec(c, exe));
-  int log = ::open(qemu_log(c.run_dir).c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);
+  int log = create_file_nofollow(qemu_log(c.run_dir), 0640);
   if (log < 0) {
     release_jail(c.run_dir);
     throw_errno("open " + qemu_log(c.run_dir).string());
@@ -497,8 +497,15 @@ std::unique_ptr<Vm> Vm::start(const VmConfig& config) {
     throw cleanup(e.what());
   }
   // qemu.log stays (bounded below) for diagnostics of later QEMU errors.
-  std::error_code ec;
-  if (fs::file_size(qemu_log(dir), ec) > kQemuLogCap) fs::resize_file(qemu_log(dir), 0, ec);
+  // Through an fd opened without following links: the jail can plant one.
+  int log = ::open(qemu_log(dir).c_str(), O_WRONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+  if (log >= 0) {
+    struct stat st {};
+    if (::fstat(log, &st) == 0 && S_ISREG(st.st_mode) &&
+        static_cast<size_t>(st.st_size) > kQemuLogCap)
+      (void)::ftruncate(log, 0);
+    ::close(log);
+  }
   return std::unique_ptr<Vm>(new Vm(std::move(impl)));
 }
 
@@ -539,7 +546,7 @@ uint64_t Vm::save_state(const fs::path& path, std::chrono::milliseconds timeout)
   auto deadline = Clock::now() + timeout;
   const fs::path& dir = impl_->config.run_dir;
   QmpClient qmp = QmpClient::connect(dir / "qmp.sock", kQmpTimeout);
-  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);
+  int fd = create_file_nofollow(path, 0640);  // may be in a dir the jail writes
   if (fd < 0) throw_errno("create " + path.string());
   std::error_code ec;
   try {

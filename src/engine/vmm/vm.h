@@ -98,7 +98,9 @@ struct VmConfig {
 // root:kTemplateRamGid 0660, set once when a template is published (a change
 // of owner or mode later would change the file's ctime, which the template
 // store reads as "written since saved").
-inline constexpr gid_t kTemplateRamGid = 199999;
+// Just below the jail's default id range (jail_ids.h), checked with it
+// against /etc/subgid and group at start.
+inline constexpr gid_t kTemplateRamGid = 2099999999;
 
 class Vm {
  public:

@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "common/error.h"
+#include "engine/vmm/jail_ids.h"
 #include "engine/vmm/posture.h"
 #include "engine/vmm/test_support.h"
 
@@ -328,8 +329,9 @@ TEST_F(VmTest, QemuRunsJailedAndThePostureReadBackShowsIt) {
   EXPECT_EQ(slurp(dir_ / "qemu.pid"), std::to_string(vm_->pid()) + "\n");
   if (::geteuid() != 0) GTEST_SKIP() << "the full jail needs root";
   EXPECT_TRUE(p["missing"].empty()) << p.dump(2);
-  EXPECT_GE(p["uid"]["effective"].get<long>(), 200000);
-  EXPECT_EQ(p["cgroup"]["memory_max"], (128ull + 256 + 32) << 20);
+  EXPECT_GE(p["uid"]["effective"].get<long>(), static_cast<long>(jail_ids().base));
+  // RAM + the translation cache's cap + 256 MiB + RAM/4 (jail_spec).
+  EXPECT_EQ(p["cgroup"]["memory_max"], (128ull + kDefaultTcgTbSizeMb + 256 + 32) << 20);
   EXPECT_EQ(p["cgroup"]["cpu_max"], "100000 100000");
   std::vector<std::string> cgs;
   for (auto& [k, v] : p["cgroup"]["paths"].items()) cgs.push_back(v);

@@ -1,0 +1,108 @@
+// What airlockd bounds per client connection (internal to airlockd): the
+// limits, the counters behind GET /v1/info's "daemon.connections", and the
+// socket wrapper that lets the server's watchdog see a stalled connection.
+//
+// Idleness is measured per socket operation, not per request: a read or a
+// write that has been blocked for longer than the idle timeout means the
+// client sends nothing (between requests or mid-request) or reads nothing
+// (a stalled reader of a stream). Time spent in the engine is never idle, so
+// an exec that is silent for an hour, or a follow stream waiting for events,
+// is not cut; a stream is cut only once its client stops taking its bytes.
+#pragma once
+
+#include <atomic>
+#include <boost/asio/local/stream_protocol.hpp>
+#include <chrono>
+#include <cstdint>
+#include <nlohmann/json.hpp>
+
+namespace airlock::daemon {
+
+using Socket = boost::asio::local::stream_protocol::socket;
+
+struct ServerLimits {
+  // Open connections served at once; beyond it a new connection is answered
+  // 503 {"error": {"code": "unavailable", ...}} and closed (and counted).
+  int max_connections = 256;
+  // A socket read or write blocked this long closes the connection.
+  std::chrono::milliseconds idle_timeout{std::chrono::seconds(60)};
+};
+
+struct ServerCounters {
+  std::atomic<int> open{0};
+  std::atomic<uint64_t> refused{0};                // over max_connections
+  std::atomic<uint64_t> idle_closed{0};            // cut by the idle timeout
+  std::atomic<uint64_t> duplicate_exec_starts{0};  // repeated on_start ignored
+  ServerLimits limits;
+
+  nlohmann::json to_json() const {
+    return {{"open", open.load()},
+            {"max", limits.max_connections},
+            {"refused", refused.load()},
+            {"idle_closed", idle_closed.load()},
+            {"idle_timeout_s", limits.idle_timeout.count() / 1000.0},
+            {"duplicate_exec_starts_ignored", duplicate_exec_starts.load()}};
+  }
+};
+
+inline int64_t steady_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// One connection's I/O progress, written by its thread, read by the watchdog.
+struct Activity {
+  std::atomic<int64_t> op_since_ms{0};  // steady ms the pending read/write began; 0: none
+  std::atomic<bool> reading{false};     // the pending operation is a read
+  std::atomic<bool> timed_out{false};   // the watchdog cut this connection
+};
+
+// A Beast SyncReadStream/SyncWriteStream over the socket that records when
+// each read_some/write_some starts and ends in an Activity.
+class WatchedSocket {
+ public:
+  WatchedSocket(Socket& socket, Activity& activity) : socket_(socket), activity_(activity) {}
+
+  template <class Buffers>
+  size_t read_some(const Buffers& buffers, boost::system::error_code& ec) {
+    Op op(activity_, true);
+    return socket_.read_some(buffers, ec);
+  }
+  template <class Buffers>
+  size_t read_some(const Buffers& buffers) {
+    boost::system::error_code ec;
+    size_t n = read_some(buffers, ec);
+    if (ec) throw boost::system::system_error(ec);
+    return n;
+  }
+  template <class Buffers>
+  size_t write_some(const Buffers& buffers, boost::system::error_code& ec) {
+    Op op(activity_, false);
+    return socket_.write_some(buffers, ec);
+  }
+  template <class Buffers>
+  size_t write_some(const Buffers& buffers) {
+    boost::system::error_code ec;
+    size_t n = write_some(buffers, ec);
+    if (ec) throw boost::system::system_error(ec);
+    return n;
+  }
+
+  Socket& socket() { return socket_; }
+  const Activity& activity() const { return activity_; }
+
+ private:
+  struct Op {
+    Activity& a;
+    Op(Activity& act, bool reading) : a(act) {
+      a.reading = reading;
+      a.op_since_ms = steady_ms();
+    }
+    ~Op() { a.op_since_ms = 0; }
+  };
+  Socket& socket_;
+  Activity& activity_;
+};
+
+}  // namespace airlock::daemon

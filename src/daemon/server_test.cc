@@ -1,0 +1,216 @@
+// airlockd's connection bounds (cap, idle timeout) and stream robustness,
+// over a real unix socket with the fake engine of
+// src/cli/fake_engine_test_support.cc standing in for libairlock.
+#include "daemon/server.h"
+
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+#include "cli/client.h"
+#include "common/error.h"
+
+namespace airlock::daemon {
+namespace {
+
+using nlohmann::json;
+using namespace std::chrono_literals;
+
+class ServerTest : public ::testing::Test {
+ protected:
+  void start(ServerLimits limits) {
+    char tmpl[] = "/tmp/airlock-srv-XXXXXX";
+    dir_ = ::mkdtemp(tmpl);
+    socket_ = dir_ / "d.sock";
+    server_ = std::make_unique<Server>(socket_, limits);
+    server_->bind();
+    engine_ = std::make_unique<engine::Engine>(engine::Config{});
+    thread_ = std::thread([this] { server_->run(*engine_); });
+  }
+  void TearDown() override {
+    for (int fd : fds_) ::close(fd);
+    if (server_) {
+      server_->stop();
+      thread_.join();
+    }
+    std::filesystem::remove_all(dir_);
+  }
+
+  int connect_raw() {
+    int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::strncpy(addr.sun_path, socket_.c_str(), sizeof addr.sun_path - 1);
+    EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+    fds_.push_back(fd);
+    return fd;
+  }
+  static void send_all(int fd, const std::string& s) {
+    ASSERT_EQ(::send(fd, s.data(), s.size(), MSG_NOSIGNAL), ssize_t(s.size()));
+  }
+  // Everything until EOF (or `limit` elapsed).
+  static std::string read_until_eof(int fd, std::chrono::milliseconds limit = 5000ms) {
+    std::string out;
+    auto deadline = std::chrono::steady_clock::now() + limit;
+    char buf[4096];
+    while (std::chrono::steady_clock::now() < deadline) {
+      pollfd p{fd, POLLIN, 0};
+      if (::poll(&p, 1, 50) <= 0) continue;
+      ssize_t n = ::read(fd, buf, sizeof buf);
+      if (n <= 0) return out;
+      out.append(buf, size_t(n));
+    }
+    out += "<no EOF>";
+    return out;
+  }
+  // Waits for a counter of GET /v1/info's daemon.connections to reach `want`.
+  bool wait_counter(const char* key, int want, std::chrono::milliseconds limit = 5000ms) {
+    auto deadline = std::chrono::steady_clock::now() + limit;
+    while (std::chrono::steady_clock::now() < deadline) {
+      if (server_->counters()[key].get<int>() >= want) return true;
+      std::this_thread::sleep_for(10ms);
+    }
+    return false;
+  }
+
+  std::filesystem::path dir_, socket_;
+  std::unique_ptr<Server> server_;
+  std::unique_ptr<engine::Engine> engine_;
+  std::thread thread_;
+  std::vector<int> fds_;
+};
+
+const std::string kInfo = "GET /v1/info HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+
+TEST_F(ServerTest, ConnectionsBeyondTheCapGetA503AndAreCounted) {
+  start({.max_connections = 3, .idle_timeout = 60s});
+  for (int i = 0; i < 3; ++i) connect_raw();  // held open, sending nothing
+  ASSERT_TRUE(wait_counter("open", 3));
+  int extra = connect_raw();
+  send_all(extra, kInfo);
+  std::string r = read_until_eof(extra);
+  EXPECT_EQ(r.rfind("HTTP/1.1 503", 0), 0u) << r;
+  json body = json::parse(r.substr(r.find("\r\n\r\n") + 4));
+  EXPECT_EQ(body["error"]["code"], "unavailable");
+  EXPECT_NE(body["error"]["message"].get<std::string>().find("maximum of 3 connections"),
+            std::string::npos);
+  EXPECT_EQ(server_->counters()["refused"], 1);
+  EXPECT_EQ(server_->counters()["open"], 3);
+  // The CLI sees a running daemon (it must not start another) and the error.
+  cli::Client c(socket_);
+  EXPECT_TRUE(c.ping());
+  try {
+    c.call("GET", "/v1/info");
+    ADD_FAILURE() << "a call over the cap succeeded";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Errc::unavailable);
+    EXPECT_NE(std::string(e.what()).find("--max-connections"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(server_->counters()["refused"], 3);
+  // A freed slot serves again.
+  ::close(fds_[0]);
+  fds_.erase(fds_.begin());
+  auto deadline = std::chrono::steady_clock::now() + 5s;
+  while (server_->counters()["open"].get<int>() > 2 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(10ms);
+  int again = connect_raw();
+  send_all(again, kInfo);
+  r = read_until_eof(again);
+  EXPECT_EQ(r.rfind("HTTP/1.1 200", 0), 0u) << r;
+  EXPECT_NE(r.find("\"refused\":3"), std::string::npos) << r;  // counted in /v1/info
+}
+
+TEST_F(ServerTest, IdleConnectionIsClosedAfterTheTimeout) {
+  start({.max_connections = 8, .idle_timeout = 300ms});
+  int silent = connect_raw();
+  auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(read_until_eof(silent), "");  // closed, nothing said
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, 300ms);
+  // Stopped mid-request: a 408 naming the timeout.
+  int partial = connect_raw();
+  send_all(partial, "GET /v1/info HTTP/1.1\r\nHo");
+  std::string r = read_until_eof(partial);
+  EXPECT_EQ(r.rfind("HTTP/1.1 408", 0), 0u) << r;
+  EXPECT_NE(r.find("idle timeout"), std::string::npos) << r;
+  // Mid-body (a stalled upload) too.
+  std::string sb = cli::Client(socket_).call("POST", "/v1/sandboxes", json::object())["id"];
+  int upload = connect_raw();
+  send_all(upload, "PUT /v1/sandboxes/" + sb +
+                       "/files?path=/x HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\nabc");
+  r = read_until_eof(upload);
+  EXPECT_NE(r.find("504"), std::string::npos) << r;
+  EXPECT_NE(r.find("stalled"), std::string::npos) << r;
+  EXPECT_GE(server_->counters()["idle_closed"].get<int>(), 3);
+  // Keep-alive: idle after a complete exchange counts too.
+  int keep = connect_raw();
+  send_all(keep, "GET /v1/info HTTP/1.1\r\nHost: x\r\n\r\n");
+  r = read_until_eof(keep);
+  EXPECT_EQ(r.rfind("HTTP/1.1 200", 0), 0u) << r;
+  EXPECT_EQ(r.find("<no EOF>"), std::string::npos);
+}
+
+// Engine time is not idleness: a stream whose command is silent for longer
+// than the timeout, between outputs or before its first, goes on.
+TEST_F(ServerTest, ExecStreamOutlivesTheIdleTimeout) {
+  start({.max_connections = 8, .idle_timeout = 200ms});
+  cli::Client c(socket_);
+  std::string sb = c.call("POST", "/v1/sandboxes", json::object())["id"];
+  int ticks = 0;
+  json exit = c.exec(sb, {{"argv", {"tick", "500", "3"}}}, [&](const json& ev) {
+    if (ev["type"] == "stdout") ++ticks;
+  });
+  EXPECT_EQ(ticks, 3);
+  EXPECT_EQ(exit["exit_code"], 0);
+  EXPECT_EQ(server_->counters()["idle_closed"], 0);
+}
+
+// A reader that stops taking a stream's bytes is cut (and its exec ended),
+// instead of holding a thread and the exec forever.
+TEST_F(ServerTest, StalledReaderIsCut) {
+  start({.max_connections = 8, .idle_timeout = 300ms});
+  std::string sb = cli::Client(socket_).call("POST", "/v1/sandboxes", json::object())["id"];
+  int fd = connect_raw();
+  std::string body = R"({"argv":["flood","4096"]})";  // 256 MiB, never read
+  send_all(fd, "POST /v1/sandboxes/" + sb + "/exec HTTP/1.1\r\nHost: x\r\nContent-Length: " +
+                   std::to_string(body.size()) + "\r\n\r\n" + body);
+  EXPECT_TRUE(wait_counter("idle_closed", 1));
+  EXPECT_TRUE(wait_counter("open", 0) || server_->counters()["open"] == 0);
+  auto deadline = std::chrono::steady_clock::now() + 5s;
+  while (server_->counters()["open"].get<int>() > 0 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(10ms);
+  EXPECT_EQ(server_->counters()["open"], 0);  // its thread ended
+}
+
+// A second `started` (forged by the guest) must not put a second response
+// head into the stream: the client sees one start, the output, the exit.
+TEST_F(ServerTest, RepeatedExecStartIsIgnored) {
+  start({});
+  cli::Client c(socket_);
+  std::string sb = c.call("POST", "/v1/sandboxes", json::object())["id"];
+  std::vector<json> events;
+  json exit =
+      c.exec(sb, {{"argv", {"start-twice"}}}, [&](const json& ev) { events.push_back(ev); });
+  ASSERT_EQ(events.size(), 2u);
+  EXPECT_EQ(events[0]["type"], "start");
+  EXPECT_EQ(events[0]["pid"], 42);
+  EXPECT_EQ(events[1]["type"], "stdout");
+  EXPECT_EQ(exit["exit_code"], 0);
+  EXPECT_EQ(server_->counters()["duplicate_exec_starts_ignored"], 1);
+  int fd = connect_raw();
+  std::string body = R"({"argv":["start-twice"]})";
+  send_all(fd, "POST /v1/sandboxes/" + sb +
+                   "/exec HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: " +
+                   std::to_string(body.size()) + "\r\n\r\n" + body);
+  std::string r = read_until_eof(fd);
+  EXPECT_EQ(r.find("HTTP/1.1"), 0u);
+  EXPECT_EQ(r.find("HTTP/1.1", 1), std::string::npos) << r;
+}
+
+}  // namespace
+}  // namespace airlock::daemon

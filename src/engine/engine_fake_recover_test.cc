@@ -1,0 +1,131 @@
+// Re-adoption after a daemon restart, on the fake launcher (the fake VMs
+// outlive the Engine as QEMU does).
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <fstream>
+#include <sstream>
+
+#include "engine/engine_fake_test_support.h"
+
+namespace airlock::engine {
+namespace {
+
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+
+class EngineFakeRecover : public testing::FakeVmTest {};
+
+// A daemon killed mid-exec left no record of the exec at all. Now the start
+// is journaled before the exec runs, and the next daemon closes it as
+// `interrupted`.
+TEST_F(EngineFakeRecover, ExecInterruptedByDaemonDeathIsRecorded) {
+  int ids[2];
+  ASSERT_EQ(::pipe(ids), 0);
+  pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    // The "daemon": an engine that is SIGKILLed while its exec runs.
+    try {
+      Engine engine(cfg_);
+      SandboxInfo sb = engine.create({.image = "minimal"});
+      std::string line = sb.id + "\n";
+      (void)!::write(ids[1], line.data(), line.size());
+      engine.exec(sb.id, {.cmd = "sleep 60"}, {});
+    } catch (...) {
+    }
+    ::_exit(1);
+  }
+  ::close(ids[1]);
+  char buf[64] = {};
+  ssize_t n = ::read(ids[0], buf, sizeof buf - 1);
+  ::close(ids[0]);
+  ASSERT_GT(n, 0);
+  std::string id(buf, static_cast<size_t>(n) - 1);
+  fs::path journal = data_ / "audit" / (id + ".jsonl");
+  ASSERT_TRUE(eventually([&] {
+    std::ifstream in(journal);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str().find("\"exec_start\"") != std::string::npos;
+  }));
+  ::kill(child, SIGKILL);
+  ::waitpid(child, nullptr, 0);
+
+  Engine engine(cfg_);  // the restarted daemon
+  EXPECT_EQ(engine.get(id).state, State::running);
+  std::string exec_id;
+  bool ended = false;
+  for (auto& r : engine.audit(id)) {
+    if (r["event"] == "exec_start") exec_id = r["exec_id"];
+    if (r["event"] == "exec" && r.value("exec_id", "") == exec_id) {
+      ended = true;
+      EXPECT_EQ(r["reason"], "interrupted");
+      EXPECT_EQ(r["interrupted"], true);
+    }
+  }
+  EXPECT_FALSE(exec_id.empty());
+  EXPECT_TRUE(ended) << "no end record for the interrupted exec";
+  // Once only: a second restart adds nothing.
+  size_t before = engine.audit(id).size();
+  EXPECT_EQ(engine.audit(id).size(), before);
+  engine.destroy(id);
+  EXPECT_EQ(fake_vms(), 0u);
+}
+
+// Re-adoption ran the hellos one after another: N guests whose hellos take
+// T each held the daemon's start for N*T. Counted, not timed: the hellos'
+// intervals (as the fake VMs log them) must all overlap.
+TEST_F(EngineFakeRecover, ReadoptionHellosRunConcurrently) {
+  constexpr int kN = 4;
+  std::vector<std::string> ids;
+  {
+    Engine engine(cfg_);
+    for (int i = 0; i < kN; ++i) ids.push_back(engine.create({.image = "minimal"}).id);
+  }  // the daemon stops; the VMs keep running
+  for (auto& id : ids) {
+    fs::path dir = data_ / "sandboxes" / id;
+    std::ofstream(dir / "fake-hello-delay-ms") << 600;
+    fs::remove(dir / "fake-vm.log");
+  }
+  Engine engine(cfg_);
+  std::vector<std::pair<long long, long long>> spans;
+  for (auto& id : ids) {
+    EXPECT_EQ(engine.get(id).state, State::running) << engine.get(id).reason;
+    std::ifstream in(data_ / "sandboxes" / id / "fake-vm.log");
+    std::string a, s;
+    long long t0 = 0, t1 = 0;
+    ASSERT_TRUE(in >> a >> t0 >> s >> t1) << id;
+    spans.emplace_back(t0, t1);
+  }
+  // The most hellos in flight at one moment.
+  int most = 0;
+  for (auto& [start, end] : spans) {
+    int at = 0;
+    for (auto& [s2, e2] : spans)
+      if (s2 <= start && start < e2) ++at;
+    most = std::max(most, at);
+  }
+  EXPECT_EQ(most, kN) << "re-adoption hellos ran one after another";
+  for (auto& id : ids) engine.destroy(id);
+  EXPECT_EQ(fake_vms(), 0u);
+}
+
+// A stopped daemon's sandboxes keep their lifetime across the restart
+// (steady deadlines are rebuilt from what is left of expires_at).
+TEST_F(EngineFakeRecover, LifetimeSurvivesRestart) {
+  std::string id;
+  {
+    Engine engine(cfg_);
+    id = engine.create({.image = "minimal", .timeout_s = 2}).id;
+  }
+  Engine engine(cfg_);
+  EXPECT_EQ(engine.get(id).state, State::running);
+  EXPECT_TRUE(eventually([&] { return engine.get(id).state == State::timed_out; }, 6s));
+  EXPECT_EQ(fake_vms(), 0u);
+}
+
+}  // namespace
+}  // namespace airlock::engine

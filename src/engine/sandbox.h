@@ -1,0 +1,153 @@
+// One sandbox: the single owner of its state (docs/design.md, "State and
+// lifecycle"). Its state lives here and in the registry row, nowhere else,
+// and changes only through transition(), which checks the move against
+// kTransitions, writes the registry with compare-and-set on the state and
+// appends the journal event, all under this sandbox's own lock. A lost race
+// (destroy vs. the reaper vs. set_network) is a typed Error(conflict) for
+// the loser, never a write-back of a stale state.
+//
+//   auto sb = std::make_shared<Sandbox>(rec, registry, journal, networked);
+//   sb->transition(State::starting, State::running, {.event = "created", ...});
+//   if (sb->state() != State::running) throw ...;
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <utility>
+
+#include "engine/audit/journal.h"
+#include "engine/channel/guest_channel.h"
+#include "engine/engine.h"
+#include "engine/launcher.h"
+#include "engine/registry/registry.h"
+
+namespace airlock::engine {
+
+// Monotonic milliseconds (std::chrono::steady_clock): every deadline
+// (lifetime, idle, ping, closed grace) is decided on this clock, so a step
+// of the wall clock changes none of them.
+int64_t steady_ms();
+
+// Whether `from` -> `to` is in the table (design.md has it with who may
+// trigger each move).
+bool transition_allowed(State from, State to);
+
+// What a transition writes besides the state. `event` (if not empty) is
+// appended to the journal with `details` + reason/failure.
+struct Change {
+  std::string reason;
+  std::string failure;  // kept only for `failed`
+  std::string event;
+  nlohmann::json details = nlohmann::json::object();
+  Durability durability = Durability::sync;
+  // The journal record is part of the change: if it cannot be written,
+  // transition() throws Error(internal) (the state HAS moved; the caller
+  // unwinds, e.g. the create's scope guard tears the sandbox down).
+  bool journal_required = false;
+  std::optional<int> pid;
+  std::optional<int64_t> boot_ms;
+  bool write_record = false;  // also write every column of rec (pool hand-out)
+};
+
+// Runs `f` at scope exit unless dismiss()ed: every resource of a create is
+// held by one until the commit point.
+class ScopeGuard {
+ public:
+  explicit ScopeGuard(std::function<void()> f) : f_(std::move(f)) {}
+  ~ScopeGuard() {
+    if (f_) f_();
+  }
+  void dismiss() { f_ = nullptr; }
+  // Runs the action now (once).
+  void fire() {
+    auto f = std::move(f_);
+    f_ = nullptr;
+    if (f) f();
+  }
+  ScopeGuard(const ScopeGuard&) = delete;
+  ScopeGuard& operator=(const ScopeGuard&) = delete;
+
+ private:
+  std::function<void()> f_;
+};
+
+class Sandbox {
+ public:
+  // `rec` as inserted in the registry (state rec.info.state).
+  Sandbox(SandboxRecord rec, Registry& registry, AuditJournal& journal);
+  Sandbox(const Sandbox&) = delete;
+  Sandbox& operator=(const Sandbox&) = delete;
+
+  const std::string& id() const { return id_; }
+  const std::filesystem::path& run_dir() const { return run_dir_; }
+  State state() const;
+  // Moves `expected` -> `to`. Error(conflict) naming the actual state if the
+  // sandbox is not in `expected` (or the registry row is not: someone else
+  // moved it) or the move is not in the table. Error(internal) if the
+  // registry cannot be written (the state is then unchanged). A journal
+  // failure is logged, not thrown: the state change has happened.
+  void transition(State expected, State to, const Change& change = {});
+  // Moves from the current state to `to` if the table allows it; returns
+  // the state it left, nullopt if the move is not allowed (e.g. someone
+  // else is already stopping it). Same errors otherwise.
+  std::optional<State> transition_any(State to, const Change& change = {});
+  // Waits up to `timeout` for a terminal state; returns (state, failure,
+  // reason) as of return.
+  std::tuple<State, std::string, std::string> wait_ended(std::chrono::milliseconds timeout);
+
+  // The public view: rec's info with the current state, policy and reason.
+  SandboxInfo info() const;
+  // The egress policy in force (set_network changes it).
+  nlohmann::json network() const;
+  void set_network(nlohmann::json policy);
+
+  // Set at creation and never changed: whether the VM has a NIC (mode
+  // "none" cannot be changed into another mode, nor back).
+  bool networked = false;
+  // Written only before the sandbox is shared (create/recover) or under
+  // `mu`; the state field inside is not used (state() is).
+  SandboxRecord rec;
+  std::unique_ptr<VmHandle> vm;
+  std::unique_ptr<channel::GuestChannel> channel;
+  std::mutex mu;                          // execs, net_pid, rec (after sharing)
+  std::map<std::string, uint32_t> execs;  // exec_id -> stream, while running
+  pid_t net_pid = 0;                      // the airlock-net helper (0 = none: mode "none")
+  std::mutex net_mu;                      // serialises policy changes
+
+  // Deadlines and activity, on steady_ms().
+  std::atomic<int64_t> expires_steady_ms{0};
+  std::atomic<int64_t> last_activity_ms{0};
+  std::atomic<int> busy{0};
+  std::atomic<bool> ping_in_flight{false};
+  std::atomic<int64_t> ping_sent_ms{0};
+  // Reaper-only (one reaper thread).
+  int64_t last_ping_ms = 0;
+  int64_t closed_seen_ms = 0;
+  std::string memory_cgroup;
+
+ private:
+  void apply(State from, State to, const Change& change);  // under state_mu_
+
+  const std::string id_;
+  const std::filesystem::path run_dir_;
+  Registry& registry_;
+  AuditJournal& journal_;
+  mutable std::mutex state_mu_;  // state_, failure_, reason_, network_
+  std::condition_variable ended_;
+  State state_;
+  std::string failure_, reason_;
+  nlohmann::json network_;
+};
+
+// Old name, for code written against the previous struct.
+using Live = Sandbox;
+
+}  // namespace airlock::engine
