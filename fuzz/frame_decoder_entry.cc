@@ -32,8 +32,13 @@ void check_frame(const protocol::Frame& f) {
   try {
     if (f.type == protocol::Type::credit)
       (void)protocol::parse_credit(f);
-    else if (f.type != protocol::Type::data)
-      (void)protocol::parse_json(f);
+    else if (f.type != protocol::Type::data) {
+      nlohmann::json j = protocol::parse_json(f);
+      // What it accepts is bounded in nesting, so the recursive parts of
+      // nlohmann (dump, copy, compare) are safe on it.
+      if (protocol::json_too_deep(j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)))
+        broken("parse_json accepted JSON nested deeper than kMaxJsonDepth");
+    }
   } catch (const Error&) {
   }
 }

@@ -10,7 +10,8 @@ namespace airlock::fuzz {
 
 // Feeds `data` through a Decoder in chunks (sizes derived from the input's
 // first byte), checks every decoded frame re-encodes to the same bytes and
-// that parse_json / parse_credit fail only with airlock::Error. Returns 0.
+// that parse_json / parse_credit fail only with airlock::Error and that
+// parse_json accepts nothing nested deeper than protocol::kMaxJsonDepth. Returns 0.
 // Aborts on a broken invariant; lets any exception other than airlock::Error
 // escape (a bug: the decoder may only fail with Error(protocol_error)).
 int frame_decoder_one_input(const uint8_t* data, size_t size);

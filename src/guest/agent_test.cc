@@ -3,7 +3,9 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
+#include <sys/mount.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/vfs.h>
@@ -48,13 +50,46 @@ std::string test_cgroup_root() {
   return "";
 }
 
+// In a child process: a private mount namespace (and, unless root, a user
+// namespace mapping us to root) with a 4 MiB tmpfs at `dir`, a disk the test
+// can fill without touching the host's. False if the host allows neither.
+bool enter_small_fs(const std::string& dir) {
+  const uid_t uid = geteuid();
+  const gid_t gid = getegid();
+  if (unshare(uid == 0 ? CLONE_NEWNS : CLONE_NEWNS | CLONE_NEWUSER) != 0) return false;
+  if (uid != 0) {
+    auto put = [](const char* file, const std::string& text) {
+      std::ofstream f(file);
+      f << text;
+      return static_cast<bool>(f.flush());
+    };
+    if (!put("/proc/self/setgroups", "deny") ||
+        !put("/proc/self/uid_map", "0 " + std::to_string(uid) + " 1") ||
+        !put("/proc/self/gid_map", "0 " + std::to_string(gid) + " 1"))
+      return false;
+  }
+  return mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) == 0 &&
+         mount("tmpfs", dir.c_str(), "tmpfs", 0, "size=4m,mode=0777") == 0;
+}
+
+bool can_make_small_fs(const std::string& dir) {
+  pid_t p = fork();
+  if (p == 0) _exit(enter_small_fs(dir) ? 0 : 1);
+  int st = 0;
+  waitpid(p, &st, 0);
+  return WIFEXITED(st) && WEXITSTATUS(st) == 0;
+}
+
 class Agent {
  public:
-  explicit Agent(std::string cgroup_root = "") : cgroup_root_(std::move(cgroup_root)) {
+  // `small_fs`: a directory where the agent (alone) sees a 4 MiB tmpfs.
+  explicit Agent(std::string cgroup_root = "", std::string small_fs = "")
+      : cgroup_root_(std::move(cgroup_root)) {
     int sv[2];
     EXPECT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
     pid_ = fork();
     if (pid_ == 0) {
+      if (!small_fs.empty() && !enter_small_fs(small_fs)) _exit(126);
       dup2(sv[1], 3);
       std::vector<const char*> args = {AIRLOCK_GUEST_BIN, "--listen-fd", "3"};
       if (!cgroup_root_.empty()) {
@@ -422,6 +457,36 @@ TEST(Agent, TypedReasons) {
                     {"limits", {{"cpu_seconds", 1}}},
                     {"timeout_ms", 20000}});
   EXPECT_EQ(c.response["reason"], "cpu_limit") << c.response.dump();
+}
+
+// A full disk does not hide why the agent ended an exec: a timeout is a
+// timeout (it used to read no_space whenever the disk was full at the end).
+TEST(Agent, TimeoutOnAFullDiskIsTimeout) {
+  auto d = temp_dir() / "small";
+  fs::create_directories(d);
+  if (!can_make_small_fs(d)) {
+    fs::remove_all(d.parent_path());
+    GTEST_SKIP() << "cannot mount a tmpfs in a private mount namespace here";
+  }
+  {
+    Agent a("", d);
+    a.hello();
+    // Fill it: the write fails with ENOSPC, so the exec is no_space.
+    auto& full = a.exec({{"argv", {"sh", "-c", "cat /dev/zero > fill"}}, {"cwd", d.string()}});
+    EXPECT_EQ(full.response["reason"], "no_space") << full.response.dump() << full.err;
+    EXPECT_NE(full.response["exit_code"], 0);
+    // Still full: a program that then hangs is ended by its timeout.
+    auto& t = a.exec({{"argv", {"sleep", "100"}}, {"cwd", d.string()}, {"timeout_ms", 500}});
+    EXPECT_EQ(t.response["reason"], "timeout") << t.response.dump();
+    EXPECT_EQ(t.response["timed_out"], true);
+    EXPECT_EQ(t.response["signal"], SIGKILL);
+    // And one that fills the disk and then hangs, in one exec.
+    auto& both = a.exec({{"argv", {"sh", "-c", "rm fill; cat /dev/zero > fill2; sleep 100"}},
+                         {"cwd", d.string()},
+                         {"timeout_ms", 1000}});
+    EXPECT_EQ(both.response["reason"], "timeout") << both.response.dump();
+  }
+  fs::remove_all(d.parent_path());
 }
 
 TEST(Agent, LimitsAreValidatedNamingTheField) {

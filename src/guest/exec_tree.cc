@@ -447,10 +447,13 @@ json ProcTree::outcome() const {
     reason = "oom_killed";
   else if (cgroup_value("pids.events", "max") > 0 && (failed || timed_out_))
     reason = "pids_limit";
+  else if (timed_out_)
+    // The agent's own decision wins over the disk-space heuristic below: a
+    // program that hung on (or after) a full disk was still ended by its
+    // timeout, and a full disk says nothing about why.
+    reason = "timeout";
   else if (no_space_ && failed)
     reason = "no_space";
-  else if (timed_out_)
-    reason = "timeout";
   else if (signaled)
     reason = "signaled";
   else

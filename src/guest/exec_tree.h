@@ -82,8 +82,9 @@ class ProcTree {
   bool empty() const;
 
   // After on_exit: {"exit_code","signal","reason","timed_out","duration_ms"}.
-  // reason: killed | cpu_limit | oom_killed | pids_limit | no_space |
-  // timeout | signaled | exited (first that applies, in this order).
+  // reason: killed | cpu_limit | oom_killed | pids_limit | timeout |
+  // no_space | signaled | exited (first that applies, in this order: what
+  // the agent itself did to the tree comes before the no_space heuristic).
   nlohmann::json outcome() const;
 
  private:

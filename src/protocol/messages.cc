@@ -78,10 +78,50 @@ Frame json_frame(Type type, uint32_t stream, const json& body) {
   return f;
 }
 
+bool json_too_deep(std::string_view text, int max_depth) {
+  int depth = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (c == '\\')
+        ++i;  // the escaped character cannot end the string
+      else if (c == '"')
+        in_string = false;
+      continue;
+    }
+    switch (c) {
+      case '"':
+        in_string = true;
+        break;
+      case '[':
+      case '{':
+        if (++depth > max_depth) return true;
+        break;
+      case ']':
+      case '}':
+        --depth;
+        break;
+      default:
+        break;
+    }
+  }
+  return false;
+}
+
 json parse_json(const Frame& frame) {
-  json j = json::parse(frame.payload, nullptr, /*allow_exceptions=*/false);
   const std::string where = " (frame type " + std::to_string(static_cast<int>(frame.type)) +
                             ", stream " + std::to_string(frame.stream) + ")";
+  // The decoder already bounds payloads; this keeps the helper safe for
+  // frames built any other way.
+  if (frame.payload.size() > kMaxPayload)
+    throw Error(Errc::protocol_error, "payload of " + std::to_string(frame.payload.size()) +
+                                          " bytes exceeds the frame maximum of " +
+                                          std::to_string(kMaxPayload) + where);
+  if (json_too_deep(frame.payload))
+    throw Error(Errc::protocol_error,
+                "payload nests deeper than " + std::to_string(kMaxJsonDepth) + " levels" + where);
+  json j = json::parse(frame.payload, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) throw Error(Errc::protocol_error, "payload is not valid JSON" + where);
   if (!j.is_object()) throw Error(Errc::protocol_error, "payload is not a JSON object" + where);
   return j;

@@ -52,11 +52,25 @@ bool is_error(const nlohmann::json& response);
 // if `response` is an error object; does nothing otherwise.
 void throw_if_error(const nlohmann::json& response);
 
+// How deep a JSON message on the channel may nest (arrays and objects). The
+// protocol's own messages nest at most 4 levels (a jobs list's argv); the
+// limit exists because nlohmann's dump, copy and comparison recurse, so a
+// hostile guest's [[[[...]]]] would otherwise reach them (stack overflow).
+inline constexpr int kMaxJsonDepth = 32;
+
+// True if `text` has arrays/objects nested deeper than `max_depth`. A linear
+// structural scan that skips string contents (exact for valid JSON; for
+// invalid JSON the parser rejects it anyway); it stops at the first level
+// too deep, so it never recurses and never allocates.
+bool json_too_deep(std::string_view text, int max_depth = kMaxJsonDepth);
+
 // A frame whose payload is `body` serialised. Throws Error(protocol_error) if
 // the serialisation exceeds kMaxPayload.
 Frame json_frame(Type type, uint32_t stream, const nlohmann::json& body);
 // The payload of `frame` as a JSON object. Throws Error(protocol_error) naming
-// the frame type and stream if it is not valid JSON or not an object.
+// the frame type and stream if it is larger than kMaxPayload, nests deeper
+// than kMaxJsonDepth, is not valid JSON, or is not an object. Everything
+// either side decodes from the other goes through here.
 nlohmann::json parse_json(const Frame& frame);
 
 // Field access for requests. Every accessor throws

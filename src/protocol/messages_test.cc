@@ -40,6 +40,48 @@ TEST(Messages, ParseJsonRejectsNonObjects) {
   }
 }
 
+// {"a":[{"a":[... depth levels, closed.
+std::string nested(int depth) {
+  std::string open, close;
+  for (int i = 0; i < depth; ++i) {
+    open += i % 2 ? "[" : "{\"a\":";
+    close.insert(0, i % 2 ? "]" : "}");
+  }
+  return open + "1" + close;
+}
+
+TEST(Messages, ParseJsonBoundsNesting) {
+  Frame f;
+  f.type = Type::response;
+  f.stream = 3;
+  f.payload = nested(kMaxJsonDepth);
+  EXPECT_NO_THROW(parse_json(f));
+  // One level more, the deepest a frame can hold ([[[...]]] fills 64 KiB),
+  // and brackets that never close (the parser alone would build them all).
+  std::string deepest = "{\"a\":" + std::string(kMaxPayload / 2 - 4, '[') +
+                        std::string(kMaxPayload / 2 - 4, ']') + "}";
+  for (const std::string& p : {nested(kMaxJsonDepth + 1), deepest, std::string(kMaxPayload, '[')}) {
+    f.payload = p;
+    try {
+      parse_json(f);
+      FAIL() << p.substr(0, 40);
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), Errc::protocol_error);
+      EXPECT_NE(std::string(e.what()).find("nests deeper than 32 levels"), std::string::npos)
+          << e.what();
+      EXPECT_NE(std::string(e.what()).find("stream 3"), std::string::npos) << e.what();
+    }
+  }
+  // Brackets inside strings (escaped quotes too) are not nesting.
+  f.payload = "{\"s\":\"" + std::string(1000, '[') + "\\\"" + std::string(1000, '{') + "\"}";
+  EXPECT_EQ(parse_json(f)["s"].get<std::string>().size(), 2001u);
+  EXPECT_FALSE(json_too_deep("[[[\"]]]]]]]\"]]]", 3));
+  EXPECT_TRUE(json_too_deep("[[[[]]]]", 3));
+  // Over kMaxPayload (a frame not from the decoder): refused before parsing.
+  f.payload = "{\"x\":\"" + std::string(kMaxPayload, 'a') + "\"}";
+  EXPECT_THROW(parse_json(f), Error);
+}
+
 TEST(Messages, FieldAccessors) {
   json j = {{"s", "x"}, {"b", true}, {"i", 7}, {"f", 2.0}, {"g", 2.5}, {"n", nullptr}};
   EXPECT_EQ(optional_string(j, "s"), "x");

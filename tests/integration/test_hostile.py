@@ -83,11 +83,36 @@ class HostileTest(DaemonTestCase):
                                        timeout=600)
             self.assertEqual(ex["reason"], "no_space", (ex, err))
             self.assertNotEqual(ex["exit_code"], 0)
+            # Still full: an exec ended by its timeout is a timeout (the
+            # agent's own kill, not the disk-space heuristic).
+            _, err, ex = self.api.exec(self.sid, argv=["sleep", "100"], timeout=1)
+            self.assertEqual((ex["reason"], ex["timed_out"]), ("timeout", True), (ex, err))
             self.assertStillWorks()
         finally:
             self.api.exec(self.sid, argv=["rm", "-f", "/root/fill"], timeout=120)
         _, _, ex = self.api.exec(self.sid, cmd="echo data > /root/after && cat /root/after")
         self.assertEqual(ex["reason"], "exited")
+
+    def test_wget_without_network_fails_cleanly(self):
+        # busybox 1.35's wget segfaulted on -T (images/minimal.sh patches
+        # its option string); with no NIC every fetch fails with an ordinary
+        # error, never a signal, started from sh or directly.
+        for cmd in ["wget -T 3 -q -O - http://www.example.com/",
+                    "wget -q -O - http://www.example.com/",
+                    "wget -T 2 -O /dev/null http://192.0.2.1/",
+                    "wget -O - http://localhost:1/"]:
+            _, err, ex = self.api.exec(self.sid, cmd=cmd, timeout=60)
+            self.assertNotEqual(ex["exit_code"], 0, (cmd, ex, err))
+            self.assertLess(ex["exit_code"], 128, (cmd, ex, err))
+            self.assertEqual((ex["signal"], ex["reason"]), (None, "exited"), (cmd, ex, err))
+            self.assertIn(b"wget: ", err, cmd)
+        _, err, ex = self.api.exec(self.sid, argv=["wget", "-T", "3", "http://www.example.com/"])
+        self.assertEqual((ex["exit_code"], ex["signal"]), (1, None), err)
+        # Names: /etc/hosts through the image's nsswitch.conf.
+        out, err, ex = self.api.exec(self.sid, cmd="cat /etc/nsswitch.conf; ping -c 1 -W 2 localhost")
+        self.assertEqual(ex["exit_code"], 0, (out, err))
+        self.assertIn(b"hosts: files dns", out)
+        self.assertIn(b"127.0.0.1", out)
 
     def test_inode_fill_is_no_space(self):
         try:

@@ -266,6 +266,31 @@ class NetworkTest(DaemonTestCase):
         dns = [e for e in self.events(sid) if e["event"] == "net_dns" and e["name"] == "mail.example.com"]
         self.assertTrue(dns and not dns[0]["allowed"], dns)
 
+    def test_wget_and_name_lookups_in_minimal(self):
+        # Issue 9: busybox 1.35's wget segfaulted on -T (Debian builds it
+        # without FEATURE_WGET_TIMEOUT); images/minimal.sh patches that.
+        sid = self.new({"mode": "allowlist", "allow": ["www.example.com", "*.wild.example.org"]})
+        for cmd in ["wget -q -O - http://www.example.com/", "wget -T 10 -q -O - http://www.example.com/",
+                    "wget -T10 -O - http://x.wild.example.org/"]:
+            out, err, ex = self.api.exec(sid, cmd=cmd, timeout=60)
+            self.assertEqual((ex["exit_code"], ex["signal"]), (0, None), (cmd, ex, err))
+            self.assertTrue(out.startswith(b"hello 203.0.113."), (cmd, out))
+        out, code = self.run_in(sid, "nslookup www.example.com")
+        self.assertEqual(code, 0, out)
+        self.assertIn("203.0.113.10", out)
+        # A name that does not resolve: a clean failure, no signal.
+        for cmd in ["wget -T 5 -q -O - http://nosuch.example.com/", "wget -q -O - http://nosuch.example.com/"]:
+            _, err, ex = self.api.exec(sid, cmd=cmd, timeout=60)
+            self.assertNotEqual(ex["exit_code"], 0, (cmd, ex, err))
+            self.assertLess(ex["exit_code"], 128, (cmd, ex, err))
+            self.assertEqual((ex["signal"], ex["reason"]), (None, "exited"), (cmd, ex, err))
+            self.assertIn(b"bad address", err, cmd)
+        # No network at all: the same, no signal.
+        sid3 = self.new({"mode": "none"})
+        _, err, ex = self.api.exec(sid3, cmd="wget -T 3 -q -O - http://www.example.com/", timeout=60)
+        self.assertNotEqual(ex["exit_code"], 0, (ex, err))
+        self.assertEqual((ex["signal"], ex["reason"]), (None, "exited"), (ex, err))
+
     def test_open_mode_still_denies_internal_addresses(self):
         sid = self.new({"mode": "open"})
         out, code = self.run_in(sid, "wget -q -O - http://198.51.100.11/")
@@ -274,7 +299,6 @@ class NetworkTest(DaemonTestCase):
         # listens); the metadata address and RFC 1918 exist in the test's
         # internet with servers behind them. All refused at once.
         for target in ["10.0.2.2", "169.254.169.254", "10.1.2.3"]:
-            # nc, not wget: the image's static busybox wget crashes on a refused connect.
             out, code, took = self.timed(sid, f"printf 'GET / HTTP/1.0\\r\\n\\r\\n' | nc -w 20 {target} 80")
             self.assertNotEqual(code, 0, f"{target}: {out}")
             self.assertNotIn("REACHED", out)

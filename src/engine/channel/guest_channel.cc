@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <climits>
 #include <cstring>
 
 #include "common/error.h"
@@ -88,6 +89,21 @@ GuestChannel::~GuestChannel() {
   ::close(fd_);
 }
 
+std::string GuestChannel::last_ignored() const {
+  std::lock_guard lock(mu_);
+  return last_ignored_;
+}
+
+void GuestChannel::ignore(const std::string& why, bool locked) {
+  ignored_.fetch_add(1);
+  if (locked) {
+    last_ignored_ = why;
+  } else {
+    std::lock_guard lock(mu_);
+    last_ignored_ = why;
+  }
+}
+
 bool GuestChannel::closed() const {
   std::lock_guard lock(mu_);
   return closed_;
@@ -150,16 +166,31 @@ void GuestChannel::reader_loop() {
 void GuestChannel::dispatch(Frame f) {
   std::lock_guard lock(mu_);
   if (f.stream == 0) {
-    if (f.type != Type::hello) return;  // the guest may only say hello on 0
-    auto j = nlohmann::json::parse(f.payload, nullptr, false);
-    if (!j.is_object())
-      j = protocol::error_json(protocol::code::protocol_error, "hello reply is not a JSON object");
-    if (hello_replies_.size() < 8) hello_replies_.push_back(std::move(j));
+    // The guest may only say hello on 0.
+    if (f.type != Type::hello)
+      return ignore("frame type " + std::to_string(static_cast<int>(f.type)) + " on stream 0",
+                    true);
+    nlohmann::json j;
+    try {
+      j = protocol::parse_json(f);
+    } catch (const Error& e) {
+      // hello() turns this into its error; nothing deep is ever kept.
+      j = protocol::error_json(protocol::code::protocol_error,
+                               std::string("malformed hello reply: ") + e.what());
+    }
+    if (hello_replies_.size() >= 8) return ignore("unsolicited hello", true);
+    hello_replies_.push_back(std::move(j));
     hello_cv_.notify_all();
     return;
   }
   auto it = streams_.find(f.stream);
-  if (it == streams_.end()) return;  // a stream we abandoned: drop
+  if (it == streams_.end()) {
+    // Late frames of a stream we abandoned (its call timed out) land here
+    // too, as do ids the host never opened: either way nothing reads them.
+    return ignore("frame type " + std::to_string(static_cast<int>(f.type)) + " for stream " +
+                      std::to_string(f.stream) + ", which is not open",
+                  true);
+  }
   Stream& st = *it->second;
   if (!st.failed.empty()) return;
   auto violate = [&](const std::string& what) {
@@ -380,7 +411,7 @@ nlohmann::json GuestChannel::exec(uint32_t id, nlohmann::json request,
 
   bool upload_done = !stdin_source;
   std::string pending;
-  bool consumer_gone = false, killed = false;
+  bool consumer_gone = false, killed = false, started = false, output_seen = false;
   // "No deadline" as a far one: Deadline::max() overflows some wait_until paths.
   Deadline until = deadline.value_or(Clock::now() + std::chrono::hours(24 * 365));
   for (;;) {
@@ -399,15 +430,11 @@ nlohmann::json GuestChannel::exec(uint32_t id, nlohmann::json request,
     }
     if (!f) continue;  // credit for stdin arrived
     switch (f->type) {
-      case Type::event: {
-        auto j = nlohmann::json::parse(f->payload, nullptr, false);
-        if (j.is_object() && j.value("started", false) && handlers.on_start) {
-          auto pid = j.value("pid", nlohmann::json());
-          handlers.on_start(pid.is_number_integer() ? pid.get<int>() : 0);
-        }
+      case Type::event:
+        exec_event(*f, started, output_seen, handlers);
         break;
-      }
       case Type::data: {
+        output_seen = true;
         uint32_t n = static_cast<uint32_t>(f->payload.size());
         if (!consumer_gone && handlers.on_output && !handlers.on_output(f->channel, f->payload)) {
           consumer_gone = true;
@@ -417,6 +444,7 @@ nlohmann::json GuestChannel::exec(uint32_t id, nlohmann::json request,
         break;
       }
       case Type::eof:
+        output_seen = true;
         break;
       case Type::response: {
         auto j = parse_response(*f);
@@ -427,6 +455,34 @@ nlohmann::json GuestChannel::exec(uint32_t id, nlohmann::json request,
         break;
     }
   }
+}
+
+void GuestChannel::exec_event(const Frame& f, bool& started, bool output_seen,
+                              const ExecHandlers& handlers) {
+  const std::string where = "exec event on stream " + std::to_string(f.stream);
+  nlohmann::json j;
+  try {
+    j = protocol::parse_json(f);
+  } catch (const Error& e) {
+    return ignore(where + ": " + e.what());
+  }
+  // {"started": true, "pid": N} is the only event of version 1.
+  auto s = j.find("started");
+  if (s == j.end()) return ignore(where + " without \"started\"");
+  if (!s->is_boolean() || !s->get<bool>())
+    return ignore(where + ": \"started\" is " + s->dump() + ", not true");
+  // Once, and first: the daemon writes its response header from on_start.
+  if (started) return ignore("second \"started\" " + where);
+  if (output_seen) return ignore("\"started\" after output, " + where);
+  int pid = 0;
+  auto p = j.find("pid");
+  if (p != j.end() && !p->is_null()) {
+    if (!p->is_number_integer() || p->get<int64_t>() < 1 || p->get<int64_t>() > INT32_MAX)
+      return ignore(where + ": \"pid\" is " + p->dump() + ", not a process id");
+    pid = static_cast<int>(p->get<int64_t>());
+  }
+  started = true;
+  if (handlers.on_start) handlers.on_start(pid);
 }
 
 void GuestChannel::signal(uint32_t stream, int signo) {
@@ -454,7 +510,12 @@ uint64_t GuestChannel::write_file(const std::string& path, uint32_t mode, bool p
   for (;;) {
     if (!done) done = pump_upload(id, *st, source, pending);
     auto f = wait_frame(*st, deadline, !done);
-    if (!f || f->type != Type::response) continue;
+    if (!f) continue;
+    if (f->type != Type::response) {
+      ignore("frame type " + std::to_string(static_cast<int>(f->type)) + " on write_file stream " +
+             std::to_string(id));
+      continue;
+    }
     auto j = parse_response(*f);
     if (!done) throw Error(Errc::guest_error, "guest answered write_file before the end of data");
     auto size = j.value("size", nlohmann::json());
@@ -495,6 +556,9 @@ uint64_t GuestChannel::read_file(const std::string& path, const ChunkSink& sink,
                                            " does not match the " + std::to_string(delivered) +
                                            " bytes it sent for " + path);
       return delivered;
+    } else if (f->type != Type::eof) {
+      ignore("frame type " + std::to_string(static_cast<int>(f->type)) + " on read_file stream " +
+             std::to_string(id));
     }
   }
 }
@@ -509,6 +573,8 @@ nlohmann::json GuestChannel::call(const nlohmann::json& request, Deadline deadli
     if (f->type == Type::response) return parse_response(*f);
     // JSON ops carry no data; a guest that sends some gets no credit back
     // and is simply ignored.
+    ignore("frame type " + std::to_string(static_cast<int>(f->type)) + " on JSON-only stream " +
+           std::to_string(id));
   }
 }
 

@@ -20,6 +20,16 @@
 // "guest agent connection lost: <why>"); every call also has a deadline.
 // Guest {"error":...} responses become airlock::Error with the Errc of
 // protocol::errc_from_guest_code and the guest's message.
+//
+// Hostile guests: every JSON message from the guest is bounded in size
+// (kMaxPayload) and nesting (protocol::kMaxJsonDepth); a response that breaks
+// that fails its call (Error(guest_error)), a hello fails hello(). Frames
+// that do not fit the protocol's sequence but harm nothing — a second
+// `started`, a `started` after output or with an ill-typed field, an event
+// that is not a JSON object, frames for a stream that is not open, anything
+// but hello on stream 0, data on a JSON-only stream — are dropped and
+// counted (ignored_messages()); they never throw out of the channel, and
+// ExecHandlers::on_start runs at most once per exec, before any output.
 #pragma once
 
 #include <atomic>
@@ -59,7 +69,8 @@ struct HelloParams {
 };
 
 struct ExecHandlers {
-  // The guest started the process.
+  // The guest started the process (at most once, and never after on_output;
+  // a guest that sends no well-formed `started` event gets no call).
   std::function<void(int pid)> on_start;
   // Output chunk; channel 1 = stdout, 2 = stderr. Called on the caller's
   // thread. Returning false kills the process tree (signal 9); the stream is
@@ -117,6 +128,12 @@ class GuestChannel {
   // `request` (with "op") and returns the response object.
   nlohmann::json call(const nlohmann::json& request, Deadline deadline);
 
+  // Guest frames this connection dropped because they were forged, repeated,
+  // ill-typed or for no open stream (see the header comment), and why the
+  // last one was. For the engine's diagnostics (sandbox info, logs).
+  uint64_t ignored_messages() const { return ignored_.load(); }
+  std::string last_ignored() const;
+
   // True once the connection is gone; closed_reason() says why.
   bool closed() const;
   std::string closed_reason() const;
@@ -145,6 +162,12 @@ class GuestChannel {
   bool pump_upload(uint32_t id, Stream& st, const ChunkSource& source, std::string& pending);
   // Returns credit for `bytes` consumed from `st`'s guest->host `channel`.
   void grant(uint32_t id, Stream& st, uint8_t channel, uint32_t bytes);
+  // Counts a dropped guest frame; `why` names it. Takes mu_ unless `locked`.
+  void ignore(const std::string& why, bool locked = false);
+  // Handles an exec `event` frame: calls on_start for the first well-formed
+  // `started` before any output, ignores (and counts) everything else.
+  void exec_event(const protocol::Frame& f, bool& started, bool output_seen,
+                  const ExecHandlers& handlers);
 
   int fd_;
   std::thread reader_;
@@ -157,6 +180,8 @@ class GuestChannel {
   bool closed_ = false;
   std::string why_;
   std::atomic<uint32_t> next_stream_{1};
+  std::atomic<uint64_t> ignored_{0};
+  std::string last_ignored_;  // under mu_
 };
 
 }  // namespace airlock::channel
