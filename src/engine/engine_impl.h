@@ -24,6 +24,7 @@
 #include "engine/storage/image_store.h"
 #include "engine/templates/template_store.h"
 #include "engine/vmm/accel.h"
+#include "engine/vmm/sealed_ram.h"
 #include "engine/vmm/vm.h"
 
 namespace airlock::engine {
@@ -161,6 +162,14 @@ struct Engine::Impl {
   std::optional<templates::TemplateStore> templates;
   std::mutex tpl_mu;
   std::map<std::string, std::shared_ptr<std::mutex>> tpl_building;
+  // Sealed memfd copies of template RAM files that clones map (one per
+  // template and file version, made at its first clone in this daemon's
+  // life; engine_templates.cc). By RAM path: {ino:ctime:size stamp, copy}.
+  std::mutex sealed_mu;
+  std::map<std::string, std::pair<std::string, std::shared_ptr<vmm::SealedRam>>> sealed;
+  // The sealed copy of `tpl`'s RAM, made now if there is none for this
+  // version of the file; Error as SealedRam::copy_of.
+  std::shared_ptr<vmm::SealedRam> sealed_ram(const templates::Template& tpl);
 
   explicit Impl(Config c);
 

@@ -85,6 +85,7 @@ std::optional<Engine::Impl::BootFailure> Engine::Impl::boot_once(Live& sb,
   fs::path disk = dir / "disk.qcow2";
   fs::remove(disk, ec);  // a retry starts from a pristine disk
   vmm::VmConfig vc;
+  std::shared_ptr<vmm::SealedRam> sealed;  // a clone's template RAM (sealed_ram.h)
   vc.id = info.id;
   vc.run_dir = dir;
   vc.kernel = img.kernel;
@@ -135,6 +136,8 @@ std::optional<Engine::Impl::BootFailure> Engine::Impl::boot_once(Live& sb,
       fs::permissions(disk, fs::perms::owner_read | fs::perms::owner_write);
       vc.memory_file = tpl->ram;
       vc.memory_shared = false;
+      sealed = impl.sealed_ram(*tpl);  // held until QEMU has its own copy of the fd
+      vc.memory_fd = sealed->fd();
       vc.incoming_state = tpl->state;
     } else {
       storage::create_overlay(img.rootfs, disk, static_cast<uint64_t>(info.spec.disk_mb));

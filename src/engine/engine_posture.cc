@@ -13,8 +13,8 @@ namespace airlock::engine {
 
 namespace {
 
-// A clone maps its template's RAM privately but, with QEMU 7.2, through a
-// file it could write (vm.cc, TEMPLATE_RAM_WRITABLE): read from its argv.
+// A clone maps its template's RAM privately (share=off in its argv); that
+// RAM must then be the write-sealed memfd (checked by the caller).
 bool maps_template_ram(const std::vector<std::string>& argv) {
   return std::any_of(argv.begin(), argv.end(), [](const std::string& a) {
     return a.rfind("memory-backend-file,", 0) == 0 && a.find(",share=off") != std::string::npos;
@@ -43,7 +43,10 @@ nlohmann::json Engine::posture(const std::string& id) {
           : "KVM: the guest is isolated by hardware virtualisation; the jail below is the "
             "second layer around QEMU";
   auto missing = p["missing"];
-  if (maps_template_ram(proc_cmdline(pid))) missing.push_back("template_ram_read_only");
+  // A clone: its template RAM must be the write-sealed memfd, read back
+  // from the QEMU process itself (vmm/sealed_ram.h).
+  if (maps_template_ram(proc_cmdline(pid)) && !vmm::template_ram_sealed(pid, vmm::kInheritedFd))
+    missing.push_back("template_ram_read_only");
   p.erase("missing");
   out["process"] = p;
   out["missing"] = missing;

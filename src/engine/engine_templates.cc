@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -162,6 +163,31 @@ std::optional<templates::Template> Engine::Impl::template_for(const storage::Ima
     note("template_failed", {{"template", key}, {"reason", e.what()}});
     return std::nullopt;
   }
+}
+
+std::shared_ptr<vmm::SealedRam> Engine::Impl::sealed_ram(const templates::Template& tpl) {
+  auto stamp_of = [](const fs::path& p) {
+    struct stat st {};
+    if (::lstat(p.c_str(), &st) != 0) return std::string();
+    return std::to_string(st.st_ino) + ":" + std::to_string(st.st_ctim.tv_sec) + "." +
+           std::to_string(st.st_ctim.tv_nsec) + ":" + std::to_string(st.st_size);
+  };
+  std::lock_guard lock(sealed_mu);
+  // Copies of files that were rebuilt or removed since are nobody's.
+  for (auto it = sealed.begin(); it != sealed.end();)
+    it = stamp_of(it->first) != it->second.first ? sealed.erase(it) : std::next(it);
+  std::string stamp = stamp_of(tpl.ram);
+  auto it = sealed.find(tpl.ram.string());
+  if (it != sealed.end() && it->second.first == stamp) return it->second.second;
+  auto t0 = std::chrono::steady_clock::now();
+  auto ram = vmm::SealedRam::copy_of(tpl.ram);
+  spdlog::info("template {}: sealed RAM copy for clones ({} MiB) in {} ms", tpl.ram.string(),
+               ram->size() >> 20,
+               std::chrono::duration_cast<std::chrono::milliseconds>(
+                   std::chrono::steady_clock::now() - t0)
+                   .count());
+  sealed[tpl.ram.string()] = {stamp, ram};
+  return ram;
 }
 
 }  // namespace airlock::engine

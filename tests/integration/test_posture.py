@@ -36,13 +36,9 @@ class PostureTest(DaemonTestCase):
                 self.assertIn("uid", p["missing"])
                 return
             self.assertEqual(p["jail"], "full")
-            # The one known gap: a clone of a template maps the template's RAM
-            # through a file QEMU 7.2 opens read-write (src/engine/vmm/vm.cc,
-            # TEMPLATE_RAM_WRITABLE); named, and only for clones.
-            missing = [m for m in p["missing"] if m != "template_ram_read_only"]
-            self.assertEqual(missing, [], json.dumps(p, indent=2))
-            if "template_ram_read_only" in p["missing"]:
-                self.assertNotEqual(sb.get("start"), "boot", sb)
+            # Nothing missing, clones included: a clone maps its template's
+            # RAM as a write-sealed memfd (read back from the QEMU process).
+            self.assertEqual(p["missing"], [], json.dumps(p, indent=2))
             self.assertNotEqual(proc["uid"]["effective"], 0)
             self.assertNotEqual(proc["uid"]["real"], 0)
             self.assertNotEqual(proc["gid"]["effective"], 0)
@@ -52,11 +48,18 @@ class PostureTest(DaemonTestCase):
                 self.assertTrue(proc["namespaces"][ns]["own"], f"{ns} namespace shared with the daemon")
                 self.assertNotEqual(proc["namespaces"][ns]["id"], os.readlink(f"/proc/self/ns/{ns}"))
             self.assertTrue(proc["root"]["own"], "QEMU sees the host's /")
-            for host_dir in ("home", "root", "proc", "sys", "var", "boot"):
+            for host_dir in ("home", "root", "sys", "var", "boot"):
                 self.assertNotIn(host_dir, proc["root"]["entries"])
+            if "proc" in proc["root"]["entries"]:
+                # Only a clone's (to open its sealed RAM as /proc/self/fd/4):
+                # its own pid namespace, processes only (subset=pid).
+                self.assertNotEqual(sb.get("start"), "boot", sb)
+                seen = os.listdir(f"/proc/{sb['pid']}/root/proc")
+                self.assertTrue(all(e.isdigit() or e in ("self", "thread-self") for e in seen), seen)
+                self.assertNotIn("sys", seen)
             cg = proc["cgroup"]
-            # 256 MiB guest + 256 MiB + 25 %.
-            self.assertEqual(cg["memory_max"], (256 + 256 + 64) << 20, cg)
+            # 256 MiB guest + the TCG translation-cache cap (128 MiB) + 256 MiB + 25 %.
+            self.assertEqual(cg["memory_max"], (256 + 128 + 256 + 64) << 20, cg)
             self.assertEqual(cg["pids_max"], 1024)
             self.assertEqual(cg["cpu_max"], "100000 100000")
             self.assertEqual(len(cgroup_dirs_for(sid)), len(set(cg["paths"].values())))

@@ -288,11 +288,12 @@ Template TemplateStore::commit(const Staging& st, const Template& meta) {
   t.state_bytes = fs::file_size(st.state);
   t.built_at_ms = now_ms();
   for (const fs::path& p : {st.disk, st.state}) ::chmod(p.c_str(), 0444);
-  // Final owner and mode of the RAM file before its stamp is recorded (see
-  // vmm::kTemplateRamGid): jailed clones open it through that group.
-  if (::geteuid() == 0 && ::chown(st.ram.c_str(), 0, vmm::kTemplateRamGid) != 0)
+  // Final owner and mode of the RAM file before its stamp is recorded: the
+  // daemon's alone (the template QEMU that wrote it is gone); clones map a
+  // sealed memfd copy of it (vmm/sealed_ram.h), never the file.
+  if (::geteuid() == 0 && ::chown(st.ram.c_str(), 0, 0) != 0)
     throw_errno("chown " + st.ram.string());
-  ::chmod(st.ram.c_str(), ::geteuid() == 0 ? 0660 : 0600);
+  ::chmod(st.ram.c_str(), 0600);
   std::string sha = storage::sha256_file(st.state);
   std::lock_guard lock(mu_);
   fs::remove_all(t.dir, ec);

@@ -35,7 +35,7 @@ namespace fs = std::filesystem;
 // One step of the mount plan, executed in the jailed child (after fork, so
 // only syscalls on strings prepared here).
 struct Jail::Op {
-  enum Kind { dir, symlink, file, bind } kind;
+  enum Kind { dir, symlink, file, bind, proc } kind;
   std::string target;       // absolute, inside the new root (before pivot_root)
   std::string source;       // bind: host path; symlink: link text
   unsigned long flags = 0;  // bind: the remount flags
@@ -409,6 +409,10 @@ Jail Jail::prepare(const JailSpec& spec) {
     } else if (spec.kvm) {
       plan.add(spec.kvm_device, true, true, "kvm");
     }
+    if (spec.inherit_fd >= 0) {
+      plan.add_file_op({Jail::Op::dir, (root / "proc").string(), {}, 0, false});
+      plan.add_bind({Jail::Op::proc, (root / "proc").string(), {}, 0, false});
+    }
     if (!spec.pid_file.empty()) {
       // The shadow the jailed program writes its own pid file into.
       plan.add_file_op({Jail::Op::file, (root / ".pidfile").string(), {}, 0, true});
@@ -559,6 +563,11 @@ pid_t Jail::spawn(const std::vector<std::string>& argv, int out_fd) const {
             if (fd >= 0) ::close(fd);
             break;
           }
+          case Op::proc:
+            // Its own pid namespace's processes only (it is PID 1 there).
+            r = ::mount("proc", op.target.c_str(), "proc",
+                        MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_RDONLY, "subset=pid");
+            break;
           case Op::bind:
             r = ::mount(op.source.c_str(), op.target.c_str(), nullptr, MS_BIND, nullptr);
             if (r == 0)
@@ -592,12 +601,20 @@ pid_t Jail::spawn(const std::vector<std::string>& argv, int out_fd) const {
     if (mode != JailMode::none && !drop_all_caps()) child_fail(rep, st_caps);
     if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) child_fail(rep, st_nnp);
     ::umask(077);
+    // Out of the way of 0..4 first: the daemon's number may be any of them.
+    int inherited = s.inherit_fd >= 0 ? ::fcntl(s.inherit_fd, F_DUPFD, 16) : -1;
+    if (s.inherit_fd >= 0 && inherited < 0) child_fail(rep, st_exec);
     ::dup2(devnull, 0);
     ::dup2(out_fd, 1);
     ::dup2(out_fd, 2);
     ::dup2(rep, 3);
     ::fcntl(3, F_SETFD, FD_CLOEXEC);
-    ::close_range(4, ~0U, 0);  // nothing of the daemon leaks into the jail
+    int first_closed = kInheritedFd;
+    if (inherited >= 0) {
+      ::dup2(inherited, kInheritedFd);  // without FD_CLOEXEC: it survives exec
+      first_closed = kInheritedFd + 1;
+    }
+    ::close_range(first_closed, ~0U, 0);  // nothing else of the daemon leaks into the jail
     ::execve(exe.c_str(), cargv.data(), envp);
     child_fail(3, st_exec);
   }

@@ -61,10 +61,18 @@ struct JailSpec {
   bool kvm = false;
   std::filesystem::path kvm_device = "/dev/kvm";
   std::vector<gid_t> groups;                 // supplementary groups (root only)
+  // One descriptor of the daemon's handed to the jailed process as fd
+  // kInheritedFd (everything else is closed), and /proc (its own pid
+  // namespace only: subset=pid, read-only) so it can open it by name as
+  // /proc/self/fd/4 — how a clone's QEMU maps its template's sealed RAM.
+  int inherit_fd = -1;
   CgroupLimits limits;
   uint64_t fsize_bytes = 0;        // RLIMIT_FSIZE; 0 = unlimited
   std::filesystem::path pid_file;  // in run_dir; gets the host pid (empty = none)
 };
+
+// The fd number JailSpec::inherit_fd has in the jailed process.
+inline constexpr int kInheritedFd = 4;
 
 enum class JailMode { full, userns, none };
 const char* to_string(JailMode mode);

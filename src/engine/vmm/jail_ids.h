@@ -8,7 +8,7 @@
 // id mapping slices 200000 .. 2000200000, so the default range sits above
 // both and below systemd's foreign range (2147352576..):
 //
-//   2099999999            the group of template RAM files (kTemplateRamGid)
+//   2099999999            reserved (kTemplateRamGid)
 //   2100000000 .. +65536  one uid = gid per running sandbox
 //
 //   vmm::set_jail_ids({.base = 2100000000, .count = 65536});  // throws on overlap

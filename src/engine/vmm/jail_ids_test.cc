@@ -77,8 +77,8 @@ TEST_F(JailIdsTest, TheTemplateRamGroupMustBeFreeAsWell) {
 
 TEST_F(JailIdsTest, MalformedRangesAreRefusedAndMissingFilesAreFine) {
   EXPECT_NE(refusal({.base = 2100000000, .count = 0}), "");
-  EXPECT_NE(refusal({.base = 10, .count = 100}), "");              // system accounts
-  EXPECT_NE(refusal({.base = 2147480000, .count = 65536}), "");    // past 2^31-1
+  EXPECT_NE(refusal({.base = 10, .count = 100}), "");            // system accounts
+  EXPECT_NE(refusal({.base = 2147480000, .count = 65536}), "");  // past 2^31-1
   fs::remove_all(dir_);
   fs::create_directory(dir_);
   EXPECT_EQ(refusal({.base = 300000, .count = 100}), "");

@@ -18,6 +18,7 @@
 #include "common/process.h"
 #include "engine/vmm/console.h"
 #include "engine/vmm/jail.h"
+#include "engine/vmm/sealed_ram.h"
 #include "engine/vmm/qmp.h"
 
 namespace airlock::vmm {
@@ -116,7 +117,13 @@ void validate(const VmConfig& c) {
     if (c.memory_file.string().find(',') != std::string::npos)
       throw Error(Errc::invalid_argument, "memory_file must not contain ','", "memory_file");
     // A clone maps an existing template; a template creates its own file.
-    if (!c.memory_shared) require_file(c.memory_file, "memory_file");
+    if (!c.memory_shared) {
+      require_file(c.memory_file, "memory_file");
+      if (c.memory_fd < 0 || !is_write_sealed(c.memory_fd))
+        throw Error(Errc::invalid_argument,
+                    "a clone needs its template's RAM as a write-sealed memfd (memory_fd)",
+                    "memory_fd");
+    }
   }
   if (!c.incoming_state.empty()) {
     require_file(c.incoming_state, "incoming_state");
@@ -134,7 +141,9 @@ void validate(const VmConfig& c) {
 
 // Forks QEMU detached: fork, setsid, fork again, so QEMU is re-parented to
 // init (or the nearest subreaper) and survives the daemon. Returns its pid.
-pid_t spawn_detached(const std::vector<std::string>& argv, const fs::path& run_dir) {
+// `inherit_fd` (if >= 0) becomes fd kInheritedFd of QEMU, like in the jail.
+pid_t spawn_detached(const std::vector<std::string>& argv, const fs::path& run_dir,
+                     int inherit_fd) {
   std::string exe = resolve_binary(argv[0]);
   std::vector<char*> cargv;
   for (const auto& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
@@ -170,12 +179,18 @@ pid_t spawn_detached(const std::vector<std::string>& argv, const fs::path& run_d
     struct sigaction dfl {};
     dfl.sa_handler = SIG_DFL;
     for (int s = 1; s < NSIG; ++s) ::sigaction(s, &dfl, nullptr);  // e.g. SIGPIPE ignored
+    int inherited = inherit_fd >= 0 ? ::fcntl(inherit_fd, F_DUPFD, 16) : -1;
     ::dup2(devnull, 0);
     ::dup2(log, 1);
     ::dup2(log, 2);
     ::dup2(report[1], 3);
     ::fcntl(3, F_SETFD, FD_CLOEXEC);
-    ::close_range(4, ~0U, 0);  // nothing of the daemon leaks into QEMU
+    int first_closed = kInheritedFd;
+    if (inherited >= 0) {
+      ::dup2(inherited, kInheritedFd);
+      first_closed = kInheritedFd + 1;
+    }
+    ::close_range(first_closed, ~0U, 0);  // nothing else of the daemon leaks into QEMU
     pid_t self = ::getpid();
     (void)!::write(3, &self, sizeof(self));
     ::execv(exe.c_str(), cargv.data());
@@ -271,34 +286,17 @@ JailSpec jail_spec(const VmConfig& c, const std::string& exe) {
   if (!c.memory_file.empty()) {
     if (c.memory_shared) {
       // A template's RAM: QEMU sizes and writes it; it must exist to be bound.
-      // Group rw: its clones open it through the group (below).
-      int fd = ::open(c.memory_file.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0660);
+      // Owner only: clones never open it (they get a sealed copy, above).
+      int fd = ::open(c.memory_file.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
       if (fd < 0) throw_errno("create " + c.memory_file.string());
-      ::fchmod(fd, 0660);
+      ::fchmod(fd, 0600);
       ::close(fd);
       s.chown.push_back(c.memory_file);
       s.rw.push_back(c.memory_file);
     } else {
-      // TEMPLATE_RAM_WRITABLE: QEMU 7.2 opens mem-path O_RDWR even for
-      // share=off (MAP_PRIVATE), so a clone cannot get its template's RAM
-      // read-only: it is bound read-write, owned root:kTemplateRamGid 0660
-      // (a gid never leased to a sandbox), and the clone joins that group.
-      // A compromised clone could write its template's RAM (and so later
-      // clones); posture reports "template_ram_read_only" missing.
-      // docs/design.md, "The jail".
-      if (::geteuid() == 0) {
-        // Only if needed: chown/chmod change the file's ctime, which the
-        // template store checks to notice writes to a template's RAM.
-        struct stat st {};
-        if (::stat(c.memory_file.c_str(), &st) != 0) throw_errno("stat " + c.memory_file.string());
-        if ((st.st_uid != 0 || st.st_gid != kTemplateRamGid) &&
-            ::chown(c.memory_file.c_str(), 0, kTemplateRamGid) != 0)
-          throw_errno("chown " + c.memory_file.string());
-        if ((st.st_mode & 07777) != 0660 && ::chmod(c.memory_file.c_str(), 0660) != 0)
-          throw_errno("chmod " + c.memory_file.string());
-        s.groups.push_back(kTemplateRamGid);
-      }
-      s.rw.push_back(c.memory_file);
+      // A clone maps the sealed memfd (fd kInheritedFd, /proc/self/fd/N):
+      // the template's RAM file is not in its root at all.
+      s.inherit_fd = c.memory_fd;
     }
   }
   s.ro.insert(s.ro.end(), c.extra_ro.begin(), c.extra_ro.end());
@@ -323,7 +321,7 @@ JailSpec jail_spec(const VmConfig& c, const std::string& exe) {
 
 // Starts QEMU detached, in the jail unless config.jail is off.
 pid_t spawn_qemu(const VmConfig& c, const std::vector<std::string>& argv) {
-  if (!c.jail) return spawn_detached(argv, c.run_dir);
+  if (!c.jail) return spawn_detached(argv, c.run_dir, c.memory_shared ? -1 : c.memory_fd);
   std::string exe = resolve_binary(argv[0]);
   Jail jail = Jail::prepare(jail_spec(c, exe));
   int log = create_file_nofollow(qemu_log(c.run_dir), 0640);
@@ -386,7 +384,9 @@ std::vector<std::string> qemu_argv(const VmConfig& c) {
   if (!c.memory_file.empty()) {
     a.insert(a.end(), {"-object",
                        "memory-backend-file,id=ram0,size=" + std::to_string(c.memory_mb) +
-                           "M,mem-path=" + c.memory_file.string() +
+                           "M,mem-path=" +
+                           (c.memory_shared ? c.memory_file.string()
+                                            : "/proc/self/fd/" + std::to_string(kInheritedFd)) +
                            (c.memory_shared ? ",share=on" : ",share=off"),
                        "-machine", "memory-backend=ram0"});
   }

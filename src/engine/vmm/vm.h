@@ -81,6 +81,11 @@ struct VmConfig {
   // it writes.
   std::filesystem::path memory_file;
   bool memory_shared = false;
+  // Clones (memory_shared false): the template's RAM as a write-sealed memfd
+  // (sealed_ram.h), required. QEMU maps it privately through
+  // /proc/self/fd/<jail's kInheritedFd>; memory_file only names the
+  // template and is never given to QEMU, so a clone cannot write it.
+  int memory_fd = -1;
   // Clones: QEMU starts with `-incoming defer` and start() loads this device
   // state (written by save_state) before resuming. The argv must describe
   // the same machine as the template's (cpus, memory, devices).
@@ -94,10 +99,9 @@ struct VmConfig {
   std::vector<std::filesystem::path> extra_rw;
 };
 
-// The group of template RAM files clones map (below the jail's uid range):
-// root:kTemplateRamGid 0660, set once when a template is published (a change
-// of owner or mode later would change the file's ctime, which the template
-// store reads as "written since saved").
+// A gid reserved just below the jail's uid range (checked with it against
+// /etc/subgid and group at start); template RAM files are no longer shared
+// through it (clones map a sealed memfd), the reservation stays.
 // Just below the jail's default id range (jail_ids.h), checked with it
 // against /etc/subgid and group at start.
 inline constexpr gid_t kTemplateRamGid = 2099999999;

@@ -14,7 +14,9 @@
 
 #include "common/error.h"
 #include "engine/vmm/jail_ids.h"
+#include "engine/vmm/jail.h"
 #include "engine/vmm/posture.h"
+#include "engine/vmm/sealed_ram.h"
 #include "engine/vmm/test_support.h"
 
 namespace airlock::vmm {
@@ -279,10 +281,27 @@ TEST_F(VmTest, CloneContinuesTheSavedGuestWithoutTouchingTheTemplateRam) {
   c.disk = testing::test_disk(clone_dir);
   c.memory_shared = false;
   c.incoming_state = state;
+  // A clone without the sealed copy is refused: it would get the file.
+  EXPECT_THROW(Vm::start(c), Error);
+  auto sealed = SealedRam::copy_of(cfg_.memory_file);
+  EXPECT_EQ(sealed->size(), fs::file_size(cfg_.memory_file));
+  c.memory_fd = sealed->fd();
   auto clone = Vm::start(c);
   bool continued = wait_for(
       [&] { return slurp(clone->console_log()).find("STILL " + mark) != std::string::npos; }, 60s);
   std::string log = slurp(clone->console_log());
+  // Read back from the running clone: it holds the sealed memfd, and the
+  // template's RAM file is not in its root at all.
+  EXPECT_TRUE(template_ram_sealed(clone->pid(), kInheritedFd));
+  if (::geteuid() == 0) {
+    fs::path inside = "/proc/" + std::to_string(clone->pid()) + "/root" + cfg_.memory_file.string();
+    std::error_code ec;
+    EXPECT_FALSE(fs::exists(inside, ec)) << inside;
+  }
+  // Nobody, the daemon included, can change the pages clones share.
+  char byte = 1;
+  EXPECT_EQ(::pwrite(sealed->fd(), &byte, 1, 0), -1);
+  EXPECT_EQ(errno, EPERM);
   clone->kill();
   fs::remove_all(clone_dir);
   EXPECT_TRUE(continued) << log;
@@ -305,6 +324,8 @@ TEST_F(VmTest, CloneFromACorruptStateFailsWithQemusReasonAndLeavesNothing) {
   std::ofstream(state, std::ios::binary) << "QEVM garbage, not a migration stream";
   cfg_.memory_shared = false;
   cfg_.incoming_state = state;
+  auto sealed = SealedRam::copy_of(cfg_.memory_file);
+  cfg_.memory_fd = sealed->fd();
   try {
     vm_ = Vm::start(cfg_);
     FAIL() << "a garbage state file was loaded";
