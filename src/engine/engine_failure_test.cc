@@ -27,11 +27,13 @@ using SteadyClock = std::chrono::steady_clock;
 
 class EngineFailureTest : public testing::RealVmTest {
  protected:
-  // Polls until sandbox `id` leaves `running` (or `limit` passes).
+  // Polls until sandbox `id` has ended: past `running` and the teardown's
+  // `stopping` (or `limit` passes).
   SandboxInfo wait_ended(Engine& e, const std::string& id, std::chrono::seconds limit = 30s) {
     auto until = SteadyClock::now() + limit;
     SandboxInfo info = e.get(id);
-    while (info.state == State::running && SteadyClock::now() < until) {
+    while ((info.state == State::running || info.state == State::stopping) &&
+           SteadyClock::now() < until) {
       std::this_thread::sleep_for(100ms);
       info = e.get(id);
     }
@@ -101,7 +103,9 @@ TEST_F(EngineFailureTest, GuestPanicIsFailedGuestPanic) {
   auto ev = last_event(engine, sb.id, "failed");
   ASSERT_FALSE(ev.is_null());
   EXPECT_EQ(ev["failure"], "guest_panic");
-  EXPECT_NE(ev["console_tail"].get<std::string>().find("sysrq: Trigger a crash"), std::string::npos)
+  // The panic line itself (a long stack trace can push the sysrq line that
+  // precedes it out of the excerpt; the engine always keeps the panic line).
+  EXPECT_NE(ev["console_tail"].get<std::string>().find("Kernel panic"), std::string::npos)
       << ev.dump();
   expect_nothing_left(sb.id);
 }
