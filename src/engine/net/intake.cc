@@ -155,7 +155,10 @@ std::optional<json> check(const json& j, std::string* event) {
 }  // namespace
 
 EventIntake::EventIntake(IntakeConfig config, Clock clock)
-    : config_(config), clock_(std::move(clock)), last_summary_(clock_()) {}
+    : config_(config),
+      clock_(std::move(clock)),
+      limiter_({.per_second = config.per_second, .burst = config.burst}, clock_),
+      last_summary_(clock_()) {}
 
 std::vector<EventIntake::Record> EventIntake::feed(std::string_view bytes) {
   std::vector<Record> out;
@@ -211,31 +214,16 @@ void EventIntake::line(std::string_view text, std::vector<Record>& out) {
   }
   std::string kind = event;
   if (event != "net_flow_end" && !(*fields)["allowed"].get<bool>()) kind += "_denied";
-  if (!admit(kind)) {
-    ++suppressed_[kind];
-    return;
-  }
+  if (!limiter_.admit(kind)) return;  // counted by the limiter
   ++accepted_;
   out.push_back({std::move(event), std::move(*fields)});
 }
 
-bool EventIntake::admit(const std::string& kind) {
-  auto now = clock_();
-  auto [it, fresh] = buckets_.try_emplace(kind, Bucket{config_.burst, now});
-  Bucket& b = it->second;
-  double elapsed = std::chrono::duration<double>(now - b.last).count();
-  b.tokens = std::min(config_.burst, b.tokens + std::max(0.0, elapsed) * config_.per_second);
-  b.last = now;
-  if (b.tokens < 1) return false;
-  b.tokens -= 1;
-  return true;
-}
-
 std::vector<EventIntake::Record> EventIntake::summary() {
-  if (suppressed_.empty() && helper_suppressed_.empty() && invalid_ == 0) return {};
+  if (!limiter_.has_suppressed() && helper_suppressed_.empty() && invalid_ == 0) return {};
   uint64_t total = 0;
   json counts = json::object(), helper = json::object();
-  for (auto& [k, n] : suppressed_) {
+  for (auto& [k, n] : limiter_.take_suppressed()) {
     counts[k] = n;
     total += n;
   }
@@ -245,7 +233,6 @@ std::vector<EventIntake::Record> EventIntake::summary() {
   }
   json fields{{"count", total}, {"counts", counts}, {"invalid", invalid_}};
   if (!helper.empty()) fields["helper_counts"] = helper;
-  suppressed_.clear();
   helper_suppressed_.clear();
   invalid_ = 0;
   last_summary_ = clock_();

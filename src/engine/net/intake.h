@@ -38,6 +38,8 @@
 #include <string_view>
 #include <vector>
 
+#include "engine/audit/limiter.h"
+
 namespace airlock::net {
 
 struct IntakeConfig {
@@ -71,19 +73,14 @@ class EventIntake {
 
  private:
   void line(std::string_view text, std::vector<Record>& out);
-  bool admit(const std::string& kind);
   std::vector<Record> summary();
 
   IntakeConfig config_;
   Clock clock_;
   std::string partial_;
   bool skipping_ = false;  // inside an over-long line: drop up to its newline
-  struct Bucket {
-    double tokens;
-    std::chrono::steady_clock::time_point last;
-  };
-  std::map<std::string, Bucket> buckets_;
-  std::map<std::string, uint64_t> suppressed_, helper_suppressed_;
+  engine::EventLimiter limiter_;  // per kind; counts what it suppresses
+  std::map<std::string, uint64_t> helper_suppressed_;
   uint64_t invalid_ = 0, invalid_total_ = 0, accepted_ = 0;
   std::chrono::steady_clock::time_point last_summary_;
 };
