@@ -21,6 +21,7 @@
 #include <thread>
 
 #include "cli/probe.h"
+#include "cli/probe_host.h"
 #include "common/error.h"
 #include "daemon/base64.h"
 
@@ -81,75 +82,6 @@ struct Run {
     return s + " (" + reason() + "), " + secs(ms);
   }
 };
-
-// Host side of the reach checks: a TCP listener on every address (dual
-// stack if the host has IPv6) that counts connections that arrive.
-class Listener {
- public:
-  Listener() {
-    fd_ = ::socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-    if (fd_ >= 0) {
-      int off = 0;
-      ::setsockopt(fd_, IPPROTO_IPV6, IPV6_V6ONLY, &off, sizeof off);
-      sockaddr_in6 a{};
-      a.sin6_family = AF_INET6;
-      a.sin6_addr = in6addr_any;
-      if (::bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) close_fd();
-    }
-    if (fd_ < 0) {
-      fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-      if (fd_ < 0) throw_errno("probe: creating the host listener");
-      sockaddr_in a{};
-      a.sin_family = AF_INET;
-      a.sin_addr.s_addr = htonl(INADDR_ANY);
-      if (::bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0)
-        throw_errno("probe: binding the host listener");
-    }
-    if (::listen(fd_, 64) != 0) throw_errno("probe: listening");
-    sockaddr_storage ss{};
-    socklen_t len = sizeof ss;
-    ::getsockname(fd_, reinterpret_cast<sockaddr*>(&ss), &len);
-    port_ = ss.ss_family == AF_INET6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port)
-                                     : ntohs(reinterpret_cast<sockaddr_in*>(&ss)->sin_port);
-  }
-  ~Listener() { close_fd(); }
-  int port() const { return port_; }
-  // Connections accepted so far (each closed at once).
-  int drain() {
-    while (true) {
-      int c = ::accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC);
-      if (c < 0) return accepted_;
-      ::close(c);
-      ++accepted_;
-    }
-  }
-
- private:
-  void close_fd() {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = -1;
-  }
-  int fd_ = -1, port_ = 0, accepted_ = 0;
-};
-
-// Live processes (not zombies) whose command line mentions `marker`.
-std::vector<int> pids_mentioning(const std::string& marker) {
-  std::vector<int> pids;
-  for (const auto& e :
-       fs::directory_iterator("/proc", fs::directory_options::skip_permission_denied)) {
-    std::string name = e.path().filename();
-    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    int pid = std::stoi(name);
-    if (pid == ::getpid()) continue;
-    std::ifstream cf(e.path() / "cmdline", std::ios::binary), sf(e.path() / "stat");
-    std::string cmd((std::istreambuf_iterator<char>(cf)), {}), stat;
-    std::getline(sf, stat);
-    size_t paren = stat.rfind(')');
-    if (paren != std::string::npos && paren + 2 < stat.size() && stat[paren + 2] == 'Z') continue;
-    if (cmd.find(marker) != std::string::npos) pids.push_back(pid);
-  }
-  return pids;
-}
 
 // Lists the guest's processes (busybox: no ps needed).
 const char* kGuestPs =
