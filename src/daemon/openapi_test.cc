@@ -40,6 +40,15 @@ std::set<std::string> spec_operations(std::string* text) {
   return ops;
 }
 
+// PENDING (integrator: delete each entry once the branch serving it is
+// merged): routes of issue 10's contracts that the spec documents ahead of
+// their implementation. tests/integration/test_spec.py has the same list.
+const std::set<std::string> kPending = {
+    "POST /v1/sandboxes/{id}/exec/{exec_id}/stdin",
+    "GET /v1/sandboxes/{id}/pty",
+    "GET /v1/sandboxes/{id}/files/watch",
+};
+
 TEST(OpenApi, SpecAndRouterAgree) {
   std::string text;
   auto ops = spec_operations(&text);
@@ -47,7 +56,10 @@ TEST(OpenApi, SpecAndRouterAgree) {
   std::set<std::string> served;
   for (const auto& r : routes()) served.insert(std::string(r.method) + " " + r.path);
   for (const auto& op : served) EXPECT_TRUE(ops.count(op)) << "not in openapi.yaml: " << op;
-  for (const auto& op : ops) EXPECT_TRUE(served.count(op)) << "not served by airlockd: " << op;
+  for (const auto& op : ops)
+    EXPECT_TRUE(served.count(op) || kPending.count(op)) << "not served by airlockd: " << op;
+  for (const auto& op : kPending)
+    EXPECT_FALSE(served.count(op)) << "served now: delete it from kPending: " << op;
 }
 
 TEST(OpenApi, ErrorSchemaAndStreamEventsDocumented) {
@@ -55,7 +67,7 @@ TEST(OpenApi, ErrorSchemaAndStreamEventsDocumented) {
   spec_operations(&text);
   for (const char* needle :
        {"Error:", "application/x-ndjson", "ExecEvent:", "SandboxSpec:", "NetworkPolicy:",
-        "NetworkEvent:", "additionalProperties: false", "'413':", "'405':"})
+        "NetworkEvent:", "additionalProperties: false", "'413':", "MethodNotAllowed:", "default:"})
     EXPECT_NE(text.find(needle), std::string::npos) << needle;
 }
 

@@ -18,6 +18,8 @@ import tempfile
 import time
 import unittest
 
+import openapi_check
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BIN = os.environ.get("AIRLOCK_BIN", os.path.join(ROOT, "build", "bin"))
 IMAGE_DIR = os.environ.get("AIRLOCK_IMAGE_DIR", os.path.join(ROOT, "build", "guest-images"))
@@ -58,6 +60,7 @@ class Client:
             data = resp.read()
         finally:
             conn.close()
+        observe(method, path, resp.status, resp.getheader("Content-Type"), data)
         return resp.status, resp.getheaders(), data
 
     def call(self, method, path, body=None, timeout=300):
@@ -88,6 +91,8 @@ class Client:
         if resp.status >= 400:
             body = resp.read()
             conn.close()
+            observe("POST", f"/v1/sandboxes/{sid}/exec", resp.status,
+                    resp.getheader("Content-Type"), body)
             raise ApiError(resp.status, json.loads(body))
         events = []
         for line in resp:
@@ -95,6 +100,8 @@ class Client:
             if line:
                 events.append(json.loads(line))
         conn.close()
+        openapi_check.observe("POST", f"/v1/sandboxes/{sid}/exec", resp.status,
+                              resp.getheader("Content-Type"), events)
         return events
 
     def exec(self, sid, **req):
@@ -124,6 +131,23 @@ class Client:
         if status >= 400:
             raise ApiError(status, json.loads(body))
         return body
+
+
+def observe(method, path, status, content_type, data):
+    """Hands a response to openapi_check (record + live check against the
+    spec), parsed the way its content type says."""
+    media = (content_type or "").split(";")[0].strip()
+    body = data
+    try:
+        if not data:
+            body = None
+        elif media == "application/json":
+            body = json.loads(data)
+        elif media == "application/x-ndjson":
+            body = [json.loads(line) for line in data.splitlines() if line.strip()]
+    except ValueError:
+        body = data  # not parseable: left to the test that reads it
+    openapi_check.observe(method, path, status, content_type, body)
 
 
 def pids_mentioning(marker):
