@@ -246,6 +246,22 @@ void Server::Impl::serve(stream::socket sock, std::shared_ptr<Activity> activity
         res.prepare_payload();
         beast::error_code ignored;
         http::write(wsock, res, ignored);
+      } else if (ec == http::error::body_limit) {
+        // A declared Content-Length over the upload limit is refused by the
+        // parser from the head alone; it is a 413 like every body over a
+        // limit, not a malformed request.
+        http::response<http::string_body> res{http::status::payload_too_large, 11};
+        res.set(http::field::content_type, "application/json");
+        res.body() = error_body("payload_too_large",
+                                "request body is over the limit of " +
+                                    std::to_string(kMaxUploadBody) + " bytes",
+                                "body")
+                         .dump() +
+                     "\n";
+        res.keep_alive(false);
+        res.prepare_payload();
+        beast::error_code ignored;
+        http::write(wsock, res, ignored);
       } else if (!quiet) {
         // Malformed request head: answer once, then hang up (we cannot find
         // the start of the next request).

@@ -155,6 +155,21 @@ TEST_F(ServerTest, IdleConnectionIsClosedAfterTheTimeout) {
   EXPECT_EQ(r.find("<no EOF>"), std::string::npos);
 }
 
+// A declared upload over the 4 GiB limit is refused from the head alone as
+// what it is (413 payload_too_large, as api/openapi.yaml documents), not as a
+// malformed request.
+TEST_F(ServerTest, UploadOverTheLimitIsA413) {
+  start({.max_connections = 8, .idle_timeout = 5000ms});
+  int fd = connect_raw();
+  send_all(fd, "PUT /v1/sandboxes/sb-x/files?path=/x HTTP/1.1\r\nHost: x\r\nContent-Length: " +
+                   std::to_string((4ull << 30) + 1) + "\r\n\r\n");
+  std::string r = read_until_eof(fd);
+  EXPECT_EQ(r.rfind("HTTP/1.1 413", 0), 0u) << r;
+  auto body = json::parse(r.substr(r.find("\r\n\r\n") + 4));
+  EXPECT_EQ(body["error"]["code"], "payload_too_large");
+  EXPECT_EQ(body["error"]["field"], "body");
+}
+
 // Engine time is not idleness: a stream whose command is silent for longer
 // than the timeout, between outputs or before its first, goes on.
 TEST_F(ServerTest, ExecStreamOutlivesTheIdleTimeout) {
