@@ -218,6 +218,12 @@ class SpecExamplesTest(DaemonTestCase):
                 self.assertLess(status, 300, f"{key}: {status} {body[:500]!r}")
                 if template == "/v1/sandboxes" and method == "POST":
                     self.api.delete(json.loads(body)["id"])
+                if op["operationId"] == "addPort":  # and the forward it made goes again
+                    forward = json.loads(body)
+                    ports = f"/v1/sandboxes/{sb['id']}/ports"
+                    self.assertIn(forward, self.api.call("GET", ports))
+                    self.api.call("DELETE", f"{ports}/{forward['host_port']}")
+                    self.assertNotIn(forward, self.api.call("GET", ports))
                 tried.add(key)
             # The pending features' examples: once served, they must leave the list.
             for op_id, name in PENDING_EXAMPLES:
@@ -351,6 +357,12 @@ class SpecStatusesTest(DaemonTestCase):
             self.api.create(image="no-such-image")
         self.assertEqual((cm.exception.status, cm.exception.code, cm.exception.field),
                          (400, "invalid_argument", "image"))
+
+    def test_pool_reads_back_what_was_set(self):
+        slots = self.api.call("PUT", "/v1/pool", {"image": "minimal", "size": 0})
+        self.assertEqual(self.api.call("GET", "/v1/pool"), slots)
+        self.assertEqual([(s["image"], s["target"]) for s in slots if s["image"] == "minimal"],
+                         [("minimal", 0)])
 
     def test_method_not_allowed_names_the_allowed_ones(self):
         status, headers, body = self.api.raw("POST", "/v1/info")

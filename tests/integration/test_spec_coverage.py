@@ -32,6 +32,8 @@ def load(path):
 
 @unittest.skipUnless(RECORD, "AIRLOCK_SPEC_RECORD is not set (ctest sets it for every integration suite)")
 class SpecCoverageTest(unittest.TestCase):
+    maxDiff = None
+
     @classmethod
     def setUpClass(cls):
         cls.entries = load(RECORD) if os.path.exists(RECORD) else []
