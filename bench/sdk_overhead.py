@@ -11,7 +11,8 @@ sandbox and, in one run, times alternately:
         NDJSON lines until the exit event.
 
 Both pay the same daemon + guest round trip, so the difference of the medians
-is what the SDK adds. Interleaving the two (sdk, raw, sdk, raw, ...) keeps
+is what the SDK adds; the client's own CPU time per exec (process_time) is
+reported too, as it is free of the round trip's noise. Interleaving the two (sdk, raw, sdk, raw, ...) keeps
 load changes on the host from favouring either.
 
 Usage: AIRLOCK_IMAGE_DIR=... python3 bench/sdk_overhead.py [--execs 200]
@@ -75,15 +76,17 @@ def main():
         for _ in range(5):  # warm both paths (guest page cache, connections)
             sb.exec("true")
             raw_exec(conn, sb.id, body)
-        sdk, raw = [], []
+        sdk, raw, sdk_cpu, raw_cpu = [], [], [], []
         for _ in range(args.execs):
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.process_time()
             r = sb.exec("true")
             sdk.append((time.perf_counter() - t) * 1000)
+            sdk_cpu.append((time.process_time() - c) * 1000)
             assert r.exit_code == 0, r
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.process_time()
             raw_exec(conn, sb.id, body)
             raw.append((time.perf_counter() - t) * 1000)
+            raw_cpu.append((time.process_time() - c) * 1000)
         conn.close()
         sb.destroy()
         ms, mr = statistics.median(sdk), statistics.median(raw)
@@ -91,6 +94,11 @@ def main():
         print(f"sdk  exec `true`: p50 {ms:7.2f} ms  p90 {pct(sdk, 90):7.2f} ms")
         print(f"raw  exec `true`: p50 {mr:7.2f} ms  p90 {pct(raw, 90):7.2f} ms")
         print(f"SDK overhead per exec: {ms - mr:+.2f} ms (median), ratio {ms / mr:.3f}x")
+        # Client CPU per exec: what the SDK itself costs, free of the noise of
+        # the guest round trip (both wait on the same daemon).
+        cs, cr = statistics.median(sdk_cpu), statistics.median(raw_cpu)
+        print(f"client CPU per exec: sdk {cs:.3f} ms, raw {cr:.3f} ms, "
+              f"SDK adds {cs - cr:+.3f} ms ({cs / cr:.2f}x)")
     finally:
         harness.DaemonTestCase.tearDownClass()
 
