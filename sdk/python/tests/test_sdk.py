@@ -398,5 +398,21 @@ class SdkTest(ExecTests, FilesTests, NetworkLogsTests, LifecycleTests, Concurren
     """All of the above against one daemon and one shared sandbox."""
 
 
+class KeepAliveTest(DaemonTestCase):
+    """Pooled connections survive the daemon closing them while idle."""
+
+    daemon_args = ["--idle-timeout", "0.5"]
+
+    def test_reuse_and_reconnect_after_idle_close(self):
+        c = Client(socket=self.sock)
+        first = c.info()["daemon"]["connections"]
+        c.info()
+        self.assertEqual(len(c.transport._idle), 1)  # one connection, kept alive
+        time.sleep(1.5)  # the daemon closes it
+        after = c.info()["daemon"]["connections"]  # sent again on a fresh one
+        self.assertGreater(after["idle_closed"], first["idle_closed"])
+        c.close()
+
+
 if __name__ == "__main__":
     unittest.main()
