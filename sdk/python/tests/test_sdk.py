@@ -413,6 +413,25 @@ class KeepAliveTest(DaemonTestCase):
         self.assertGreater(after["idle_closed"], first["idle_closed"])
         c.close()
 
+    def test_daemon_timeout_is_timeout_with_its_field(self):
+        # A request body that stalls past the daemon's idle timeout is
+        # answered 504 timeout (field "body") while the client is still
+        # sending: the SDK reports that answer, not the broken pipe.
+        def stalling():
+            yield b'{"image": '
+            time.sleep(1.5)
+            yield b'"minimal"}'
+
+        c = Client(socket=self.sock)
+        with self.assertRaises(Timeout) as cm:
+            c.transport.call("POST", "/v1/sandboxes", body=stalling(),
+                             content_type="application/json")
+        self.assertEqual((cm.exception.code, cm.exception.status, cm.exception.field),
+                         ("timeout", 504, "body"))
+        self.assertIn("stalled", cm.exception.message)
+        self.assertEqual(Sandbox.list(all=True, client=c), [])
+        c.close()
+
 
 if __name__ == "__main__":
     unittest.main()
