@@ -63,6 +63,9 @@ class Watch(_Stream):
             self.close()
             raise error_from_body(resp.status, first)
         self.path: str = str(first.get("path", ""))
+        #: The daemon's closing line ``{"type": "end", "reason", ...}`` once
+        #: the stream ended from its side, else ``None``.
+        self.end: Optional[Dict[str, Any]] = None
 
     def __iter__(self) -> "Watch":
         return self
@@ -72,6 +75,12 @@ class Watch(_Stream):
         if "error" in j:
             self.close()
             raise error_from_body(None, j)
+        if j.get("type") == "end":
+            # The watch ended in the guest (or the sandbox stopped): the
+            # daemon says why; the iteration ends.
+            self.end = j
+            self.close()
+            raise StopIteration
         return WatchEvent.from_json(j)
 
 
