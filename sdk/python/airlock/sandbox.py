@@ -5,7 +5,8 @@ from __future__ import annotations
 import base64
 import threading
 import time
-from typing import IO, Any, Dict, Iterator, List, Mapping, Optional, Sequence, Union
+from typing import (IO, Any, Dict, List, Literal, Mapping, Optional, Sequence, Union,
+                    overload)
 
 from ._resources import Files, Network, Ports, read_chunks
 from ._transport import Response, Transport, quote_segment
@@ -311,11 +312,28 @@ class Sandbox:
 
     # --- exec ----------------------------------------------------------
 
+    @overload
+    def exec(self, *argv: str, cmd: Optional[str] = ..., cwd: Optional[str] = ...,
+             env: Optional[Mapping[str, str]] = ..., user: Union[str, int, None] = ...,
+             timeout: Optional[float] = ..., stdin: Stdin = ...,
+             limits: Optional[Mapping[str, Any]] = ...,
+             output_limit_bytes: Optional[int] = ...,
+             background: Literal[False] = ...) -> ExecResult: ...
+
+    @overload
+    def exec(self, *argv: str, cmd: Optional[str] = ..., cwd: Optional[str] = ...,
+             env: Optional[Mapping[str, str]] = ..., user: Union[str, int, None] = ...,
+             timeout: Optional[float] = ..., stdin: Stdin = ...,
+             limits: Optional[Mapping[str, Any]] = ...,
+             output_limit_bytes: Optional[int] = ...,
+             background: Literal[True]) -> "Process": ...
+
     def exec(self, *argv: str, cmd: Optional[str] = None, cwd: Optional[str] = None,
              env: Optional[Mapping[str, str]] = None, user: Union[str, int, None] = None,
              timeout: Optional[float] = None, stdin: Stdin = None,
              limits: Optional[Mapping[str, Any]] = None,
-             output_limit_bytes: Optional[int] = None, background: bool = False) -> Any:
+             output_limit_bytes: Optional[int] = None,
+             background: bool = False) -> Union[ExecResult, "Process"]:
         """Runs ``argv`` (or the shell string ``cmd``) in the sandbox.
 
         Returns an :class:`ExecResult` when it ends, or at once a

@@ -11,7 +11,7 @@ import threading
 import time
 import unittest
 
-from sdk_harness import ROOT, SDK_DIR, DaemonTestCase  # noqa: F401  (sets sys.path)
+from sdk_harness import SDK_DIR, DaemonTestCase  # sets sys.path too
 
 import airlock
 from airlock import (Client, Conflict, DaemonUnavailable, InvalidArgument, NotFound, Sandbox,

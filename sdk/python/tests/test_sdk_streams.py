@@ -9,7 +9,6 @@ them these tests skip, naming the missing route.
 import asyncio
 import hashlib
 import os
-import resource
 import tempfile
 import threading
 import time
