@@ -5,7 +5,7 @@ from __future__ import annotations
 import base64
 import threading
 import time
-from typing import (IO, Any, Dict, List, Literal, Mapping, Optional, Sequence, Union,
+from typing import (IO, Any, Callable, Dict, Iterable, List, Literal, Mapping, Optional, Sequence, Union,
                     overload)
 
 from ._resources import Files, Network, Ports, read_chunks
@@ -14,7 +14,7 @@ from .errors import (AirlockError, Conflict, InvalidArgument, NotFound, RouteNot
                      SandboxFailed, Timeout, Unsupported, error_from_body)
 from .types import ExecEvent, ExecResult
 
-Stdin = Union[None, bytes, bytearray, str, IO[bytes]]
+Stdin = Union[None, bytes, bytearray, str, IO[bytes], Iterable[bytes]]
 
 _default_lock = threading.Lock()
 _default: Optional["Client"] = None
@@ -97,6 +97,44 @@ class ExecStream:
         self.pid = 0
         self._stdout: Optional[bytearray] = None
         self._stderr: Optional[bytearray] = None
+        self._uploader: Optional[threading.Thread] = None
+        self._upload_error: Optional[BaseException] = None
+
+    def _start_upload(self, upload: Callable[[], Any]) -> None:
+        """Feeds the process's stdin from a thread while the output is read."""
+
+        def run() -> None:
+            try:
+                upload()
+            except Conflict as e:
+                # stdin was closed: the process ended before reading all of
+                # it (head -c 1). Its result says how it ended.
+                self._upload_error = e
+            except BaseException as e:
+                self._upload_error = e
+                # Without EOF the process would wait for stdin forever: hang
+                # up on its output too, which kills it.
+                self._resp.abort()
+
+        self._uploader = threading.Thread(target=run, name=f"airlock-stdin-{self.exec_id}",
+                                          daemon=True)
+        self._uploader.start()
+
+    def _finish_upload(self) -> None:
+        """Raises what went wrong with the stdin upload, if anything did."""
+        if self._uploader is None:
+            return
+        # An upload the daemon stopped reading (the process ended) ends when
+        # the daemon closes it; do not wait on it forever.
+        self._uploader.join(30)
+        self._uploader = None
+        e = self._upload_error
+        if e is None or isinstance(e, Conflict):
+            return
+        if isinstance(e, RouteNotFound):
+            raise Unsupported("unsupported", "this daemon cannot stream stdin: " + e.message,
+                              "stdin") from e
+        raise e
 
     def _start(self) -> None:
         """Reads up to the start event (so exec_id is known)."""
@@ -112,6 +150,9 @@ class ExecStream:
             return next(self._lines)
         except StopIteration:
             return None
+        except AirlockError:
+            self._finish_upload()  # a failed upload hung up: report its cause
+            raise
 
     def __iter__(self) -> "ExecStream":
         return self
@@ -121,6 +162,7 @@ class ExecStream:
             j = self._pending if getattr(self, "_pending", None) is not None else self._next()
             self._pending = None
             if j is None:
+                self._finish_upload()
                 if self.result is None:
                     raise self._sb._explain(AirlockError(
                         "guest_error", "the exec stream ended without an exit event"))
@@ -139,6 +181,7 @@ class ExecStream:
                 self.result = ExecResult.from_json(j, out, err)
             elif t == "error":
                 self.close()
+                self._finish_upload()
                 raise self._sb._explain(error_from_body(None, j))
 
     def wait(self) -> ExecResult:
@@ -339,7 +382,8 @@ class Sandbox:
         Returns an :class:`ExecResult` when it ends, or at once a
         :class:`Process` with ``background=True``. ``stdin`` may be bytes, a
         str (sent as UTF-8) or a binary file, which is streamed in pieces
-        (bounded memory, any size). ``timeout`` kills it after that many
+        (bounded memory, any size), or an iterable of bytes (each piece sent
+        as it is produced). ``timeout`` kills it after that many
         seconds (``result.reason == "timeout"``). ``limits`` caps the exec's
         own cgroup: ``{"pids", "memory_mb", "cpu_seconds"}``.
         """
@@ -360,12 +404,16 @@ class Sandbox:
     def exec_stream(self, *argv: str, cmd: Optional[str] = None, cwd: Optional[str] = None,
                     env: Optional[Mapping[str, str]] = None,
                     user: Union[str, int, None] = None, timeout: Optional[float] = None,
-                    stdin: Union[None, bytes, str] = None,
+                    stdin: Stdin = None,
                     limits: Optional[Mapping[str, Any]] = None,
                     output_limit_bytes: Optional[int] = None) -> ExecStream:
         """Like :meth:`exec`, but returns at once an :class:`ExecStream` that
-        yields the output as the process writes it."""
+        yields the output as the process writes it. A file or iterable
+        ``stdin`` is sent as it is read, so an interactive program answers
+        each piece while the next is still to come."""
         body = _exec_body(argv, cmd, cwd, env, user, timeout, limits, output_limit_bytes)
+        if stdin is not None and not isinstance(stdin, (bytes, bytearray, str)):
+            return self._open_exec_streaming_stdin(body, stdin)
         if isinstance(stdin, str):
             body["stdin"] = stdin
         elif stdin is not None:
@@ -386,67 +434,36 @@ class Sandbox:
         s._start()
         return s
 
-    def _exec_stdin_stream(self, body: Dict[str, Any], stdin: IO[bytes],
+    def _open_exec_streaming_stdin(self, body: Dict[str, Any], stdin: Any) -> ExecStream:
+        """Starts the exec (``stdin_stream``) and a thread uploading ``stdin``
+        into it while the caller reads the output."""
+        try:
+            s = self._open_exec(dict(body, stdin_stream=True))
+        except InvalidArgument as e:
+            if e.field == "stdin_stream" and "unknown" in e.message:
+                raise Unsupported("unsupported", "this daemon cannot stream stdin: " + e.message,
+                                  "stdin") from None
+            raise
+        s._start_upload(lambda: self._upload_stdin(s.exec_id, stdin))
+        return s
+
+    def _exec_stdin_stream(self, body: Dict[str, Any], stdin: Any,
                            background: bool) -> Any:
-        """Contract 1: start the exec with ``stdin_stream``, then upload the
-        file to ``.../exec/{exec_id}/stdin?eof=true`` as a chunked body."""
+        """Contract 1: start the exec with ``stdin_stream``, then upload
+        ``stdin`` to ``.../exec/{exec_id}/stdin?eof=true`` as a chunked body."""
         body = dict(body, stdin_stream=True)
         if not background:
-            try:
-                s = self._open_exec(body)
-            except InvalidArgument as e:
-                if e.field == "stdin_stream" and "unknown" in e.message:
-                    raise Unsupported("unsupported",
-                                      "this daemon cannot stream stdin: " + e.message,
-                                      "stdin") from None
-                if e.field not in ("stdin_stream", "background"):
-                    raise
-                # A daemon that streams stdin only into background execs.
-                return self._exec_stdin_stream(body, stdin, True).wait()
+            s = self._open_exec_streaming_stdin(body, stdin)
             s._stdout, s._stderr = bytearray(), bytearray()
-            failure: List[BaseException] = []
-
-            def upload() -> None:
-                try:
-                    self._upload_stdin(s.exec_id, stdin)
-                except Conflict as e:
-                    # stdin was closed: the process ended before reading all
-                    # of it (head -c 1). Its result says how it ended.
-                    failure.append(e)
-                except BaseException as e:
-                    failure.append(e)
-                    # Without EOF the process would wait for stdin forever:
-                    # hang up on its output too, which kills it.
-                    s._resp.abort()
-
-            th = threading.Thread(target=upload, name=f"airlock-stdin-{s.exec_id}", daemon=True)
-            th.start()
             try:
-                try:
-                    for _ in s:
-                        pass
-                except AirlockError:
-                    if not failure:
-                        raise
+                return s.wait()
             finally:
-                # An upload the daemon stopped reading (the process ended)
-                # ends when the daemon closes it; do not wait on it forever.
-                th.join(30)
                 s.close()
-            if failure and not isinstance(failure[0], Conflict):
-                e = failure[0]
-                if isinstance(e, RouteNotFound):
-                    raise Unsupported("unsupported", "this daemon cannot stream stdin: " +
-                                      e.message, "stdin") from e
-                raise e
-            if s.result is None:
-                raise AirlockError("guest_error", "the exec ended without a result")
-            return s.result
         body["background"] = True
         try:
             st = self._call("POST", "/exec", json_body=body)
         except InvalidArgument as e:
-            if e.field == "stdin_stream":
+            if e.field == "stdin_stream" and "unknown" in e.message:
                 raise Unsupported("unsupported", "this daemon cannot stream stdin: " + e.message,
                                   "stdin") from None
             raise
@@ -459,7 +476,7 @@ class Sandbox:
                               "stdin") from e
         return p
 
-    def _upload_stdin(self, exec_id: str, stdin: IO[bytes]) -> Dict[str, Any]:
+    def _upload_stdin(self, exec_id: str, stdin: Any) -> Dict[str, Any]:
         path = f"{self._base}/exec/{exec_id}/stdin"
         # An empty append first: a daemon without the route says so (404)
         # before any of a large body is sent.
@@ -467,7 +484,8 @@ class Sandbox:
             self._t.call("POST", path, body=b"")
         except InvalidArgument:
             pass  # a daemon that wants a body: the route exists, which is all we asked
-        return dict(self._t.call("POST", path, query={"eof": True}, body=read_chunks(stdin),
+        chunks = read_chunks(stdin) if hasattr(stdin, "read") else (bytes(c) for c in stdin)
+        return dict(self._t.call("POST", path, query={"eof": True}, body=chunks,
                                  timeout=None))
 
     # --- the rest --------------------------------------------------------

@@ -151,6 +151,29 @@ class StreamsTest(DaemonTestCase):
         self.assertEqual(p.wait(30).exit_code, 0)
         self.assertEqual(self.sb.files.read("/tmp/bg.in"), b"line one\nline two\n")
 
+    def test_stdin_iterable_is_answered_piece_by_piece(self):
+        first_seen, second_sent = threading.Event(), []
+
+        def typed():
+            yield b"echo first\n"
+            first_seen.wait(20)  # what a person at a prompt would do
+            second_sent.append(time.monotonic())
+            yield b"echo second\n"
+
+        out, seen_at = b"", None
+        try:
+            with self.sb.exec_stream("sh", stdin=typed()) as s:
+                for ev in s:
+                    out += ev.data
+                    if b"first" in out and seen_at is None:
+                        seen_at = time.monotonic()
+                        first_seen.set()
+        except airlock.Unsupported as e:
+            self.skipTest(f"daemon has no streamed stdin yet (contract 1): {e.message}")
+        self.assertEqual((out, s.result.exit_code), (b"first\nsecond\n", 0))
+        # The shell answered the first line before the second was sent.
+        self.assertLess(seen_at, second_sent[0])
+
     # --- file watch (contract 3) -----------------------------------------
 
     def open_watch(self, path, **kw):
