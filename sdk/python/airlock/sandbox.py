@@ -99,6 +99,7 @@ class ExecStream:
         self._stderr: Optional[bytearray] = None
         self._uploader: Optional[threading.Thread] = None
         self._upload_error: Optional[BaseException] = None
+        self._pending: Optional[Dict[str, Any]] = None  # read by _start, not yet handled
 
     def _start_upload(self, upload: Callable[[], Any]) -> None:
         """Feeds the process's stdin from a thread while the output is read."""
@@ -159,8 +160,7 @@ class ExecStream:
 
     def __next__(self) -> ExecEvent:
         while True:
-            j = self._pending if getattr(self, "_pending", None) is not None else self._next()
-            self._pending = None
+            j, self._pending = (self._pending or self._next()), None
             if j is None:
                 self._finish_upload()
                 if self.result is None:
