@@ -133,12 +133,13 @@ class StreamsTest(DaemonTestCase):
                 sampler.join()
         self.assertEqual(r.exit_code, 0, r)
         if r.output_captured:
-            self.assertEqual(r.stdout.strip(), b"67")  # 64 hex digits, "  -", newline
+            self.assertEqual(r.stdout.strip(), b"68")  # 64 hex digits, "  -", newline
         got = self.sb.files.read("/tmp/stdin.sum").split()[0].decode()
         self.assertEqual(got, digest.hexdigest())
         grew_mib = (peak[0] - base) / 1024
         # 100 MiB went through; the client held one 256 KiB piece at a time.
         self.assertLess(grew_mib, 24, f"client RSS grew by {grew_mib:.1f} MiB")
+        self.assertEqual(r.stdin_bytes, size)
 
     def test_stdin_stream_into_background_process(self):
         with tempfile.TemporaryFile(dir=self.tmp) as f:
