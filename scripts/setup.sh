@@ -11,7 +11,8 @@ PACKAGES="
   libsqlite3-dev libseccomp-dev libcap-dev libarchive-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   clang libclang-rt-14-dev
-  python3 python3-yaml python3-jsonschema iproute2 procps curl dpkg-dev
+  python3 python3-yaml python3-jsonschema python3-pip python3-setuptools python3-wheel
+  iproute2 procps curl dpkg-dev
 "
 
 missing=""
