@@ -245,6 +245,25 @@ async function checkDisconnect() {
   await new Promise((res) => child.on("close", res));
   assert.ok(!(await running(created)), "SIGTERM destroys the session's sandbox");
   console.log("ok: SIGTERM destroys the session's sandbox");
+
+  // SIGKILL leaves the server no chance: its guardian process does it.
+  const victim = spawn(AIRLOCK, ["mcp"], { env: serverEnv(), stdio: ["pipe", "pipe", "inherit"] });
+  const vlines = readline.createInterface({ input: victim.stdout });
+  const vnext = () => new Promise((res) => vlines.once("line", (l) => res(JSON.parse(l))));
+  victim.stdin.write(JSON.stringify(init(1, "2025-11-25")) + "\n");
+  await vnext();
+  victim.stdin.write(JSON.stringify({ jsonrpc: "2.0", id: 2, method: "tools/call",
+    params: { name: "sandbox_create", arguments: { metadata: { mcp_test: TAG } } } }) + "\n");
+  const orphan = (await vnext()).result.structuredContent.id;
+  assert.ok(await running(orphan));
+  victim.kill("SIGKILL");
+  await new Promise((res) => victim.on("exit", res));
+  const deadline = Date.now() + 30000;
+  while (await running(orphan)) {
+    assert.ok(Date.now() < deadline, "the guardian destroyed the killed server's sandbox");
+    await new Promise((res) => setTimeout(res, 200));
+  }
+  console.log("ok: SIGKILL of the server: its guardian destroys the sandbox");
   return kept.id;
 }
 
