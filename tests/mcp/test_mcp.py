@@ -18,8 +18,9 @@ def ensure_node_modules():
     if os.path.isdir(os.path.join(HERE, "node_modules", "@modelcontextprotocol", "sdk")):
         return
     npm = shutil.which("npm")
-    if not npm:
-        raise unittest.SkipTest("npm is not installed (scripts/setup.sh installs it)")
+    if not npm or not shutil.which("node"):
+        # A failure, not a skip: a missing client must not pass as a passing test.
+        raise RuntimeError("node and npm are needed: run scripts/setup.sh")
     subprocess.run([npm, "ci", "--no-audit", "--no-fund"], cwd=HERE, check=True, timeout=600)
 
 
