@@ -69,17 +69,44 @@ std::optional<json> Protocol::handle(const json& message) {
     return rpc_error(id, kInvalidRequest, "method must be a string");
   std::string method = message["method"];
   json params = message.contains("params") ? message["params"] : json::object();
-  if (!has_id) return std::nullopt;  // notifications (initialized, cancelled, ...): no reply
+  if (!has_id) {  // a notification: never a reply
+    notification(method, params);
+    return std::nullopt;
+  }
   if (!params.is_object() && !params.is_array())
     return rpc_error(id, kInvalidParams, "params must be an object");
+  std::string key = id.dump();
+  {
+    std::lock_guard lock(mu_);
+    in_flight_.insert(key);
+  }
+  json reply;
   try {
-    return json{{"jsonrpc", "2.0"}, {"id", id}, {"result", dispatch(method, params)}};
+    reply = json{{"jsonrpc", "2.0"}, {"id", id}, {"result", dispatch(method, params, key)}};
   } catch (const RpcFailure& f) {
-    return rpc_error(id, f.code, f.message);
+    reply = rpc_error(id, f.code, f.message);
+  }
+  std::lock_guard lock(mu_);
+  in_flight_.erase(key);
+  // The spec: no response to a request the client cancelled.
+  if (cancelled_.erase(key)) return std::nullopt;
+  return reply;
+}
+
+void Protocol::notification(const std::string& method, const json& params) {
+  // notifications/initialized needs nothing; others are ignored as the spec
+  // allows. A cancelled tools/call has its command killed.
+  if (method != "notifications/cancelled" || !params.is_object() || !params.contains("requestId"))
+    return;
+  std::string key = params["requestId"].dump();
+  if (session_.cancel(key)) {
+    std::lock_guard lock(mu_);
+    if (in_flight_.count(key)) cancelled_.insert(key);  // else its reply is already out
   }
 }
 
-json Protocol::dispatch(const std::string& method, const json& params) {
+json Protocol::dispatch(const std::string& method, const json& params,
+                        const std::string& call_key) {
   if (method == "ping") return json::object();
   if (method == "initialize") {
     if (!params.is_object() || !params.contains("protocolVersion") ||
@@ -114,7 +141,7 @@ json Protocol::dispatch(const std::string& method, const json& params) {
     json args = params.contains("arguments") ? params["arguments"] : json::object();
     if (!args.is_object() && !args.is_null())
       throw RpcFailure{kInvalidParams, "params.arguments must be an object"};
-    return session_.call(name, args, !legacy);
+    return session_.call(name, args, !legacy, call_key);
   }
   throw RpcFailure{kMethodNotFound, "Method not found: " + method};
 }

@@ -12,6 +12,7 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 
@@ -46,11 +47,16 @@ class Protocol {
   std::string version() const;
 
  private:
-  nlohmann::json dispatch(const std::string& method, const nlohmann::json& params);
+  nlohmann::json dispatch(const std::string& method, const nlohmann::json& params,
+                          const std::string& call_key);
+  void notification(const std::string& method, const nlohmann::json& params);
 
   Session& session_;
   mutable std::mutex mu_;
   std::string version_;  // guarded by mu_
+  // Request ids (dumped) the client cancelled: their replies are dropped.
+  std::set<std::string> cancelled_;  // guarded by mu_
+  std::set<std::string> in_flight_;  // guarded by mu_: requests being handled
 };
 
 // A JSON-RPC error reply.

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <memory>
 #include <thread>
 
@@ -268,6 +269,33 @@ TEST_F(McpTest, ServeOverPipesAnswersEachLineAndCleansUpAtEof) {
   ::close(in[0]);
   ::close(out[0]);
   ::close(out[1]);
+}
+
+TEST_F(McpTest, CancelledCallKillsItsCommandAndGetsNoReply) {
+  std::string id = call("sandbox_create", json::object())["structuredContent"]["id"];
+  std::optional<json> reply;
+  std::atomic<bool> done{false};
+  json args = {{"sandbox_id", id}, {"argv", {"hang"}}};
+  json request = {{"jsonrpc", "2.0"},
+                  {"id", 41},
+                  {"method", "tools/call"},
+                  {"params", {{"name", "sandbox_exec"}, {"arguments", args}}}};
+  std::thread caller([&] {
+    reply = protocol_->handle(request);
+    done = true;
+  });
+  // Until the command has started there is nothing to kill: retry.
+  json cancel = {{"jsonrpc", "2.0"},
+                 {"method", "notifications/cancelled"},
+                 {"params", {{"requestId", 41}, {"reason", "user"}}}};
+  for (int i = 0; i < 500 && !done; ++i) {
+    EXPECT_FALSE(protocol_->handle(cancel));  // a notification: no reply of its own
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_TRUE(done) << "the cancelled command was not killed";
+  caller.join();
+  EXPECT_FALSE(reply) << reply->dump();  // no response to a cancelled request
+  EXPECT_FALSE(session_->cancel("41"));  // nothing runs under that id any more
 }
 
 TEST_F(McpTest, GuardianDestroysWhatIsStillOwnedWhenThePipeCloses) {

@@ -80,7 +80,8 @@ void copy_keys(const json& args, json& body, std::initializer_list<const char*> 
 
 Session::Session(cli::Client client) : client_(std::move(client)) {}
 
-json Session::call(const std::string& name, const json& arguments, bool structured) {
+json Session::call(const std::string& name, const json& arguments, bool structured,
+                   const std::string& call_key) {
   const json* tool = find_tool(name);
   auto failure = [](const std::string& code, const std::string& message, const std::string& field) {
     json err = {{"code", code}, {"message", message}};
@@ -98,7 +99,7 @@ json Session::call(const std::string& name, const json& arguments, bool structur
     if (name == "sandbox_create")
       done = create(args);
     else if (name == "sandbox_exec")
-      done = exec(args);
+      done = exec(args, call_key);
     else if (name == "sandbox_write_file")
       done = write_file(args);
     else if (name == "sandbox_read_file")
@@ -159,6 +160,22 @@ void Session::set_observer(std::function<void(const std::string&, bool)> observe
   observer_ = std::move(observer);
 }
 
+bool Session::cancel(const std::string& call_key) {
+  std::pair<std::string, std::string> target;
+  {
+    std::lock_guard lock(mu_);
+    auto it = running_.find(call_key);
+    if (it == running_.end()) return false;
+    target = it->second;
+  }
+  try {
+    client_.call("DELETE", id_path(target.first) + "/exec/" + cli::url_encode(target.second));
+  } catch (const Error&) {
+    return false;  // it ended meanwhile (404), or the sandbox went away
+  }
+  return true;
+}
+
 std::vector<std::string> Session::owned() const {
   std::lock_guard lock(mu_);
   return {owned_.begin(), owned_.end()};
@@ -196,7 +213,7 @@ json Session::create(const json& args) {
   return outcome(text, sb);
 }
 
-json Session::exec(const json& args) {
+json Session::exec(const json& args, const std::string& call_key) {
   bool has_argv = args.contains("argv"), has_cmd = args.contains("command");
   if (has_argv == has_cmd)
     throw Error(Errc::invalid_argument, "give exactly one of argv and command",
@@ -208,8 +225,21 @@ json Session::exec(const json& args) {
   body["timeout"] = args.value("timeout", kDefaultExecTimeoutS);
   body["output_limit_bytes"] = args.value("max_output_bytes", kDefaultMaxOutputBytes);
   std::string out, err;
-  json exit = client_.exec(args["sandbox_id"], body, [&](const json& ev) {
+  std::string sid = args["sandbox_id"];
+  struct Forget {  // the command is no longer cancellable once exec returns
+    Session* s;
+    const std::string& key;
+    ~Forget() {
+      std::lock_guard lock(s->mu_);
+      s->running_.erase(key);
+    }
+  } forget{this, call_key};
+  json exit = client_.exec(sid, body, [&](const json& ev) {
     std::string type = ev.value("type", "");
+    if (type == "start" && !call_key.empty()) {
+      std::lock_guard lock(mu_);
+      running_[call_key] = {sid, ev.value("exec_id", "")};
+    }
     if (type != "stdout" && type != "stderr") return;
     auto bytes = daemon::base64_decode(ev.value("data", ""));
     if (!bytes) throw Error(Errc::internal, "airlockd sent invalid base64 output");

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <functional>
+#include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -29,8 +30,15 @@ class Session {
   // daemon's errors, a lost connection) is a result with isError: true
   // whose text carries the code, message and field; nothing throws.
   // `structured` false (protocol 2025-03-26) leaves out structuredContent.
+  // `call_key` (the JSON-RPC request id, dumped) lets cancel() find the
+  // command this call runs.
   nlohmann::json call(const std::string& name, const nlohmann::json& arguments,
-                      bool structured = true);
+                      bool structured = true, const std::string& call_key = "");
+
+  // notifications/cancelled: kills the command that call `call_key` runs in
+  // its sandbox, if it runs one (its result then says reason "killed").
+  // Returns whether there was one to kill.
+  bool cancel(const std::string& call_key);
 
   // Destroys every sandbox this session created without keep (already gone
   // is fine) and refuses further creates: one that finishes afterwards is
@@ -46,7 +54,7 @@ class Session {
 
  private:
   nlohmann::json create(const nlohmann::json& args);
-  nlohmann::json exec(const nlohmann::json& args);
+  nlohmann::json exec(const nlohmann::json& args, const std::string& call_key);
   nlohmann::json write_file(const nlohmann::json& args);
   nlohmann::json read_file(const nlohmann::json& args);
   nlohmann::json list_files(const nlohmann::json& args);
@@ -60,7 +68,9 @@ class Session {
   mutable std::mutex mu_;
   std::set<std::string> owned_;                             // guarded by mu_
   std::function<void(const std::string&, bool)> observer_;  // guarded by mu_
-  bool closed_ = false;                                     // guarded by mu_
+  // call key -> {sandbox id, exec id} of the commands running now.
+  std::map<std::string, std::pair<std::string, std::string>> running_;  // guarded by mu_
+  bool closed_ = false;                                                 // guarded by mu_
 };
 
 }  // namespace airlock::mcp

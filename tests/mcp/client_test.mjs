@@ -148,6 +148,21 @@ async function checkTools() {
   assert.equal(r.stderr_truncated, false);
   console.log("ok: sandbox_exec (argv, shell string, env, cwd, timeout, truncation)");
 
+  // A cancelled call (AbortSignal: notifications/cancelled) kills its command.
+  const abort = new AbortController();
+  const cancelled = client.callTool({ name: "sandbox_exec", arguments: { sandbox_id: id, argv: ["sleep", "31"] } },
+    undefined, { signal: abort.signal });
+  const sleeping = async () => (await call(client, "sandbox_exec", { sandbox_id: id, command: "ps -o args" })).stdout
+    .split("\n").some((l) => l.trim() === "sleep 31");
+  for (let i = 0; !(await sleeping()); i++) assert.ok(i < 50, "sleep 31 started");
+  abort.abort("test");
+  await assert.rejects(cancelled);
+  for (let i = 0; await sleeping(); i++) {
+    assert.ok(i < 50, "the cancelled command was killed");
+    await new Promise((res) => setTimeout(res, 100));
+  }
+  console.log("ok: cancellation kills the command");
+
   let w = await call(client, "sandbox_write_file", { sandbox_id: id, path: "/tmp/note.txt", content: "from mcp\n" });
   assert.equal(w.bytes, 9);
   const bin = Buffer.from([0, 1, 2, 255, 254, 10]);
