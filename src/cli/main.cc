@@ -22,6 +22,9 @@
 #include "daemon/base64.h"
 #include "daemon/paths.h"
 #include "engine/storage/image_store.h"
+#include "mcp/guardian.h"
+#include "mcp/session.h"
+#include "mcp/stdio.h"
 
 namespace airlock::cli {
 namespace {
@@ -281,6 +284,9 @@ int main_impl(int argc, char** argv) {
                    "(repeatable; cleanup always runs)")
       ->delimiter(',');
 
+  auto* mcp_cmd = app.add_subcommand(
+      "mcp", "serve the Model Context Protocol on stdin/stdout (for MCP clients)");
+
   auto* image = app.add_subcommand("image", "guest images");
   image->require_subcommand(1);
   auto* image_build = image->add_subcommand("build", "build an image (if its inputs changed)");
@@ -309,6 +315,27 @@ int main_impl(int argc, char** argv) {
     throw UsageError("no command given: airlock " +
                      std::string(exec->parsed() ? "exec ID" : "run") + " -- ARGV...");
 
+  if (mcp_cmd->parsed()) {
+    DaemonPaths p = g.paths();
+    Client c(p.socket);
+    try {
+      ensure_daemon(c, p);
+    } catch (const Error& e) {
+      // Serve anyway: every tool call then reports why the daemon is not
+      // there, which an MCP client shows, where a dead server says nothing.
+      std::fprintf(stderr, "airlock mcp: %s\n", e.what());
+    }
+    // After the daemon is started (it must not inherit the mask) and before
+    // any thread (fork): the guardian destroys the session's sandboxes should
+    // this process die without doing so; the session's signals go to its
+    // signalfd.
+    mcp::Guardian guardian = mcp::Guardian::start(p.socket);
+    mcp::block_session_signals();
+    mcp::Session session(c);
+    session.set_observer(
+        [&guardian](const std::string& sid, bool owned) { guardian.note(sid, owned); });
+    return mcp::serve(session, 0, 1);
+  }
   if (create->parsed()) {
     json body = create_body(copts);  // usage errors before a daemon is started
     Client c = connect(g);

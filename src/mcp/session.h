@@ -1,0 +1,76 @@
+// The tools of one MCP client connection, over the daemon's public HTTP API
+// (cli::Client: the unix socket). The session remembers the sandboxes it
+// created so that close() can destroy them when the client goes away,
+// except those created with keep: true.
+//
+//   Session s(cli::Client(socket));
+//   json result = s.call("sandbox_exec", {{"sandbox_id", id}, {"command", "ls /"}});
+//   // result: {"content": [{"type":"text",...}], "structuredContent": {...}, "isError": false}
+//   s.close();  // destroys what it created
+#pragma once
+
+#include <functional>
+#include <map>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "cli/client.h"
+
+namespace airlock::mcp {
+
+class Session {
+ public:
+  explicit Session(cli::Client client);
+
+  // Runs tool `name` (which must exist: find_tool) with `arguments` and
+  // returns the MCP CallToolResult. Every failure (bad arguments, the
+  // daemon's errors, a lost connection) is a result with isError: true
+  // whose text carries the code, message and field; nothing throws.
+  // `structured` false (protocol 2025-03-26) leaves out structuredContent.
+  // `call_key` (the JSON-RPC request id, dumped) lets cancel() find the
+  // command this call runs.
+  nlohmann::json call(const std::string& name, const nlohmann::json& arguments,
+                      bool structured = true, const std::string& call_key = "");
+
+  // notifications/cancelled: kills the command that call `call_key` runs in
+  // its sandbox, if it runs one (its result then says reason "killed").
+  // Returns whether there was one to kill.
+  bool cancel(const std::string& call_key);
+
+  // Destroys every sandbox this session created without keep (already gone
+  // is fine) and refuses further creates: one that finishes afterwards is
+  // destroyed at once. Safe to call more than once and from any thread.
+  void close();
+
+  // Ids of the sandboxes close() would destroy.
+  std::vector<std::string> owned() const;
+
+  // Called (under the session's lock, so in order) whenever a sandbox
+  // becomes owned or stops being owned: the Guardian's feed.
+  void set_observer(std::function<void(const std::string& id, bool owned)> observer);
+
+ private:
+  nlohmann::json create(const nlohmann::json& args);
+  nlohmann::json exec(const nlohmann::json& args, const std::string& call_key);
+  nlohmann::json write_file(const nlohmann::json& args);
+  nlohmann::json read_file(const nlohmann::json& args);
+  nlohmann::json list_files(const nlohmann::json& args);
+  nlohmann::json set_network(const nlohmann::json& args);
+  nlohmann::json logs(const nlohmann::json& args);
+  nlohmann::json destroy(const nlohmann::json& args);
+  nlohmann::json list(const nlohmann::json& args);
+  void disown(const std::string& id);
+
+  cli::Client client_;
+  mutable std::mutex mu_;
+  std::set<std::string> owned_;                             // guarded by mu_
+  std::function<void(const std::string&, bool)> observer_;  // guarded by mu_
+  // call key -> {sandbox id, exec id} of the commands running now.
+  std::map<std::string, std::pair<std::string, std::string>> running_;  // guarded by mu_
+  bool closed_ = false;                                                 // guarded by mu_
+};
+
+}  // namespace airlock::mcp
