@@ -6,8 +6,10 @@
 #include <sys/epoll.h>
 #include <sys/inotify.h>
 #include <sys/stat.h>
+#include <sys/timerfd.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstring>
 #include <vector>
 
@@ -28,6 +30,12 @@ constexpr uint32_t kMask = IN_CREATE | IN_DELETE | IN_MODIFY | IN_ATTRIB | IN_MO
 
 std::string join(const std::string& dir, const std::string& name) {
   return dir == "/" ? "/" + name : dir + "/" + name;
+}
+
+int64_t now_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
 }
 
 bool under(const std::string& path, const std::string& dir) {
@@ -226,7 +234,7 @@ void Watcher::handle(int wd, uint32_t mask, uint32_t cookie, const std::string& 
     return;  // inside the tree: the parent's MOVED_FROM/TO handles it
   }
   if (mask & IN_MOVED_FROM) {
-    move_ = {cookie, path, is_dir, true};
+    move_ = {cookie, path, is_dir, true, now_ms()};
     return;
   }
   if (mask & (IN_CREATE | IN_MOVED_TO)) {
@@ -265,9 +273,14 @@ void Watcher::read_events() {
       p += sizeof(inotify_event) + ev->len;
     }
   }
-  // Both halves of a rename are queued by one rename(2); a MOVED_FROM whose
-  // MOVED_TO is not in the kernel's queue by now went out of the tree.
-  flush_pending_move();
+  // Both halves of a rename are queued by one rename(2), but the reader may
+  // run in between: a MOVED_FROM gets kMoveWaitMs to find its MOVED_TO.
+  if (move_.set && (move_wait_ms() == 0 || !ended_.empty())) flush_pending_move();
+}
+
+int Watcher::move_wait_ms() const {
+  if (!move_.set) return -1;
+  return static_cast<int>(std::max<int64_t>(0, move_.since_ms + kMoveWaitMs - now_ms()));
 }
 
 // ---- the protocol stream ------------------------------------------------------
@@ -281,10 +294,23 @@ class WatchStream : public Stream {
         w_(require_path(req), protocol::optional_bool(req, "recursive", false),
            agent_watch_budget(),
            static_cast<size_t>(protocol::optional_int(req, "max_queue", 1024, 1, 65536))) {
-    server_.watch(w_.fd(), EPOLLIN, [this](uint32_t) { on_inotify(); });
+    timer_ = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
+    if (timer_ < 0) throw_sys("watch: timerfd_create");
+    try {
+      server_.watch(timer_, EPOLLIN, [this](uint32_t) { on_timer(); });
+      server_.watch(w_.fd(), EPOLLIN, [this](uint32_t) { on_inotify(); });
+    } catch (...) {
+      server_.unwatch(timer_);
+      close(timer_);
+      throw;
+    }
     watching_ = true;
   }
-  ~WatchStream() override { abort(); }
+  ~WatchStream() override {
+    abort();
+    server_.unwatch(timer_);
+    close(timer_);
+  }
 
   void started(const std::string& path) {
     server_.send_json(protocol::Type::event, id_,
@@ -319,8 +345,27 @@ class WatchStream : public Stream {
   }
   bool fits() const { return next_line().size() <= credit_; }
 
+  void on_timer() {
+    uint64_t n;
+    [[maybe_unused]] ssize_t r = read(timer_, &n, sizeof n);
+    if (watching_) on_inotify();
+  }
+
   void on_inotify() {
     w_.read_events();
+    // A rename half waits for its other half: look again when its time is up.
+    int wait = w_.move_wait_ms();
+    if (wait >= 0) {
+      itimerspec t{};
+      t.it_value.tv_nsec = (wait > 0 ? wait : 1) * 1000000L;
+      timerfd_settime(timer_, 0, &t, nullptr);
+    }
+    // Ended: stop reading (the fd stays readable, and epoll is
+    // level-triggered), then send what is queued as credit allows.
+    if (!w_.ended().empty() && watching_) {
+      server_.unwatch(w_.fd());
+      watching_ = false;
+    }
     flush();
   }
 
@@ -361,6 +406,7 @@ class WatchStream : public Stream {
   }
 
   Watcher w_;
+  int timer_ = -1;
   bool watching_ = false;
   bool done_ = false;
   uint64_t credit_ = protocol::kInitialCredit;

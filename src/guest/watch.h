@@ -54,6 +54,12 @@ class Watcher {
   int fd() const { return fd_; }
   // Reads everything the kernel has queued (non-blocking) into the queue.
   void read_events();
+  // A rename's IN_MOVED_FROM waits up to this long for its IN_MOVED_TO (the
+  // reader may wake between the two); then it is a `deleted`. While one
+  // waits, move_wait_ms() is the time left (call read_events() after it),
+  // else -1.
+  static constexpr int kMoveWaitMs = 20;
+  int move_wait_ms() const;
   const WatchEvent* front() const { return queue_.empty() ? nullptr : &queue_.front(); }
   void pop() { queue_.pop_front(); }
   size_t queued() const { return queue_.size(); }
@@ -71,6 +77,7 @@ class Watcher {
     std::string path;
     bool is_dir = false;
     bool set = false;
+    int64_t since_ms = 0;  // steady clock
   };
   // Adds a watch for `dir`; false (and ended_ = watch_limit) when a cap is
   // hit. Throws GuestError for other failures when `initial`.
