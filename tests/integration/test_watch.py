@@ -201,11 +201,37 @@ class WatchTest(DaemonTestCase):
             self.api.call("GET", f"/v1/sandboxes/{self.sid}/files/watch?path=/tmp&depth=2")
         self.assertEqual((cm.exception.status, cm.exception.field), (400, "depth"))
         with self.assertRaises(ApiError) as cm:
+            self.api.call("GET", f"/v1/sandboxes/{self.sid}/files/watch?path=/tmp&recursive=maybe")
+        self.assertEqual((cm.exception.status, cm.exception.field), (400, "recursive"))
+        with self.assertRaises(ApiError) as cm:
             self.api.call("GET", f"/v1/sandboxes/{self.sid}/files/watch")
         self.assertEqual((cm.exception.status, cm.exception.field), (400, "path"))
         with self.assertRaises(ApiError) as cm:
             self.api.call("GET", "/v1/sandboxes/sb-nosuch/files/watch?path=/tmp")
         self.assertEqual(cm.exception.status, 404)
+
+    def test_watches_per_sandbox_are_capped(self):
+        self.sh("mkdir -p /tmp/w9")
+        self.wait_watches(0)
+        cap = self.guest_watches()["max_watches"]
+        open_ = []
+        try:
+            for _ in range(cap):
+                w = Watch(self.sock, self.sid, "/tmp/w9")
+                open_.append(w)
+                self.assertEqual(w.status, 200, getattr(w, "error", None))
+            over = Watch(self.sock, self.sid, "/tmp/w9")
+            self.assertEqual(over.status, 503, over.error)
+            self.assertEqual(over.error["error"]["code"], "unavailable")
+            self.assertIn(f"{cap} watches", over.error["error"]["message"])
+        finally:
+            for w in open_:
+                w.close()
+        self.assertEqual(self.wait_watches(0)["watches"], 0)
+        # Released: a new watch works again.
+        w = Watch(self.sock, self.sid, "/tmp/w9")
+        self.assertEqual(w.status, 200)
+        w.close()
 
     def test_watched_directory_removed_ends_the_stream(self):
         self.sh("mkdir -p /tmp/w6")
