@@ -233,6 +233,12 @@ void Engine::remove_file(const std::string& id, const std::string& path, bool) {
   std::lock_guard lock(impl_->mu);
   if (!impl_->files.erase(id + path)) throw Error(Errc::not_found, "no file " + path, "path");
 }
+WatchEnd Engine::watch_files(const std::string& id, const std::string&, bool,
+                             const WatchCallbacks&) {
+  get(id);
+  // File watches need a real guest (tests/integration/test_watch.py).
+  throw Error(Errc::unavailable, "the fake engine has no guest to watch");
+}
 nlohmann::json Engine::guest_info(const std::string& id) {
   get(id);
   return {{"kernel", "6.1.0-fake"}};

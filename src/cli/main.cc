@@ -227,6 +227,15 @@ int main_impl(int argc, char** argv) {
   logs->add_flag("--network", net_logs, "only network events, one line each");
   logs->add_flag("-f,--follow", follow, "with --network: keep printing new events");
 
+  std::string watch_path;
+  bool watch_recursive = false;
+  auto* watch = app.add_subcommand(
+      "watch", "print changes under a guest directory as they happen: watch ID PATH [-r]");
+  watch->add_option("id", id)->required();
+  watch->add_option("path", watch_path, "absolute guest directory")->required();
+  watch->add_flag("-r,--recursive", watch_recursive, "also every directory below it");
+  watch->add_flag("--json", json_out, "print the NDJSON events as they come");
+
   std::optional<std::string> net_mode;
   std::vector<std::string> net_allow, net_deny;
   auto* network =
@@ -497,6 +506,33 @@ int main_impl(int argc, char** argv) {
     } else {
       for (const auto& ev : c.call("GET", target)) print(ev);
     }
+    return 0;
+  }
+  if (watch->parsed()) {
+    Client c = connect(g);
+    std::string target = "/v1/sandboxes/" + id + "/files/watch?path=" + url_encode(watch_path) +
+                         "&recursive=" + (watch_recursive ? "true" : "false");
+    c.stream_lines(target, [&](const json& ev) {
+      if (json_out) {
+        std::cout << ev.dump() << std::endl;
+        return;
+      }
+      const std::string type = ev.value("type", "");
+      if (type == "watching") {
+        std::fprintf(stderr, "airlock: watching %s (%s)\n", watch_path.c_str(),
+                     watch_recursive ? "recursive" : "this directory only");
+      } else if (type == "overflow") {
+        std::cout << "overflow " << ev.value("dropped", uint64_t{0}) << " events dropped"
+                  << std::endl;
+      } else if (type == "end") {
+        std::fprintf(stderr, "airlock: watch ended: %s%s%s\n", ev.value("reason", "").c_str(),
+                     ev.contains("message") ? ": " : "", ev.value("message", "").c_str());
+      } else {
+        std::string p = ev.value("path", "") + (ev.value("is_dir", false) ? "/" : "");
+        if (type == "renamed") p = ev.value("old_path", "") + " -> " + p;
+        std::cout << type << " " << p << std::endl;
+      }
+    });
     return 0;
   }
   if (logs->parsed() && follow) throw UsageError("logs --follow needs --network");

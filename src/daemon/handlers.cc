@@ -198,6 +198,56 @@ void handle_get_file(engine::Engine& engine, Exchange& ex, const std::string& id
   ex.end_stream();
 }
 
+// GET .../files/watch: an NDJSON stream of the guest's file changes. Path
+// errors come before the stream (plain 4xx); then {"type":"watching"}, the
+// events, and {"type":"end","reason"} when the watch ends in the guest or
+// the sandbox stops. A client that hangs up stops the watch in the guest:
+// a failed write notices it, and while no event comes the engine's idle
+// tick polls the socket for the hangup.
+void handle_watch(engine::Engine& engine, Exchange& ex, const std::string& id,
+                  const std::string& path, bool recursive) {
+  auto line = [&](const json& j) { return ex.write_chunk(j.dump() + "\n"); };
+  bool gone = false;
+  engine::WatchCallbacks cb;
+  cb.on_start = [&](const json& w) {
+    ex.begin_stream("application/x-ndjson");
+    if (!line({{"type", "watching"},
+               {"path", path},
+               {"recursive", recursive},
+               {"dirs", w.value("dirs", 0)}}))
+      gone = true;
+  };
+  cb.on_event = [&](const json& e) {
+    if (!gone && !line(e)) gone = true;
+    return !gone;
+  };
+  cb.on_idle = [&] {
+    pollfd p{ex.native_handle(), POLLRDHUP, 0};
+    if (::poll(&p, 1, 0) > 0 && (p.revents & (POLLHUP | POLLERR | POLLRDHUP))) gone = true;
+    return !gone;
+  };
+  engine::WatchEnd end;
+  try {
+    end = engine.watch_files(id, path, recursive, cb);
+  } catch (const Error& e) {
+    if (!ex.streaming()) throw;
+    json j = error_body(to_string(e.code()), e.what(), e.field());
+    j["type"] = "error";
+    line(j);
+    ex.end_stream();
+    return;
+  }
+  if (gone) {
+    ex.abort_stream();
+    return;
+  }
+  json j = {
+      {"type", "end"}, {"reason", end.reason}, {"events", end.events}, {"dropped", end.dropped}};
+  if (!end.message.empty()) j["message"] = end.message;
+  line(j);
+  ex.end_stream();
+}
+
 void dispatch(engine::Engine& engine, Exchange& ex, ServerCounters& counters) {
   RouteMatch m = match_route(ex.method(), ex.path());
   if (m.status == RouteStatus::not_found) {
@@ -338,6 +388,14 @@ void dispatch(engine::Engine& engine, Exchange& ex, ServerCounters& counters) {
       expect_no_body(ex);
       ex.send_json(200, engine.stat_file(id, query_path(q)));
       return;
+    case Route::watch_files: {
+      check_query_keys(q, {"path", "recursive"});
+      std::string path = query_path(q);
+      bool recursive = query_bool(q, "recursive", false);
+      expect_no_body(ex);
+      handle_watch(engine, ex, id, path, recursive);
+      return;
+    }
     case Route::make_dir: {
       check_query_keys(q, {});
       MkdirRequest req = parse_mkdir(ex.read_body(kMaxJsonBody));

@@ -60,6 +60,7 @@ const std::vector<RouteSpec>& routes() {
       {"GET", "/v1/sandboxes/{id}/files/list", Route::list_files},
       {"GET", "/v1/sandboxes/{id}/files/stat", Route::stat_file},
       {"POST", "/v1/sandboxes/{id}/files/mkdir", Route::make_dir},
+      {"GET", "/v1/sandboxes/{id}/files/watch", Route::watch_files},
       {"GET", "/v1/sandboxes/{id}/logs", Route::logs},
       {"GET", "/v1/sandboxes/{id}/info", Route::guest_info},
       {"GET", "/v1/sandboxes/{id}/posture", Route::posture},

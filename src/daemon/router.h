@@ -31,6 +31,7 @@ enum class Route {
   list_files,
   stat_file,
   make_dir,
+  watch_files,  // NDJSON stream of changes under a directory
   logs,
   guest_info,
   posture,  // the QEMU jail read back from /proc

@@ -185,6 +185,26 @@ using ChunkSource = std::function<std::optional<std::string>()>;
 // Receives a download chunk by chunk; returning false aborts.
 using ChunkSink = std::function<bool(std::string_view)>;
 
+// A file watch (watch_files): what the guest saw, as checked by the host.
+struct WatchCallbacks {
+  // The watch is in place: {"path", "dirs"} (directories watched).
+  std::function<void(const nlohmann::json& watching)> on_start;
+  // {"type": "created"|"modified"|"deleted"|"renamed", "path", "is_dir",
+  // "old_path"?} or {"type": "overflow", "dropped"}. false = stop.
+  std::function<bool(const nlohmann::json& event)> on_event;
+  // About every 500 ms without an event; false = stop (the consumer left).
+  std::function<bool()> on_idle;
+};
+struct WatchEnd {
+  // cancelled (a callback returned false) | path_deleted | path_moved |
+  // unmounted | watch_limit (a new subdirectory over the cap) |
+  // sandbox_stopped (deleted, timed out, failed) | ended (guest gave none)
+  std::string reason;
+  std::string message;
+  uint64_t events = 0;   // events the guest sent
+  uint64_t dropped = 0;  // events the guest's bounded queue dropped
+};
+
 class Engine {
  public:
   explicit Engine(Config config);
@@ -236,6 +256,16 @@ class Engine {
   void make_dir(const std::string& id, const std::string& path, bool parents);
   void remove_file(const std::string& id, const std::string& path, bool recursive);
   nlohmann::json guest_info(const std::string& id);  // kernel, uptime, memory, disk
+  // Streams changes under the guest directory `path` (inotify in the guest;
+  // recursive: every directory below it too, new ones included) to
+  // `callbacks` on this thread until a callback returns false, the watch
+  // ends in the guest or the sandbox stops. Errors before the start:
+  // invalid_argument field "path" (relative, not a directory), not_found
+  // field "path", unavailable (the sandbox's watch caps), conflict (not
+  // running). Memory is bounded on both sides (the guest drops and counts
+  // past its queue: an "overflow" event). Audited as a "file" op "watch".
+  WatchEnd watch_files(const std::string& id, const std::string& path, bool recursive,
+                       const WatchCallbacks& callbacks);
   // The running sandbox's QEMU jail as read back from /proc and its cgroup
   // (vmm/posture.h), plus "isolation": "kvm"|"tcg" with a "note" (under TCG
   // QEMU is not a security boundary by its own policy: the jail is what

@@ -342,7 +342,8 @@ json op_info(const json&) {
           {"disk_total_bytes", static_cast<uint64_t>(vfs.f_blocks) * vfs.f_frsize},
           {"disk_free_bytes", static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize},
           {"agent_version", protocol::kAgentVersion},
-          {"cpus", static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN))}};
+          {"cpus", static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN))},
+          {"watch", watch_info()}};
 }
 
 }  // namespace airlock::guest

@@ -39,5 +39,9 @@ nlohmann::json op_stat(const nlohmann::json& req);
 nlohmann::json op_mkdir(const nlohmann::json& req);
 nlohmann::json op_remove(const nlohmann::json& req);
 nlohmann::json op_info(const nlohmann::json& req);
+// watch.cc
+std::unique_ptr<Stream> start_watch(Server& server, uint32_t id, const nlohmann::json& req);
+// {"watches", "watched_dirs", "max_watches", "max_watched_dirs"} (for info).
+nlohmann::json watch_info();
 
 }  // namespace airlock::guest

@@ -422,6 +422,8 @@ void Server::handle_request(Frame& f) {
       stream = start_write_file(*this, id, req);
     } else if (op == "read_file") {
       stream = start_read_file(*this, id, req);
+    } else if (op == "watch") {
+      stream = start_watch(*this, id, req);
     } else if (op == "wait_job") {
       stream = jobs_->wait(id, req);
     } else {

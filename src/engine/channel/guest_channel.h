@@ -78,6 +78,20 @@ struct ExecHandlers {
   std::function<bool(int channel, std::string_view bytes)> on_output;
 };
 
+struct WatchHandlers {
+  // The guest watches: its `watching` event, checked ({"path", "dirs"}).
+  std::function<void(const nlohmann::json& watching)> on_start;
+  // One event, checked and rebuilt from its known fields only:
+  // {"type": "created"|"modified"|"deleted"|"renamed", "path", "is_dir",
+  // "old_path" (renamed)} or {"type": "overflow", "dropped"}. Returning false
+  // stops the watch.
+  std::function<bool(const nlohmann::json& event)> on_event;
+  // Called every `tick` while nothing arrives; returning false stops the
+  // watch (the daemon checks whether its client is still there).
+  std::function<bool()> on_idle;
+  std::chrono::milliseconds tick{500};
+};
+
 // Next chunk of an upload; std::nullopt = end.
 using ChunkSource = std::function<std::optional<std::string>()>;
 // Receives a download chunk by chunk; returning false aborts.
@@ -123,6 +137,18 @@ class GuestChannel {
   // If `sink` returns false, nothing more is delivered: the guest is asked to
   // stop (signal frame) and the rest of the stream is drained and dropped.
   uint64_t read_file(const std::string& path, const ChunkSink& sink, Deadline deadline);
+
+  // Watches the guest directory `path` (§5 watch) until the guest ends it,
+  // a handler returns false (then the host sends eof and waits briefly for
+  // the guest's answer) or the connection is lost (Error). An error before
+  // the `watching` event (no such directory, not a directory, a cap) is
+  // thrown; `start_deadline` bounds the wait for it. Returns the guest's
+  // final response: {"reason", "events", "dropped", "message"?}; "reason" is
+  // "cancelled" when the host stopped it. Memory is bounded: at most
+  // kInitialCredit bytes are in flight, a line is at most kMaxWatchLine.
+  nlohmann::json watch(const std::string& path, bool recursive, const WatchHandlers& handlers,
+                       Deadline start_deadline);
+  static constexpr size_t kMaxWatchLine = 64 * 1024;
 
   // A JSON-only operation (list, stat, mkdir, remove, info, ping): sends
   // `request` (with "op") and returns the response object.

@@ -262,5 +262,71 @@ TEST(GuestChannelHostile, FramesForNoOpenStreamAreIgnoredAndCounted) {
   EXPECT_FALSE(g.host->closed());
 }
 
+// A forging guest's watch lines: only well-formed events reach the
+// consumer, rebuilt from their known fields; lines split across frames are
+// joined; an endless line fails the call instead of growing host memory.
+TEST(GuestChannelHostile, WatchEventsAreCheckedAndRebuilt) {
+  ForgingGuest g;
+  g.hello();
+  std::vector<nlohmann::json> seen;
+  auto r = std::async(std::launch::async, [&] {
+    return g.host->watch("/w", true,
+                         {.on_event =
+                              [&](const nlohmann::json& e) {
+                                seen.push_back(e);
+                                return true;
+                              }},
+                         in(10s));
+  });
+  Frame req = g.next();
+  ASSERT_EQ(req.type, Type::request);
+  EXPECT_EQ(protocol::parse_json(req)["op"], "watch");
+  const uint32_t id = req.stream;
+  g.put(Type::event, id, R"({"watching":true,"dirs":2})");
+  std::string lines = R"({"type":"created","path":"/w/a","is_dir":false,"evil":"x"})"
+                      "\n"
+                      R"({"type":"created","path":"relative","is_dir":false})"
+                      "\n"
+                      R"({"type":"renamed","path":"/w/b","is_dir":false})"
+                      "\n"
+                      R"({"type":"explode","path":"/w/c","is_dir":false})"
+                      "\n"
+                      "not json\n"
+                      R"({"type":"overflow","dropped":-1})"
+                      "\n"
+                      R"({"type":"overflow","dropped":7})"
+                      "\n"
+                      R"({"type":"renamed","path":"/w/d","old_path":"/w/c","is_dir":true})"
+                      "\n"
+                      R"({"type":"deleted","path":"/w/spl)";
+  g.put(Type::data, id, lines, 1);
+  g.put(Type::data, id, std::string(R"(it","is_dir":false})") + "\n", 1);
+  g.put(Type::response, id, R"({"reason":"path_deleted","events":9,"dropped":7})");
+  auto end = r.get();
+  EXPECT_EQ(end["reason"], "path_deleted");
+  ASSERT_EQ(seen.size(), 4u);
+  EXPECT_EQ(seen[0], nlohmann::json({{"type", "created"}, {"path", "/w/a"}, {"is_dir", false}}));
+  EXPECT_EQ(seen[1], nlohmann::json({{"type", "overflow"}, {"dropped", 7}}));
+  EXPECT_EQ(seen[2]["old_path"], "/w/c");
+  EXPECT_EQ(seen[3]["path"], "/w/split");
+  EXPECT_GE(g.host->ignored_messages(), 5u);
+
+  // A line that never ends.
+  auto r2 = std::async(std::launch::async, [&] { return g.host->watch("/w", false, {}, in(10s)); });
+  req = g.next();
+  g.put(Type::event, req.stream, R"({"watching":true})");
+  std::string junk(60000, 'x');
+  g.put(Type::data, req.stream, junk, 1);
+  g.put(Type::data, req.stream, junk, 1);
+  try {
+    r2.get();
+    FAIL() << "an endless watch line was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Errc::guest_error);
+    EXPECT_NE(std::string(e.what()).find("watch event line"), std::string::npos) << e.what();
+  }
+  g.sync();  // the connection is fine
+}
+
 }  // namespace
 }  // namespace airlock::channel

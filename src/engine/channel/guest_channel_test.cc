@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <map>
 #include <thread>
@@ -686,6 +687,68 @@ TEST_F(RealAgent, ConcurrentExecsAndAgentDeath) {
   EXPECT_LT(Clock::now() - start, 3s);
   EXPECT_TRUE(lost.load());
 }
+TEST_F(RealAgent, WatchStreamsCheckedEventsAndStopsOnRequest) {
+  std::vector<nlohmann::json> seen;
+  nlohmann::json started;
+  int idles = 0;
+  auto r = ch_->watch(dir_, true,
+                      {.on_start =
+                           [&](const nlohmann::json& w) {
+                             started = w;
+                             std::filesystem::create_directories(dir_ + "/sub");
+                             std::ofstream(dir_ + "/sub/f") << "x";
+                             std::filesystem::rename(dir_ + "/sub/f", dir_ + "/sub/g");
+                           },
+                       .on_event =
+                           [&](const nlohmann::json& e) {
+                             seen.push_back(e);
+                             return !(e["type"] == "renamed");
+                           },
+                       .on_idle = [&] { return ++idles < 40; },
+                       .tick = 100ms},
+                      in(10s));
+  EXPECT_EQ(r["reason"], "cancelled") << r.dump();
+  EXPECT_EQ(started["dirs"], 1);
+  ASSERT_FALSE(seen.empty());
+  EXPECT_EQ(seen.front(),
+            nlohmann::json({{"type", "created"}, {"path", dir_ + "/sub"}, {"is_dir", true}}));
+  EXPECT_EQ(seen.back(), nlohmann::json({{"type", "renamed"},
+                                         {"path", dir_ + "/sub/g"},
+                                         {"is_dir", false},
+                                         {"old_path", dir_ + "/sub/f"}}));
+  // The guest released the watch; the channel goes on.
+  auto info = ch_->call({{"op", "info"}}, in(10s));
+  EXPECT_EQ(info["watch"]["watches"], 0) << info.dump();
+  EXPECT_EQ(info["watch"]["watched_dirs"], 0) << info.dump();
+}
+
+TEST_F(RealAgent, WatchIdleTickStopsAndErrorsMapToErrc) {
+  int idles = 0;
+  auto r = ch_->watch(dir_, false, {.on_idle = [&] { return ++idles < 3; }, .tick = 50ms}, in(10s));
+  EXPECT_EQ(r["reason"], "cancelled");
+  EXPECT_EQ(idles, 3);
+  try {
+    ch_->watch(dir_ + "/missing", false, {}, in(10s));
+    FAIL() << "watched a missing directory";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Errc::not_found) << e.what();
+  }
+  std::ofstream(dir_ + "/file") << "x";
+  try {
+    ch_->watch(dir_ + "/file", false, {}, in(10s));
+    FAIL() << "watched a file";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Errc::invalid_argument) << e.what();
+  }
+  // The root going away ends the watch from the guest's side.
+  std::filesystem::create_directories(dir_ + "/gone");
+  r = ch_->watch(
+      dir_ + "/gone", false,
+      {.on_start = [&](const nlohmann::json&) { std::filesystem::remove(dir_ + "/gone"); }},
+      in(10s));
+  EXPECT_EQ(r["reason"], "path_deleted") << r.dump();
+}
+
 #endif
 
 }  // namespace
