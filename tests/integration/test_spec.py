@@ -35,7 +35,6 @@ from harness import ROOT, ApiError, DaemonTestCase, UnixHTTPConnection
 PENDING = {
     ("POST", "/v1/sandboxes/{id}/exec/{exec_id}/stdin"),
     ("GET", "/v1/sandboxes/{id}/pty"),
-    ("GET", "/v1/sandboxes/{id}/files/watch"),
 }
 # Request examples of pending features on routes that exist already.
 PENDING_EXAMPLES = {("exec", "stdin_stream")}
