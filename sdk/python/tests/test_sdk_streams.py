@@ -8,6 +8,7 @@ them these tests skip, naming the missing route.
 
 import asyncio
 import hashlib
+import io
 import os
 import tempfile
 import threading
@@ -151,6 +152,19 @@ class StreamsTest(DaemonTestCase):
                 self.skipTest(f"daemon has no streamed stdin yet (contract 1): {e.message}")
         self.assertEqual(p.wait(30).exit_code, 0)
         self.assertEqual(self.sb.files.read("/tmp/bg.in"), b"line one\nline two\n")
+
+    def test_async_stdin_stream(self):
+        async def main():
+            sb = AsyncSandbox(self.sb)
+            data = os.urandom(3 * MiB + 5)
+            r = await sb.exec("sha256sum", stdin=io.BytesIO(data))
+            return r, hashlib.sha256(data).hexdigest()
+
+        try:
+            r, want = asyncio.run(main())
+        except airlock.Unsupported as e:
+            self.skipTest(f"daemon has no streamed stdin yet (contract 1): {e.message}")
+        self.assertEqual((r.exit_code, r.stdout.split()[0].decode()), (0, want))
 
     def test_stdin_iterable_is_answered_piece_by_piece(self):
         first_seen, second_sent = threading.Event(), []
