@@ -219,6 +219,26 @@ class StreamsTest(DaemonTestCase):
         self.assertIn("modified", types, seen)
         self.assertEqual(types[-1], "deleted", seen)
 
+    def test_watch_ends_when_the_sandbox_goes(self):
+        sb = Sandbox.create(image=IMAGE, client=self.client)
+        try:
+            w = sb.files.watch("/tmp")
+        except RouteNotFound as e:
+            sb.destroy()
+            self.skipTest(f"daemon has no file watch yet (contract 3): {e.message}")
+        guard = threading.Timer(60, w._resp.abort)  # never hang the suite
+        guard.start()
+        threading.Timer(0.5, sb.destroy).start()
+        try:
+            for _ in w:
+                pass
+        finally:
+            guard.cancel()
+        # The daemon said why it ended, and the iteration stopped on it.
+        self.assertIsNotNone(w.end)
+        self.assertTrue(w.end.get("reason"), w.end)
+        self.assertNothingLeft(sb.id)
+
     def test_watch_bad_path_fails_before_streaming(self):
         try:
             self.sb.files.watch("/no/such/dir").close()
