@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import io
-from typing import IO, Any, Callable, Dict, Iterator, List, Optional, Union
+from typing import IO, Any, Callable, Dict, Iterator, List, Optional, TypeVar, Union
 
 from ._transport import Response, Transport, quote_segment
 from .errors import AirlockError, NotFound, error_from_body
 from .types import FileEntry, WatchEvent
 
 _CHUNK = 256 * 1024
+_S = TypeVar("_S", bound="_Stream")
 Data = Union[bytes, bytearray, str, IO[bytes]]
 
 
@@ -39,7 +40,7 @@ class _Stream:
         self._lines.close()
         self._resp.close()
 
-    def __enter__(self) -> "_Stream":
+    def __enter__(self: _S) -> _S:
         return self
 
     def __exit__(self, *exc: Any) -> None:

@@ -8,6 +8,7 @@ them these tests skip, naming the missing route.
 
 import asyncio
 import hashlib
+import io
 import os
 import tempfile
 import threading
@@ -152,6 +153,19 @@ class StreamsTest(DaemonTestCase):
         self.assertEqual(p.wait(30).exit_code, 0)
         self.assertEqual(self.sb.files.read("/tmp/bg.in"), b"line one\nline two\n")
 
+    def test_async_stdin_stream(self):
+        async def main():
+            sb = AsyncSandbox(self.sb)
+            data = os.urandom(3 * MiB + 5)
+            r = await sb.exec("sha256sum", stdin=io.BytesIO(data))
+            return r, hashlib.sha256(data).hexdigest()
+
+        try:
+            r, want = asyncio.run(main())
+        except airlock.Unsupported as e:
+            self.skipTest(f"daemon has no streamed stdin yet (contract 1): {e.message}")
+        self.assertEqual((r.exit_code, r.stdout.split()[0].decode()), (0, want))
+
     def test_stdin_iterable_is_answered_piece_by_piece(self):
         first_seen, second_sent = threading.Event(), []
 
@@ -204,6 +218,26 @@ class StreamsTest(DaemonTestCase):
         self.assertEqual(types[0], "created", seen)
         self.assertIn("modified", types, seen)
         self.assertEqual(types[-1], "deleted", seen)
+
+    def test_watch_ends_when_the_sandbox_goes(self):
+        sb = Sandbox.create(image=IMAGE, client=self.client)
+        try:
+            w = sb.files.watch("/tmp")
+        except RouteNotFound as e:
+            sb.destroy()
+            self.skipTest(f"daemon has no file watch yet (contract 3): {e.message}")
+        guard = threading.Timer(60, w._resp.abort)  # never hang the suite
+        guard.start()
+        threading.Timer(0.5, sb.destroy).start()
+        try:
+            for _ in w:
+                pass
+        finally:
+            guard.cancel()
+        # The daemon said why it ended, and the iteration stopped on it.
+        self.assertIsNotNone(w.end)
+        self.assertTrue(w.end.get("reason"), w.end)
+        self.assertNothingLeft(sb.id)
 
     def test_watch_bad_path_fails_before_streaming(self):
         try:
