@@ -11,6 +11,7 @@
 Responses are checked against the spec live by the harness (openapi_check).
 """
 
+import base64
 import http.client
 import json
 import os
@@ -208,6 +209,10 @@ class SpecExamplesTest(DaemonTestCase):
                     if sb is None:
                         sb = self.api.create(image="minimal", network={"mode": "allowlist"})
                     values["id"] = sb["id"]
+                if "{exec_id}" in template:  # a process whose stdin is streamed
+                    ex = self.api.call("POST", f"/v1/sandboxes/{sb['id']}/exec",
+                                       {"argv": ["cat"], "background": True, "stdin_stream": True})
+                    values["exec_id"] = ex["exec_id"]
                 path = concrete(template, **values)
                 query = {p["name"]: p["schema"]["example"] for p in self.parameters(template, op)
                          if p["in"] == "query" and p.get("required")}
@@ -291,7 +296,7 @@ class SpecStatusesTest(DaemonTestCase):
 
     def test_bad_query_key_and_bad_id_are_400(self):
         for method, template, op in openapi_check.operations():
-            if (method, template) in PENDING or op["operationId"] in ("writeFile", "execStdin"):
+            if (method, template) in PENDING or op["operationId"] == "writeFile":
                 continue
             body = self.minimal_body(op)
             path = concrete(template, id="sb-probe") + "?path=/tmp&bogus=1"  # path may be unknown too
@@ -362,6 +367,52 @@ class SpecStatusesTest(DaemonTestCase):
         self.assertEqual(self.api.call("GET", "/v1/pool"), slots)
         self.assertEqual([(s["image"], s["target"]) for s in slots if s["image"] == "minimal"],
                          [("minimal", 0)])
+
+    def test_watch_streams_the_documented_events(self):
+        if ("GET", "/v1/sandboxes/{id}/files/watch") in PENDING:
+            self.skipTest("files/watch is PENDING")
+        sb = self.api.create(image="minimal")["id"]
+        path = f"/v1/sandboxes/{sb}/files/watch?path=/tmp&recursive=true"
+        conn = UnixHTTPConnection(self.sock, timeout=60)
+        lines = []
+        try:
+            conn.request("GET", path)
+            resp = conn.getresponse()
+            self.assertEqual(resp.status, 200)
+            lines.append(json.loads(resp.readline()))
+            self.assertEqual(lines[0]["type"], "watching")
+            self.api.put_file(sb, "/tmp/spec-watch.txt", b"x")
+            while not any(e.get("path") == "/tmp/spec-watch.txt" for e in lines[1:]):
+                lines.append(json.loads(resp.readline()))
+        finally:
+            conn.close()
+        openapi_check.observe("GET", path, 200, resp.getheader("Content-Type"), lines)
+        self.assertIn("created", [e["type"] for e in lines[1:]])
+        self.api.delete(sb)
+
+    def test_pty_upgrades_to_a_websocket(self):
+        if ("GET", "/v1/sandboxes/{id}/pty") in PENDING:
+            self.skipTest("pty is PENDING")
+        sb = self.api.create(image="minimal")["id"]
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(60)
+        try:
+            s.connect(self.sock)
+            key = base64.b64encode(os.urandom(16)).decode()
+            s.sendall(f"GET /v1/sandboxes/{sb}/pty HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\n"
+                      f"Upgrade: websocket\r\nSec-WebSocket-Key: {key}\r\n"
+                      "Sec-WebSocket-Version: 13\r\n\r\n".encode())
+            head = b""
+            while b"\r\n\r\n" not in head:
+                chunk = s.recv(4096)
+                if not chunk:
+                    break
+                head += chunk
+        finally:
+            s.close()
+        self.assertTrue(head.startswith(b"HTTP/1.1 101"), head)
+        openapi_check.observe("GET", f"/v1/sandboxes/{sb}/pty", 101, None, None)
+        self.api.delete(sb)
 
     def test_method_not_allowed_names_the_allowed_ones(self):
         status, headers, body = self.api.raw("POST", "/v1/info")
