@@ -89,6 +89,10 @@ async function checkNegotiation() {
     { jsonrpc: "2.0", id: 2, method: "tools/call", params: { arguments: {} } },
     { jsonrpc: "2.0", id: 3, method: "no/such/method" },
   ]);
+  const legacy = await rawSession([init(1, "2025-03-26"), { jsonrpc: "2.0", id: 2, method: "tools/list" }]);
+  const legacyTools = legacy.find((x) => x.id === 2).result.tools;
+  assert.equal(legacyTools.length, 9);
+  assert.ok(legacyTools.every((t) => t.inputSchema && !t.outputSchema), "2025-03-26 has no outputSchema");
   const byId = Object.fromEntries(r.map((x) => [x.id, x]));
   assert.equal(byId[2].error.code, -32602);
   assert.equal(byId[3].error.code, -32601);
