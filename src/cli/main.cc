@@ -338,9 +338,10 @@ int main_impl(int argc, char** argv) {
     // any thread (fork): the guardian destroys the session's sandboxes should
     // this process die without doing so; the session's signals go to its
     // signalfd.
-    mcp::Guardian guardian = mcp::Guardian::start(p.socket);
+    std::string tag = mcp::new_session_tag();
+    mcp::Guardian guardian = mcp::Guardian::start(p.socket, tag);
     mcp::block_session_signals();
-    mcp::Session session(c);
+    mcp::Session session(c, tag);
     session.set_observer(
         [&guardian](const std::string& sid, bool owned) { guardian.note(sid, owned); });
     return mcp::serve(session, 0, 1);

@@ -5,15 +5,22 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
+#include <nlohmann/json.hpp>
 #include <set>
+#include <thread>
 
+#include "cli/args.h"
 #include "cli/client.h"
 #include "common/error.h"
+#include "mcp/session.h"
 
 namespace airlock::mcp {
 
-Guardian Guardian::start(const std::filesystem::path& socket) {
+using nlohmann::json;
+
+Guardian Guardian::start(const std::filesystem::path& socket, const std::string& tag) {
   int p[2];
   if (::pipe2(p, O_CLOEXEC) != 0) throw_errno("pipe");
   pid_t pid = ::fork();
@@ -35,7 +42,7 @@ Guardian Guardian::start(const std::filesystem::path& socket) {
     }
     int rc = 0;
     try {
-      guard_until_eof(p[0], socket);
+      guard_until_eof(p[0], socket, tag);
     } catch (const std::exception& e) {
       std::fprintf(stderr, "airlock mcp guardian: %s\n", e.what());
       rc = 1;
@@ -61,7 +68,20 @@ void Guardian::note(const std::string& id, bool owned) {
   }
 }
 
-int guard_until_eof(int fd, const std::filesystem::path& socket) {
+std::string new_session_tag() {
+  unsigned char bytes[6] = {};
+  int fd = ::open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw_errno("opening /dev/urandom");
+  ssize_t n = ::read(fd, bytes, sizeof bytes);
+  ::close(fd);
+  if (n != ssize_t(sizeof bytes)) throw_errno("reading /dev/urandom");
+  char hex[sizeof bytes * 2 + 1];
+  for (size_t i = 0; i < sizeof bytes; ++i) std::snprintf(hex + 2 * i, 3, "%02x", bytes[i]);
+  return "mcp-" + std::to_string(::getpid()) + "-" + hex;
+}
+
+int guard_until_eof(int fd, const std::filesystem::path& socket, const std::string& tag,
+                    double wait_s) {
   std::set<std::string> owned;
   std::string pending;
   char buf[4096];
@@ -82,17 +102,41 @@ int guard_until_eof(int fd, const std::filesystem::path& socket) {
   ::close(fd);
   cli::Client client(socket);
   int destroyed = 0;
-  for (const auto& id : owned) {
+  std::set<std::string> done;
+  auto destroy = [&](const std::string& id) {  // false: try again later (still starting)
     try {
-      client.call("DELETE", "/v1/sandboxes/" + id);
+      client.call("DELETE", "/v1/sandboxes/" + cli::url_encode(id));
       ++destroyed;
       std::fprintf(stderr, "airlock mcp guardian: destroyed %s (the server ended without it)\n",
                    id.c_str());
     } catch (const Error& e) {
+      if (e.code() == Errc::conflict) return false;
       if (e.code() != Errc::not_found)
         std::fprintf(stderr, "airlock mcp guardian: destroying %s failed: %s\n", id.c_str(),
                      e.what());
     }
+    done.insert(id);
+    return true;
+  };
+  for (const auto& id : owned) destroy(id);
+  if (tag.empty()) return destroyed;
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(wait_s);
+  while (true) {
+    bool again = false;
+    try {
+      json live = client.call("GET", "/v1/sandboxes?" +
+                                         cli::url_encode(std::string("metadata.") + kSessionLabel) +
+                                         "=" + cli::url_encode(tag));
+      for (const auto& sb : live) {
+        std::string id = sb.value("id", "");
+        if (!id.empty() && !done.count(id) && !destroy(id)) again = true;
+      }
+    } catch (const Error& e) {
+      std::fprintf(stderr, "airlock mcp guardian: listing the session's sandboxes failed: %s\n",
+                   e.what());
+    }
+    if (!again || std::chrono::steady_clock::now() > deadline) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
   }
   return destroyed;
 }

@@ -63,6 +63,12 @@ class McpTest : public ::testing::Test {
   std::unique_ptr<Protocol> protocol_;
 };
 
+TEST(Guardian, SessionTagsAreUnique) {
+  std::string a = new_session_tag(), b = new_session_tag();
+  EXPECT_NE(a, b);
+  EXPECT_EQ(a.rfind("mcp-" + std::to_string(::getpid()) + "-", 0), 0u);
+}
+
 TEST(Negotiation, ClientVersionIfSupportedElseTheLatest) {
   EXPECT_EQ(negotiate_version("2025-11-25"), "2025-11-25");
   EXPECT_EQ(negotiate_version("2025-06-18"), "2025-06-18");
@@ -305,10 +311,17 @@ TEST_F(McpTest, GuardianDestroysWhatIsStillOwnedWhenThePipeCloses) {
   std::string b = call("sandbox_create", json::object())["structuredContent"]["id"];
   std::string text = "+" + a + "\n+" + b + "\n-" + b + "\n+sb-already-gone\n";
   ASSERT_EQ(::write(p[1], text.data(), text.size()), ssize_t(text.size()));
+  // Created under the session's label but never reported (the server died
+  // before its create returned): found by the label.
+  Session tagged(cli::Client(socket_), "mcp-test-tag");
+  std::string c = tagged.call("sandbox_create", json::object())["structuredContent"]["id"];
+  std::string k = tagged.call("sandbox_create", {{"keep", true}})["structuredContent"]["id"];
   ::close(p[1]);  // the server died
-  EXPECT_EQ(guard_until_eof(p[0], socket_), 1);
+  EXPECT_EQ(guard_until_eof(p[0], socket_, "mcp-test-tag"), 2);
   EXPECT_EQ(engine_->get(a).state, engine::State::deleted);
   EXPECT_EQ(engine_->get(b).state, engine::State::running);
+  EXPECT_EQ(engine_->get(c).state, engine::State::deleted);
+  EXPECT_EQ(engine_->get(k).state, engine::State::running);  // keep: true has no label
 }
 
 TEST_F(McpTest, SessionTellsItsObserverWhatItOwns) {

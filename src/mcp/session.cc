@@ -78,7 +78,8 @@ void copy_keys(const json& args, json& body, std::initializer_list<const char*> 
 
 }  // namespace
 
-Session::Session(cli::Client client) : client_(std::move(client)) {}
+Session::Session(cli::Client client, std::string tag)
+    : client_(std::move(client)), tag_(std::move(tag)) {}
 
 json Session::call(const std::string& name, const json& arguments, bool structured,
                    const std::string& call_key) {
@@ -191,6 +192,7 @@ json Session::create(const json& args) {
   copy_keys(args, body,
             {"image", "cpus", "memory_mb", "disk_mb", "timeout", "idle_timeout", "env", "metadata",
              "network"});
+  if (!keep && !tag_.empty()) body["metadata"][kSessionLabel] = tag_;
   json sb = client_.call("POST", "/v1/sandboxes", body);
   std::string id = sb.value("id", "");
   if (!keep) {

@@ -21,9 +21,15 @@
 
 namespace airlock::mcp {
 
+// The metadata label a session puts on the sandboxes it owns (value: its
+// tag), so the guardian finds also one whose create was still running when
+// the server died.
+inline constexpr const char* kSessionLabel = "mcp_session";
+
 class Session {
  public:
-  explicit Session(cli::Client client);
+  // `tag` (if not empty) labels the sandboxes this session owns.
+  explicit Session(cli::Client client, std::string tag = "");
 
   // Runs tool `name` (which must exist: find_tool) with `arguments` and
   // returns the MCP CallToolResult. Every failure (bad arguments, the
@@ -65,6 +71,7 @@ class Session {
   void disown(const std::string& id);
 
   cli::Client client_;
+  std::string tag_;
   mutable std::mutex mu_;
   std::set<std::string> owned_;                             // guarded by mu_
   std::function<void(const std::string&, bool)> observer_;  // guarded by mu_

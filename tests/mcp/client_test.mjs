@@ -89,6 +89,10 @@ async function checkNegotiation() {
     { jsonrpc: "2.0", id: 2, method: "tools/call", params: { arguments: {} } },
     { jsonrpc: "2.0", id: 3, method: "no/such/method" },
   ]);
+  const legacy = await rawSession([init(1, "2025-03-26"), { jsonrpc: "2.0", id: 2, method: "tools/list" }]);
+  const legacyTools = legacy.find((x) => x.id === 2).result.tools;
+  assert.equal(legacyTools.length, 9);
+  assert.ok(legacyTools.every((t) => t.inputSchema && !t.outputSchema), "2025-03-26 has no outputSchema");
   const byId = Object.fromEntries(r.map((x) => [x.id, x]));
   assert.equal(byId[2].error.code, -32602);
   assert.equal(byId[3].error.code, -32601);
@@ -279,6 +283,29 @@ async function checkDisconnect() {
     await new Promise((res) => setTimeout(res, 200));
   }
   console.log("ok: SIGKILL of the server: its guardian destroys the sandbox");
+
+  // SIGKILL while a create is still running: the guardian finds the sandbox
+  // by the session's label once the create is done, and destroys it.
+  const racer = spawn(AIRLOCK, ["mcp"], { env: serverEnv(), stdio: ["pipe", "pipe", "inherit"] });
+  const rlines = readline.createInterface({ input: racer.stdout });
+  const rnext = () => new Promise((res) => rlines.once("line", (l) => res(JSON.parse(l))));
+  racer.stdin.write(JSON.stringify(init(1, "2025-11-25")) + "\n");
+  await rnext();
+  const label = `${TAG}-race`;
+  racer.stdin.write(JSON.stringify({ jsonrpc: "2.0", id: 2, method: "tools/call",
+    params: { name: "sandbox_create", arguments: { metadata: { mcp_test: label } } } }) + "\n");
+  const labelled = async () => (await api("GET", `/v1/sandboxes?metadata.mcp_test=${label}`)).body;
+  for (let i = 0; (await labelled()).length === 0; i++) {
+    assert.ok(i < 3000, "the create reached the daemon");
+    await new Promise((res) => setTimeout(res, 10));
+  }
+  racer.kill("SIGKILL");
+  const raceDeadline = Date.now() + 60000;
+  while ((await labelled()).length > 0) {
+    assert.ok(Date.now() < raceDeadline, "the guardian destroyed the sandbox of the create in flight");
+    await new Promise((res) => setTimeout(res, 200));
+  }
+  console.log("ok: SIGKILL during a create: its guardian destroys that sandbox too");
   return kept.id;
 }
 
