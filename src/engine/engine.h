@@ -131,7 +131,10 @@ struct ExecRequest {
   std::string cwd;     // default "/"
   std::string user;    // name or numeric uid; default root
   std::optional<std::string> stdin_data;  // bytes fed to stdin, then EOF
-  double timeout_s = 0;                   // 0 = none (the sandbox's life still applies)
+  // Keep stdin open and feed it with write_stdin() while exec() streams the
+  // output (exclusive with stdin_data).
+  bool stdin_stream = false;
+  double timeout_s = 0;  // 0 = none (the sandbox's life still applies)
   // Limits of this exec's own cgroup in the guest; 0 = not limited.
   struct Limits {
     int pids = 0;            // 1 .. 1048576 processes/threads
@@ -180,6 +183,13 @@ struct ExecCallbacks {
   std::function<bool(int channel, std::string_view bytes)> on_output;
 };
 
+// What Engine::write_stdin() sent.
+struct StdinWrite {
+  uint64_t bytes = 0;   // by this call
+  uint64_t total = 0;   // by every call so far
+  bool closed = false;  // stdin is closed (eof sent)
+};
+
 // Next chunk of an upload; std::nullopt = end.
 using ChunkSource = std::function<std::optional<std::string>()>;
 // Receives a download chunk by chunk; returning false aborts.
@@ -214,6 +224,15 @@ class Engine {
   // call); guest errors (no such binary/cwd/user) keep the guest's Errc.
   ExecResult exec(const std::string& id, const ExecRequest& request,
                   const ExecCallbacks& callbacks);
+  // Appends `source` to the stdin of a running exec started with
+  // stdin_stream, then closes it if `eof`. Memory is bounded: a chunk is
+  // pulled from `source` only once the previous one went to the guest within
+  // its credit window, so a process that does not read blocks the call.
+  // not_found: no such exec; conflict: its stdin is closed (eof sent, or the
+  // exec ended, also during the call) or it was not started with
+  // stdin_stream. Concurrent calls on one exec run one after the other.
+  StdinWrite write_stdin(const std::string& id, const std::string& exec_id,
+                         const ChunkSource& source, bool eof);
   // Sends `signal` to a running exec's process (tree); for a background
   // exec, 9 kills its whole tree even after its main process ended.
   void kill_exec(const std::string& id, const std::string& exec_id, int signal = 9);

@@ -424,6 +424,8 @@ void Server::handle_request(Frame& f) {
       stream = start_read_file(*this, id, req);
     } else if (op == "wait_job") {
       stream = jobs_->wait(id, req);
+    } else if (op == "job_stdin") {
+      stream = jobs_->write_stdin(id, req);
     } else {
       json result;
       if (op == "ping")

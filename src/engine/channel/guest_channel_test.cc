@@ -10,9 +10,11 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <filesystem>
 #include <iostream>
 #include <map>
+#include <mutex>
 #include <thread>
 
 #include "common/error.h"
@@ -555,6 +557,101 @@ TEST_F(RealAgent, BinaryOutputAndStdinRoundTrip) {
   EXPECT_EQ(r["exit_code"], 0);
   EXPECT_EQ(out.size(), input.size());
   EXPECT_TRUE(out == input);
+}
+
+// Streamed stdin: the exec keeps stdin open while another thread feeds it;
+// each line is answered before the next is sent (an interactive shell over
+// a pipe), and eof ends it.
+TEST_F(RealAgent, StreamedStdinAnswersLineByLine) {
+  uint32_t s = ch_->open_stream();
+  std::mutex mu;
+  std::condition_variable cv;
+  std::string out;
+  bool started = false;
+  std::thread exec([&] {
+    auto r = ch_->exec(s, {{"argv", {"sh"}}, {"stdin", true}}, nullptr,
+                       {.on_start =
+                            [&](int) {
+                              std::lock_guard lock(mu);
+                              started = true;
+                              cv.notify_all();
+                            },
+                        .on_output =
+                            [&](int c, std::string_view b) {
+                              std::lock_guard lock(mu);
+                              if (c == 1) out += b;
+                              cv.notify_all();
+                              return true;
+                            }},
+                       in(60s));
+    EXPECT_EQ(r["exit_code"], 7);
+    EXPECT_EQ(r["stdin_bytes"], 49);
+  });
+  auto send = [&](std::string text, bool eof) {
+    bool given = false;
+    return ch_->write_stdin(
+        s,
+        [&]() -> std::optional<std::string> {
+          if (given) return std::nullopt;
+          given = true;
+          return text;
+        },
+        eof);
+  };
+  {
+    // The stream is registered by exec(); a writer only knows of it after the start.
+    std::unique_lock lock(mu);
+    ASSERT_TRUE(cv.wait_for(lock, 10s, [&] { return started; }));
+  }
+  for (int i = 1; i <= 3; ++i) {
+    std::string want = "answer " + std::to_string(i) + "\n";
+    EXPECT_EQ(send("echo answer " + std::to_string(i) + "\n", false), 14u);
+    std::unique_lock lock(mu);
+    EXPECT_TRUE(cv.wait_for(lock, 10s, [&] { return out.find(want) != std::string::npos; }))
+        << "no answer to line " << i << "; output so far: " << out;
+  }
+  EXPECT_EQ(send("exit 7\n", true), 7u);
+  exec.join();
+  // The exec is over: its stdin is closed.
+  EXPECT_THROW(send("late\n", false), Error);
+}
+
+// A process that does not read: write_stdin stops pulling from its source
+// once the guest's window and the pipe are full (no buffering anywhere),
+// and delivers everything once the process reads.
+TEST_F(RealAgent, StreamedStdinBackpressureBoundsWhatIsPulled) {
+  uint32_t s = ch_->open_stream();
+  std::string out;
+  std::atomic<bool> started{false};
+  std::thread exec([&] {
+    ch_->exec(s, {{"argv", {"sh", "-c", "sleep 1.5; wc -c"}}, {"stdin", true}}, nullptr,
+              {.on_start = [&](int) { started = true; },
+               .on_output =
+                   [&](int, std::string_view b) {
+                     out += b;
+                     return true;
+                   }},
+              in(60s));
+  });
+  while (!started) std::this_thread::sleep_for(10ms);
+  std::atomic<uint64_t> pulled{0};
+  const uint64_t total = 16u << 20;
+  std::thread writer([&] {
+    ch_->write_stdin(
+        s,
+        [&]() -> std::optional<std::string> {
+          if (pulled >= total) return std::nullopt;
+          pulled += 64 * 1024;
+          return std::string(64 * 1024, 'x');
+        },
+        true);
+  });
+  std::this_thread::sleep_for(800ms);
+  // Window (256 KiB) + guest pipe (64 KiB) + one chunk in hand, with slack.
+  EXPECT_LT(pulled.load(), 1u << 20) << "stdin was buffered, not back-pressured";
+  writer.join();
+  exec.join();
+  EXPECT_EQ(out, std::to_string(total) + "\n");
 }
 
 TEST_F(RealAgent, SlowConsumerFloodIsDeliveredCompletely) {
