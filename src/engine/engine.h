@@ -132,7 +132,7 @@ struct ExecRequest {
   std::string user;    // name or numeric uid; default root
   std::optional<std::string> stdin_data;  // bytes fed to stdin, then EOF
   // Keep stdin open and feed it with write_stdin() while exec() streams the
-  // output (exclusive with stdin_data).
+  // output, or, with background, while the job runs (exclusive with stdin_data).
   bool stdin_stream = false;
   double timeout_s = 0;  // 0 = none (the sandbox's life still applies)
   // Limits of this exec's own cgroup in the guest; 0 = not limited.
@@ -225,7 +225,9 @@ class Engine {
   ExecResult exec(const std::string& id, const ExecRequest& request,
                   const ExecCallbacks& callbacks);
   // Appends `source` to the stdin of a running exec started with
-  // stdin_stream, then closes it if `eof`. Memory is bounded: a chunk is
+  // stdin_stream (a streaming exec() on its stream; a background one
+  // through the guest's job_stdin, so its stdin outlives a daemon restart),
+  // then closes it if `eof`. Memory is bounded: a chunk is
   // pulled from `source` only once the previous one went to the guest within
   // its credit window, so a process that does not read blocks the call.
   // not_found: no such exec; conflict: its stdin is closed (eof sent, or the

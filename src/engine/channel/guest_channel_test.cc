@@ -12,6 +12,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <map>
 #include <mutex>
@@ -652,6 +653,61 @@ TEST_F(RealAgent, StreamedStdinBackpressureBoundsWhatIsPulled) {
   writer.join();
   exec.join();
   EXPECT_EQ(out, std::to_string(total) + "\n");
+}
+
+// A background job with a stdin pipe, fed batch by batch by job_stdin
+// streams; "close" ends it, after which a write is refused (exists ->
+// conflict), as is one to a job started without a stdin.
+TEST_F(RealAgent, BackgroundJobStdinBatchesThenClose) {
+  std::string out = dir_ + "/job.out";
+  ch_->call({{"op", "exec"},
+             {"argv", {"sh", "-c", "cat > " + out}},
+             {"background", true},
+             {"stdin", true},
+             {"exec_id", "bg-in"}},
+            in(10s));
+  auto once = [](std::string text) {
+    auto given = std::make_shared<bool>(false);
+    return [text, given]() -> std::optional<std::string> {
+      if (*given) return std::nullopt;
+      *given = true;
+      return text;
+    };
+  };
+  auto r = ch_->job_stdin("bg-in", once("first "), false, in(10s));
+  EXPECT_EQ(r["stdin_bytes"], 6);
+  EXPECT_EQ(r["stdin_closed"], false);
+  std::string big(300000, 'b');  // beyond one credit window
+  r = ch_->job_stdin("bg-in", once(big), true, in(30s));
+  EXPECT_EQ(r["stdin_bytes"], big.size());
+  EXPECT_EQ(r["stdin_total"], big.size() + 6);
+  EXPECT_EQ(r["stdin_closed"], true);
+  auto job = ch_->call({{"op", "wait_job"}, {"exec_id", "bg-in"}, {"timeout_ms", 10000}}, in(20s));
+  EXPECT_EQ(job["running"], false);
+  EXPECT_EQ(job["exit_code"], 0);
+  std::ifstream f(out);
+  std::string got((std::istreambuf_iterator<char>(f)), {});
+  EXPECT_TRUE(got == "first " + big) << got.size();
+  try {
+    ch_->job_stdin("bg-in", once("late"), false, in(10s));
+    ADD_FAILURE() << "a write after close was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Errc::conflict) << e.what();
+  }
+  ch_->call({{"op", "exec"}, {"argv", {"sleep", "0"}}, {"background", true}, {"exec_id", "bg-no"}},
+            in(10s));
+  try {
+    ch_->job_stdin("bg-no", once("x"), false, in(10s));
+    ADD_FAILURE() << "a job without stdin took some";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Errc::conflict) << e.what();
+  }
+  try {
+    ch_->job_stdin("bg-nosuch", once("x"), false, in(10s));
+    ADD_FAILURE() << "an unknown job took stdin";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Errc::not_found) << e.what();
+  }
 }
 
 TEST_F(RealAgent, SlowConsumerFloodIsDeliveredCompletely) {
