@@ -146,6 +146,8 @@ class StdinTest(DaemonTestCase):
         out = proc.stdout.read()
         err = proc.stderr.read()
         proc.wait(timeout=300)
+        proc.stdout.close()
+        proc.stderr.close()
         t.join()
         return out, err, proc.returncode, host.hexdigest()
 
@@ -183,6 +185,8 @@ class StdinTest(DaemonTestCase):
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+            proc.stdout.close()
+            proc.stderr.close()
 
     def test_api_line_by_line_and_eof_semantics(self):
         ex = StreamedExec(self.sock, self.sid, argv=["sh", "-c", "while read l; do echo got:$l; done; echo done"])
