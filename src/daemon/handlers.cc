@@ -132,8 +132,15 @@ void handle_exec_stdin(engine::Engine& engine, Exchange& ex, const std::string& 
   try {
     check_query_keys(q, {"eof"});
     bool eof = query_bool(q, "eof", false);
+    // A client that hangs up (or a daemon shutting down, which shuts its
+    // sockets) ends a write blocked on a process that does not read.
+    int fd = ex.native_handle();
+    auto gone = [fd] {
+      pollfd p{fd, 0, 0};
+      return ::poll(&p, 1, 0) > 0 && (p.revents & (POLLHUP | POLLERR)) != 0;
+    };
     w = engine.write_stdin(
-        id, exec_id, [&] { return ex.read_some(64 * 1024); }, eof);
+        id, exec_id, [&] { return ex.read_some(64 * 1024); }, eof, gone);
   } catch (const Error&) {
     // Refused (400, 404, 409) before or while reading the body: take in what is
     // left of a small one, so the client reads the answer instead of a

@@ -233,8 +233,11 @@ class Engine {
   // not_found: no such exec; conflict: its stdin is closed (eof sent, or the
   // exec ended, also during the call) or it was not started with
   // stdin_stream. Concurrent calls on one exec run one after the other.
+  // `cancelled`, if given, is asked every 200 ms while a streaming exec's
+  // process does not read; true ends the call with Error(unavailable).
   StdinWrite write_stdin(const std::string& id, const std::string& exec_id,
-                         const ChunkSource& source, bool eof);
+                         const ChunkSource& source, bool eof,
+                         const std::function<bool()>& cancelled = {});
   // Sends `signal` to a running exec's process (tree); for a background
   // exec, 9 kills its whole tree even after its main process ended.
   void kill_exec(const std::string& id, const std::string& exec_id, int signal = 9);

@@ -44,7 +44,8 @@ StdinWrite write_job_stdin(Live& sb, const std::string& exec_id, const ChunkSour
 }  // namespace
 
 StdinWrite Engine::write_stdin(const std::string& id, const std::string& exec_id,
-                               const ChunkSource& source, bool eof) {
+                               const ChunkSource& source, bool eof,
+                               const std::function<bool()>& cancelled) {
   auto sb = impl_->running(id);
   ActivityGuard active(*sb);
   std::shared_ptr<StdinPipe> pipe;
@@ -80,7 +81,7 @@ StdinWrite Engine::write_stdin(const std::string& id, const std::string& exec_id
     return held;
   };
   try {
-    sb->channel->write_stdin(pipe->stream, counting, eof);
+    sb->channel->write_stdin(pipe->stream, counting, eof, cancelled);
   } catch (const Error& e) {
     if (e.code() == Errc::conflict) {
       pipe->ended = true;

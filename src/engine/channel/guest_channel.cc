@@ -464,7 +464,8 @@ nlohmann::json GuestChannel::exec(uint32_t id, nlohmann::json request,
   }
 }
 
-uint64_t GuestChannel::write_stdin(uint32_t id, const ChunkSource& source, bool eof) {
+uint64_t GuestChannel::write_stdin(uint32_t id, const ChunkSource& source, bool eof,
+                                   const std::function<bool()>& cancelled) {
   std::shared_ptr<Stream> st;
   {
     std::lock_guard lock(mu_);
@@ -477,8 +478,15 @@ uint64_t GuestChannel::write_stdin(uint32_t id, const ChunkSource& source, bool 
   // Waits for credit and takes up to `want` bytes of it.
   auto take = [&](size_t want) -> uint32_t {
     std::unique_lock lock(mu_);
-    st->cv.wait(lock,
-                [&] { return st->send_window > 0 || st->done || closed_ || !st->failed.empty(); });
+    auto ready = [&] { return st->send_window > 0 || st->done || closed_ || !st->failed.empty(); };
+    while (!st->cv.wait_for(lock, std::chrono::milliseconds(200), ready)) {
+      if (!cancelled) continue;
+      lock.unlock();
+      bool stop = cancelled();  // outside mu_: it may poll a socket
+      lock.lock();
+      if (stop && !ready())
+        throw Error(Errc::unavailable, "the writer of the exec's stdin went away");
+    }
     if (closed_) throw Error(Errc::guest_error, "guest agent connection lost: " + why_);
     if (st->done || !st->failed.empty())
       throw Error(Errc::conflict, "the exec has ended; its stdin is closed");

@@ -122,8 +122,11 @@ class GuestChannel {
   // not read blocks this call (and so its source), never grows memory.
   // Returns the bytes sent. Error(conflict) if the exec has ended (also
   // when it ends during the call), Error(guest_error) if the connection is
-  // lost. Callers serialise writes to one stream.
-  uint64_t write_stdin(uint32_t stream, const ChunkSource& source, bool eof);
+  // lost. Callers serialise writes to one stream. While it waits for
+  // credit, `cancelled` (if given) is asked every 200 ms; true ends the call
+  // with Error(unavailable) (the HTTP client went away).
+  uint64_t write_stdin(uint32_t stream, const ChunkSource& source, bool eof,
+                       const std::function<bool()>& cancelled = {});
   // The same for a background exec started with "stdin": true, on a
   // job_stdin stream of its own: returns the guest's {"stdin_bytes",
   // "stdin_total", "stdin_closed"}; `close` closes the job's stdin after.

@@ -655,6 +655,35 @@ TEST_F(RealAgent, StreamedStdinBackpressureBoundsWhatIsPulled) {
   EXPECT_EQ(out, std::to_string(total) + "\n");
 }
 
+// A write blocked on a process that does not read ends when its writer is
+// cancelled (the daemon: the HTTP client hung up), not only when the exec does.
+TEST_F(RealAgent, StreamedStdinBlockedWriteIsCancellable) {
+  uint32_t s = ch_->open_stream();
+  std::atomic<bool> started{false};
+  std::thread exec([&] {
+    ch_->exec(s, {{"argv", {"sleep", "3"}}, {"stdin", true}}, nullptr,
+              {.on_start = [&](int) { started = true; }}, in(60s));
+  });
+  while (!started) std::this_thread::sleep_for(10ms);
+  auto t0 = Clock::now();
+  std::atomic<bool> cancel{false};
+  std::thread canceller([&] {
+    std::this_thread::sleep_for(500ms);
+    cancel = true;
+  });
+  try {
+    ch_->write_stdin(
+        s, [] { return std::optional<std::string>(std::string(64 * 1024, 'x')); }, false,
+        [&] { return cancel.load(); });
+    ADD_FAILURE() << "an endless write to a process that does not read returned";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Errc::unavailable) << e.what();
+  }
+  EXPECT_LT(Clock::now() - t0, 2500ms);  // before the exec ended
+  canceller.join();
+  exec.join();
+}
+
 // A background job with a stdin pipe, fed batch by batch by job_stdin
 // streams; "close" ends it, after which a write is refused (exists ->
 // conflict), as is one to a job started without a stdin.
