@@ -277,6 +277,50 @@ uint64_t Client::upload(const std::string& id, const std::string& path, uint32_t
   return j.is_object() ? j.value("bytes", uint64_t(0)) : 0;
 }
 
+struct StdinSender::Impl {
+  std::filesystem::path socket;
+  std::string target;
+  std::unique_ptr<Conn> conn;
+};
+
+StdinSender::StdinSender(std::filesystem::path socket, std::string id, std::string exec_id)
+    : impl_(std::make_unique<Impl>()) {
+  impl_->socket = std::move(socket);
+  impl_->target = "/v1/sandboxes/" + id + "/exec/" + exec_id + "/stdin";
+}
+
+StdinSender::~StdinSender() = default;
+
+json StdinSender::send(std::string_view bytes, bool eof) {
+  http::request<http::string_body> req{http::verb::post, impl_->target + (eof ? "?eof=true" : ""),
+                                       11};
+  req.set(http::field::content_type, "application/octet-stream");
+  req.body().assign(bytes.data(), bytes.size());
+  req.keep_alive(true);
+  http::response<http::string_body> res;
+  for (int attempt = 0;; ++attempt) {
+    bool reused = static_cast<bool>(impl_->conn);
+    if (!impl_->conn) impl_->conn = std::make_unique<Conn>(impl_->socket);
+    try {
+      impl_->conn->send(req);
+      res = impl_->conn->read_all();
+      break;
+    } catch (const Error& e) {
+      impl_->conn.reset();  // unusable now
+      // A kept-alive connection the daemon closed meanwhile (its idle
+      // timeout while nobody typed) fails before any answer: the request
+      // was not handled, so it is sent again on a fresh one.
+      if (!reused || attempt > 0 || e.code() != Errc::unavailable) throw;
+    }
+  }
+  if (!res.keep_alive()) impl_->conn.reset();
+  int status = res.result_int();
+  if (status < 200 || status >= 300) throw_answer(status, res.body());
+  json j = json::parse(res.body(), nullptr, false);
+  if (!j.is_object()) throw Error(Errc::internal, "airlockd sent malformed JSON");
+  return j;
+}
+
 uint64_t Client::download(const std::string& id, const std::string& path, int fd) const {
   Conn c(socket_);
   http::request<http::empty_body> req{

@@ -10,8 +10,10 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <string_view>
 
 #include "common/error.h"
 
@@ -67,6 +69,25 @@ class Client {
 
  private:
   std::filesystem::path socket_;
+};
+
+// POST /v1/sandboxes/{id}/exec/{exec_id}/stdin[?eof=true], one request per
+// send() on one kept-alive connection (reconnecting when the daemon closed
+// it). For the CLI's stdin pump (stdin_pump.h).
+class StdinSender {
+ public:
+  StdinSender(std::filesystem::path socket, std::string id, std::string exec_id);
+  ~StdinSender();
+  StdinSender(const StdinSender&) = delete;
+  StdinSender& operator=(const StdinSender&) = delete;
+  // Appends `bytes` (then closes stdin if `eof`); returns the daemon's
+  // {"exec_id","stdin_bytes","stdin_total","stdin_closed"}. Throws Error
+  // for error answers (e.g. conflict once the exec ended).
+  nlohmann::json send(std::string_view bytes, bool eof);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
 };
 
 // Maps the daemon's error code string back to an Errc ("not_found" -> not_found).

@@ -185,6 +185,72 @@ TEST_F(ApiTest, ExecStreamsEventsAndExitCodes) {
   EXPECT_EQ(e.code(), Errc::guest_error);
 }
 
+// stdin_stream: the exec's stdin is fed by POST .../stdin while the output
+// streams; a line is answered before the next is sent; eof closes it (409
+// after), and the route's errors name what was wrong.
+TEST_F(ApiTest, StreamedStdinOverHttp) {
+  Client c(socket_);
+  std::string id = c.call("POST", "/v1/sandboxes", json::object())["id"];
+  std::mutex mu;
+  std::condition_variable cv;
+  std::string exec_id, out;
+  json body = exec_body({}, {"cat"}, std::nullopt);
+  body["stdin_stream"] = true;
+  json exit;
+  std::thread t([&] {
+    exit = c.exec(id, body, [&](const json& ev) {
+      std::lock_guard lock(mu);
+      if (ev["type"] == "start") exec_id = ev["exec_id"];
+      if (ev["type"] == "stdout") out += *daemon::base64_decode(ev["data"].get<std::string>());
+      cv.notify_all();
+    });
+  });
+  {
+    std::unique_lock lock(mu);
+    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(10), [&] { return !exec_id.empty(); }));
+  }
+  StdinSender sender(socket_, id, exec_id);
+  json r = sender.send("one\n", false);
+  EXPECT_EQ(r["stdin_bytes"], 4);
+  EXPECT_EQ(r["exec_id"], exec_id);
+  {
+    std::unique_lock lock(mu);
+    EXPECT_TRUE(cv.wait_for(lock, std::chrono::seconds(10), [&] { return out == "one\n"; }));
+  }
+  // A chunked body with Expect: 100-continue, as curl sends it.
+  std::string raw_answer =
+      raw("POST /v1/sandboxes/" + id + "/exec/" + exec_id +
+          "/stdin HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
+          "Expect: 100-continue\r\nConnection: close\r\n\r\n3\r\ntwo\r\n1\r\n\n\r\n0\r\n\r\n");
+  EXPECT_NE(raw_answer.find("HTTP/1.1 100 Continue"), std::string::npos) << raw_answer;
+  EXPECT_NE(raw_answer.find("HTTP/1.1 200"), std::string::npos) << raw_answer;
+  EXPECT_NE(raw_answer.find("\"stdin_bytes\":4"), std::string::npos) << raw_answer;
+  // Bad query, then the closing write.
+  Error e = expect_error([&] {
+    raw_answer = raw("POST /v1/sandboxes/" + id + "/exec/" + exec_id +
+                     "/stdin?eof=maybe HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n"
+                     "Connection: close\r\n\r\n");
+    if (raw_answer.find("HTTP/1.1 400") != std::string::npos &&
+        raw_answer.find("\"field\":\"eof\"") != std::string::npos)
+      throw Error(Errc::invalid_argument, "bad eof", "eof");
+  });
+  EXPECT_EQ(e.field(), "eof") << raw_answer;
+  r = sender.send("end", true);
+  EXPECT_EQ(r["stdin_closed"], true);
+  t.join();
+  EXPECT_EQ(out, "one\ntwo\nend");
+  EXPECT_EQ(exit["stdin_bytes"], 11);
+  e = expect_error([&] { sender.send("more", false); });
+  EXPECT_EQ(e.code(), Errc::conflict);
+  StdinSender unknown(socket_, id, "ex-nope");
+  e = expect_error([&] { unknown.send("x", false); });
+  EXPECT_EQ(e.code(), Errc::not_found);
+  // stdin and stdin_stream together are refused, naming the field.
+  body["stdin"] = "x";
+  e = expect_error([&] { c.exec(id, body, [](const json&) {}); });
+  EXPECT_EQ(e.field(), "stdin_stream");
+}
+
 // Output reaches the caller as it is produced, not when 64 KiB piled up or
 // the command ended: "a" arrives while the command still waits (it only goes
 // on to print "b" once the test kills it).

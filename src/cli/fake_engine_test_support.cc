@@ -3,7 +3,8 @@
 // memory. Commands understood by exec (argv[0]):
 //   echo ARGS...   stdout = ARGS joined by spaces
 //   bytes          stdout = all 256 byte values, stderr = "err"
-//   cat            stdout = stdin
+//   cat            stdout = stdin (with stdin_stream: each write_stdin
+//                  chunk as it comes, until eof)
 //   exit N         exit code N          kill9          ends by signal 9
 //   slow N         timed out after N chunks    fail-late  error after start
 //   hang           runs until kill_exec
@@ -18,6 +19,7 @@
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
+#include <deque>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -36,6 +38,9 @@ struct Engine::Impl {
   std::map<std::string, std::vector<nlohmann::json>> audit;
   std::set<std::string> killed;  // exec ids
   int next = 1;
+  // Streamed stdin of running `cat` execs: exec id -> chunks, "" = eof.
+  std::map<std::string, std::deque<std::string>> stdin_queues;
+  std::set<std::string> stdin_closed;  // eof sent or exec ended
 };
 
 Engine::Engine(Config) : impl_(std::make_unique<Impl>()) {}
@@ -96,6 +101,10 @@ ExecResult Engine::exec(const std::string& id, const ExecRequest& req, const Exe
   ExecResult r;
   r.exec_id = "ex-" + std::to_string(impl_->next++);
   if (argv[0] == "fail-early") throw Error(Errc::invalid_argument, "no such program", "argv");
+  if (req.stdin_stream) {
+    std::lock_guard lock(impl_->mu);
+    impl_->stdin_queues[r.exec_id];  // open before the client can know the id
+  }
   cb.on_start(r.exec_id, 42);
   auto out = [&](int ch, std::string_view s) {
     (ch == 1 ? r.stdout_bytes : r.stderr_bytes) += s.size();
@@ -111,6 +120,23 @@ ExecResult Engine::exec(const std::string& id, const ExecRequest& req, const Exe
     for (int i = 0; i < 256; ++i) all += static_cast<char>(i);
     out(1, all);
     out(2, "err");
+  } else if (cmd == "cat" && req.stdin_stream) {
+    for (;;) {
+      std::string chunk;
+      {
+        std::unique_lock lock(impl_->mu);
+        auto& q = impl_->stdin_queues[r.exec_id];
+        impl_->cv.wait(lock, [&] { return !q.empty() || impl_->killed.count(r.exec_id); });
+        if (q.empty() || q.front().empty()) break;
+        chunk = std::move(q.front());
+        q.pop_front();
+      }
+      r.stdin_bytes += chunk.size();
+      out(1, chunk);
+    }
+    std::lock_guard lock(impl_->mu);
+    impl_->stdin_queues.erase(r.exec_id);
+    impl_->stdin_closed.insert(r.exec_id);
   } else if (cmd == "cat") {
     r.stdin_bytes = req.stdin_data ? req.stdin_data->size() : 0;
     if (req.stdin_data) out(1, *req.stdin_data);
@@ -183,6 +209,36 @@ ExecResult Engine::exec(const std::string& id, const ExecRequest& req, const Exe
   }
   r.exit_code = 0;
   return r;
+}
+
+StdinWrite Engine::write_stdin(const std::string& id, const std::string& exec_id,
+                               const ChunkSource& source, bool eof,
+                               const std::function<bool()>&) {
+  get(id);
+  StdinWrite w;
+  {
+    std::lock_guard lock(impl_->mu);
+    if (impl_->stdin_closed.count(exec_id))
+      throw Error(Errc::conflict, "the stdin of exec " + exec_id + " is closed", "exec_id");
+    if (!impl_->stdin_queues.count(exec_id))
+      throw Error(Errc::not_found, "no exec " + exec_id, "exec_id");
+  }
+  while (auto chunk = source()) {
+    if (chunk->empty()) continue;
+    w.bytes += chunk->size();
+    std::lock_guard lock(impl_->mu);
+    impl_->stdin_queues[exec_id].push_back(std::move(*chunk));
+    impl_->cv.notify_all();
+  }
+  std::lock_guard lock(impl_->mu);
+  if (eof) {
+    impl_->stdin_queues[exec_id].push_back("");
+    impl_->stdin_closed.insert(exec_id);
+    impl_->cv.notify_all();
+  }
+  w.total = w.bytes;
+  w.closed = eof;
+  return w;
 }
 
 void Engine::kill_exec(const std::string& id, const std::string& exec_id, int) {

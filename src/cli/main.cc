@@ -18,6 +18,7 @@
 #include "cli/client.h"
 #include "cli/probe.h"
 #include "cli/spawn.h"
+#include "cli/stdin_pump.h"
 #include "common/error.h"
 #include "daemon/base64.h"
 #include "daemon/paths.h"
@@ -84,10 +85,31 @@ int run_exec(const Client& c, const std::string& id, const ExecOptions& opts,
   std::optional<std::string> in;
   // A closed stdin (e.g. a CI runner without one) means no input, not an error.
   bool stdin_open = ::fcntl(0, F_GETFD) != -1;
-  if (stdin_open && (interactive || !::isatty(0))) in = read_all_fd(0);
+  bool forward = stdin_open && (interactive || !::isatty(0));
+  // Pipes, sockets, terminals (-i) and big files are streamed as they are
+  // read (a line typed into `sh` over a pipe is answered at once; 2 GiB go
+  // through in bounded memory). A small file or /dev/null goes inline.
+  struct stat st {};
+  bool small =
+      forward && ::fstat(0, &st) == 0 &&
+      ((S_ISREG(st.st_mode) && st.st_size <= (1 << 20)) || (S_ISCHR(st.st_mode) && !::isatty(0)));
+  if (forward && small) in = read_all_fd(0);
   json body = exec_body(opts, argv, in);
-  json exit = c.exec(id, body, [](const json& ev) {
+  std::unique_ptr<StdinPump> pump;
+  if (forward && !small) {
+    body["stdin_stream"] = true;
+    pump = std::make_unique<StdinPump>(c.socket(), id);
+  }
+  // Whatever ends the exec (exit, error, lost connection) ends the pump.
+  struct PumpStop {
+    std::unique_ptr<StdinPump>& p;
+    ~PumpStop() {
+      if (p) p->stop();
+    }
+  } pump_stop{pump};
+  json exit = c.exec(id, body, [&](const json& ev) {
     std::string type = ev.value("type", "");
+    if (type == "start" && pump) pump->start(ev.value("exec_id", ""));
     if (type != "stdout" && type != "stderr") return;
     auto bytes = daemon::base64_decode(ev.value("data", ""));
     if (!bytes) throw Error(Errc::internal, "airlockd sent invalid base64 output");

@@ -35,16 +35,25 @@ void Exchange::continue_100() {
   }
 }
 
-std::optional<std::string> Exchange::read_chunk(size_t max) {
+std::optional<std::string> Exchange::read_chunk(size_t max) { return read_body_bytes(max, false); }
+
+std::optional<std::string> Exchange::read_some(size_t max) { return read_body_bytes(max, true); }
+
+std::optional<std::string> Exchange::read_body_bytes(size_t max, bool some) {
   if (parser_.is_done()) return std::nullopt;
   continue_100();
   std::string out(max, '\0');
   size_t filled = 0;
-  while (filled < max && !parser_.is_done()) {
+  while (filled < max && !parser_.is_done() && !(some && filled > 0)) {
     parser_.get().body().data = out.data() + filled;
     parser_.get().body().size = max - filled;
     beast::error_code ec;
-    http::read(socket_, buffer_, parser_, ec);
+    // read_some returns after what one socket read brought (perhaps only a
+    // chunk header); read() waits for the buffer to fill or the body to end.
+    if (some)
+      http::read_some(socket_, buffer_, parser_, ec);
+    else
+      http::read(socket_, buffer_, parser_, ec);
     filled = max - parser_.get().body().size;
     if (ec == http::error::need_buffer) continue;
     if (ec == http::error::body_limit) {

@@ -40,6 +40,9 @@ class Exchange {
   // Next piece of the body (up to `max` bytes, fewer only at the end);
   // std::nullopt once the body is complete.
   std::optional<std::string> read_chunk(size_t max);
+  // Like read_chunk, but returns as soon as some body bytes arrived (1..max),
+  // without waiting for `max` of them: for input a person types.
+  std::optional<std::string> read_some(size_t max);
 
   void send_json(int status, const nlohmann::json& body);
   void send_empty(int status);
@@ -66,6 +69,7 @@ class Exchange {
 
  private:
   void continue_100();
+  std::optional<std::string> read_body_bytes(size_t max, bool some);
   template <class Response>
   void write(Response& res);
 

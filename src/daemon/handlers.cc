@@ -121,6 +121,49 @@ void handle_exec(engine::Engine& engine, Exchange& ex, const std::string& id,
   }
 }
 
+// POST .../exec/{exec_id}/stdin[?eof=true]: the raw body (any size, chunked
+// or not) goes to the exec's stdin as it arrives. Each piece is what one
+// socket read brought (a typed line is forwarded at once), at most 64 KiB,
+// and the next is read only once the guest took the last: a process that
+// does not read stalls the body, and TCP pushes back on the client.
+void handle_exec_stdin(engine::Engine& engine, Exchange& ex, const std::string& id,
+                       const std::string& exec_id, const Query& q) {
+  engine::StdinWrite w;
+  try {
+    check_query_keys(q, {"eof"});
+    bool eof = query_bool(q, "eof", false);
+    // A client that hangs up (or a daemon shutting down, which shuts its
+    // sockets) ends a write blocked on a process that does not read.
+    int fd = ex.native_handle();
+    auto gone = [fd] {
+      pollfd p{fd, 0, 0};
+      return ::poll(&p, 1, 0) > 0 && (p.revents & (POLLHUP | POLLERR)) != 0;
+    };
+    w = engine.write_stdin(
+        id, exec_id, [&] { return ex.read_some(64 * 1024); }, eof, gone);
+  } catch (const Error&) {
+    // Refused (400, 404, 409) before or while reading the body: take in what is
+    // left of a small one, so the client reads the answer instead of a
+    // reset connection (closing on unread bytes sends RST). A big rest is
+    // not waited for: the connection closes after the answer.
+    try {
+      size_t drained = 0;
+      while (drained < (1u << 20)) {
+        auto piece = ex.read_some(64 * 1024);
+        if (!piece) break;
+        drained += piece->size();
+      }
+    } catch (const Error&) {
+      // A broken body: the refusal is still the answer.
+    }
+    throw;
+  }
+  ex.send_json(200, {{"exec_id", exec_id},
+                     {"stdin_bytes", w.bytes},
+                     {"stdin_total", w.total},
+                     {"stdin_closed", w.closed}});
+}
+
 // A sandbox as the API shows it. The policy is always included, also by an
 // engine whose JSON form predates the network field.
 json sandbox_json(const engine::SandboxInfo& info) {
@@ -340,6 +383,9 @@ void dispatch(engine::Engine& engine, Exchange& ex, ServerCounters& counters) {
       ex.send_json(200, engine::to_json(engine.wait_exec(id, m.exec_id, wait)));
       return;
     }
+    case Route::exec_stdin:
+      handle_exec_stdin(engine, ex, id, m.exec_id, q);
+      return;
     case Route::kill_exec: {
       check_query_keys(q, {"signal"});
       int sig = query_signal(q, 9);

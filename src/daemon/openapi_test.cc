@@ -44,7 +44,6 @@ std::set<std::string> spec_operations(std::string* text) {
 // merged): routes of issue 10's contracts that the spec documents ahead of
 // their implementation. tests/integration/test_spec.py has the same list.
 const std::set<std::string> kPending = {
-    "POST /v1/sandboxes/{id}/exec/{exec_id}/stdin",
     "GET /v1/sandboxes/{id}/pty",
 };
 

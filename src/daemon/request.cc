@@ -199,7 +199,7 @@ PoolRequest parse_pool(std::string_view body) {
 engine::ExecRequest parse_exec(std::string_view body) {
   json j = parse_object(body);
   reject_unknown(j, {"argv", "cmd", "env", "cwd", "user", "stdin", "stdin_b64", "timeout", "limits",
-                     "output_limit_bytes", "background"});
+                     "output_limit_bytes", "background", "stdin_stream"});
   engine::ExecRequest req;
   if (j.contains("argv") && j.contains("cmd")) bad("give either argv or cmd, not both", "argv");
   if (j.contains("argv")) {
@@ -280,6 +280,9 @@ engine::ExecRequest parse_exec(std::string_view body) {
         get_int(j["output_limit_bytes"], "output_limit_bytes", 0, int64_t{1} << 40));
   if (j.contains("background")) req.background = get_bool(j["background"], "background");
   if (req.background && req.stdin_data) bad("a background exec takes no stdin", "stdin");
+  if (j.contains("stdin_stream")) req.stdin_stream = get_bool(j["stdin_stream"], "stdin_stream");
+  if (req.stdin_stream && req.stdin_data)
+    bad("give either stdin (or stdin_b64) or stdin_stream, not both", "stdin_stream");
   return req;
 }
 

@@ -58,7 +58,8 @@ struct PoolRequest {
 };
 PoolRequest parse_pool(std::string_view body);
 
-// POST /v1/sandboxes/{id}/exec {argv | cmd, env, cwd, user, stdin | stdin_b64, timeout}
+// POST /v1/sandboxes/{id}/exec {argv | cmd, env, cwd, user, stdin | stdin_b64 |
+// stdin_stream, timeout}
 engine::ExecRequest parse_exec(std::string_view body);
 
 // POST /v1/sandboxes/{id}/files/mkdir {path, parents}

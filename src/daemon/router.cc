@@ -54,6 +54,7 @@ const std::vector<RouteSpec>& routes() {
       {"DELETE", "/v1/sandboxes/{id}/exec/{exec_id}", Route::kill_exec},
       {"GET", "/v1/sandboxes/{id}/exec", Route::list_execs},
       {"GET", "/v1/sandboxes/{id}/exec/{exec_id}", Route::get_exec},
+      {"POST", "/v1/sandboxes/{id}/exec/{exec_id}/stdin", Route::exec_stdin},
       {"PUT", "/v1/sandboxes/{id}/files", Route::put_file},
       {"GET", "/v1/sandboxes/{id}/files", Route::get_file},
       {"DELETE", "/v1/sandboxes/{id}/files", Route::delete_file},

@@ -25,6 +25,7 @@ enum class Route {
   kill_exec,
   list_execs,
   get_exec,
+  exec_stdin,  // append to a streamed stdin (POST .../exec/{exec_id}/stdin)
   put_file,
   get_file,
   delete_file,

@@ -17,6 +17,7 @@
 #include <chrono>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <map>
 #include <thread>
 
@@ -24,6 +25,7 @@
 #include "daemon/exchange.h"
 #include "daemon/handlers.h"
 #include "daemon/request.h"
+#include "daemon/router.h"
 
 namespace airlock::daemon {
 
@@ -223,6 +225,18 @@ void Server::Impl::watch_idle() {
   });
 }
 
+// A streamed stdin (POST .../exec/{exec_id}/stdin) takes a body of any size:
+// it is forwarded with bounded memory, never collected. Every other route's
+// body is capped (read_body() and the upload check Content-Length too).
+static bool unlimited_body(const http::request<http::buffer_body>& req) {
+  if (req.method() != http::verb::post) return false;
+  auto t = req.target();
+  std::string_view target(t.data(), t.size());
+  target = target.substr(0, target.find('?'));
+  RouteMatch m = match_route("POST", target);
+  return m.status == RouteStatus::ok && m.route == Route::exec_stdin;
+}
+
 void Server::Impl::serve(stream::socket sock, std::shared_ptr<Activity> activity) {
   int fd = sock.native_handle();
   WatchedSocket wsock(sock, *activity);
@@ -230,9 +244,12 @@ void Server::Impl::serve(stream::socket sock, std::shared_ptr<Activity> activity
   while (true) {
     RequestParser parser;
     parser.header_limit(64 * 1024);
-    parser.body_limit(kMaxUploadBody);
+    // No limit while the head is parsed (Beast checks a Content-Length
+    // against it there); set per route below.
+    parser.body_limit(std::numeric_limits<std::uint64_t>::max());
     beast::error_code ec;
     http::read_header(wsock, buffer, parser, ec);
+    if (!ec && !unlimited_body(parser.get())) parser.body_limit(kMaxUploadBody);
     if (ec) {
       bool quiet = ec == http::error::end_of_stream || ec == net::error::eof ||
                    ec == net::error::connection_reset || ec == net::error::bad_descriptor;

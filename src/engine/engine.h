@@ -131,7 +131,10 @@ struct ExecRequest {
   std::string cwd;     // default "/"
   std::string user;    // name or numeric uid; default root
   std::optional<std::string> stdin_data;  // bytes fed to stdin, then EOF
-  double timeout_s = 0;                   // 0 = none (the sandbox's life still applies)
+  // Keep stdin open and feed it with write_stdin() while exec() streams the
+  // output, or, with background, while the job runs (exclusive with stdin_data).
+  bool stdin_stream = false;
+  double timeout_s = 0;  // 0 = none (the sandbox's life still applies)
   // Limits of this exec's own cgroup in the guest; 0 = not limited.
   struct Limits {
     int pids = 0;            // 1 .. 1048576 processes/threads
@@ -178,6 +181,13 @@ struct ExecCallbacks {
   // Called for every chunk of output, in order; channel 1 = stdout, 2 = stderr.
   // Returning false kills the process (e.g. the client went away).
   std::function<bool(int channel, std::string_view bytes)> on_output;
+};
+
+// What Engine::write_stdin() sent.
+struct StdinWrite {
+  uint64_t bytes = 0;   // by this call
+  uint64_t total = 0;   // by every call so far
+  bool closed = false;  // stdin is closed (eof sent)
 };
 
 // Next chunk of an upload; std::nullopt = end.
@@ -234,6 +244,20 @@ class Engine {
   // call); guest errors (no such binary/cwd/user) keep the guest's Errc.
   ExecResult exec(const std::string& id, const ExecRequest& request,
                   const ExecCallbacks& callbacks);
+  // Appends `source` to the stdin of a running exec started with
+  // stdin_stream (a streaming exec() on its stream; a background one
+  // through the guest's job_stdin, so its stdin outlives a daemon restart),
+  // then closes it if `eof`. Memory is bounded: a chunk is
+  // pulled from `source` only once the previous one went to the guest within
+  // its credit window, so a process that does not read blocks the call.
+  // not_found: no such exec; conflict: its stdin is closed (eof sent, or the
+  // exec ended, also during the call) or it was not started with
+  // stdin_stream. Concurrent calls on one exec run one after the other.
+  // `cancelled`, if given, is asked every 200 ms while a streaming exec's
+  // process does not read; true ends the call with Error(unavailable).
+  StdinWrite write_stdin(const std::string& id, const std::string& exec_id,
+                         const ChunkSource& source, bool eof,
+                         const std::function<bool()>& cancelled = {});
   // Sends `signal` to a running exec's process (tree); for a background
   // exec, 9 kills its whole tree even after its main process ended.
   void kill_exec(const std::string& id, const std::string& exec_id, int signal = 9);

@@ -94,6 +94,9 @@ void validate_exec_extras(const ExecRequest& r) {
     throw Error(Errc::invalid_argument,
                 "limits.cpu_seconds must be between 0.01 and 31536000 (0 = none)",
                 "limits.cpu_seconds");
+  if (r.stdin_stream && r.stdin_data)
+    throw Error(Errc::invalid_argument, "give either stdin or stdin_stream, not both",
+                "stdin_stream");
   if (r.output_limit_bytes > (uint64_t{1} << 40))
     throw Error(Errc::invalid_argument, "output_limit_bytes must be at most 2^40",
                 "output_limit_bytes");
@@ -168,6 +171,14 @@ ExecResult Engine::exec(const std::string& id, const ExecRequest& request,
     std::lock_guard lock(sb->mu);
     sb->execs[result.exec_id] = stream;
   }
+  std::shared_ptr<StdinPipe> pipe;
+  if (request.stdin_stream) {
+    req["stdin"] = true;  // open, fed by write_stdin() (GuestChannel::exec)
+    pipe = std::make_shared<StdinPipe>();
+    pipe->stream = stream;
+    std::lock_guard lock(sb->mu);
+    sb->stdin_pipes[result.exec_id] = pipe;
+  }
   channel::ChunkSource stdin_source;
   if (request.stdin_data) {
     auto sent = std::make_shared<size_t>(0);
@@ -197,6 +208,22 @@ ExecResult Engine::exec(const std::string& id, const ExecRequest& request,
   auto finish = [&] {
     std::lock_guard lock(sb->mu);
     sb->execs.erase(result.exec_id);
+    if (!pipe) return;
+    pipe->ended = true;
+    result.stdin_bytes = pipe->total;
+    // Forget the oldest ended pipes beyond the cap (ids are random, so
+    // "oldest" is approximate: any ended one will do).
+    size_t ended = 0;
+    for (auto& [k, p] : sb->stdin_pipes) ended += p->ended ? 1 : 0;
+    for (auto it = sb->stdin_pipes.begin();
+         ended > Sandbox::kMaxEndedStdinPipes && it != sb->stdin_pipes.end();) {
+      if (it->second->ended && it->first != result.exec_id) {
+        it = sb->stdin_pipes.erase(it);
+        --ended;
+      } else {
+        ++it;
+      }
+    }
   };
   // The start is on record before the guest runs anything: a daemon killed
   // mid-exec leaves exec_start without an end, which the next daemon's
@@ -284,6 +311,7 @@ ExecStatus Engine::exec_background(const std::string& id, const ExecRequest& req
     throw Error(Errc::invalid_argument, "a background exec takes no stdin", "stdin");
   nlohmann::json req = guest_exec_request(*sb, request);
   req["op"] = "exec";
+  if (request.stdin_stream) req["stdin"] = true;  // a pipe fed by write_stdin() (job_stdin)
   req["background"] = true;
   const std::string exec_id = random_id("ex-");
   req["exec_id"] = exec_id;

@@ -81,6 +81,16 @@ class ScopeGuard {
   std::function<void()> f_;
 };
 
+// The streamed stdin of an exec started with ExecRequest::stdin_stream
+// (Engine::write_stdin). Shared by the exec's call and its stdin writers.
+struct StdinPipe {
+  std::mutex mu;                   // held for a whole write: writes to one exec never interleave
+  uint32_t stream = 0;             // the exec's channel stream
+  bool closed = false;             // eof sent (under mu)
+  std::atomic<bool> ended{false};  // the exec is over
+  std::atomic<uint64_t> total{0};  // bytes sent to the guest so far
+};
+
 class Sandbox {
  public:
   // `rec` as inserted in the registry (state rec.info.state).
@@ -121,7 +131,11 @@ class Sandbox {
   std::unique_ptr<channel::GuestChannel> channel;
   std::mutex mu;                          // execs, net_pid, rec (after sharing)
   std::map<std::string, uint32_t> execs;  // exec_id -> stream, while running
-  pid_t net_pid = 0;                      // the airlock-net helper (0 = none: mode "none")
+  // exec_id -> streamed stdin; ended execs stay (a write then is a conflict,
+  // not "unknown") until kMaxEndedStdinPipes newer ones ended.
+  std::map<std::string, std::shared_ptr<StdinPipe>> stdin_pipes;
+  static constexpr size_t kMaxEndedStdinPipes = 64;
+  pid_t net_pid = 0;  // the airlock-net helper (0 = none: mode "none")
   // Reads, checks and journals the helper's events (attach_net_events);
   // reset it after kill_net_helper (it drains what the helper wrote).
   std::shared_ptr<NetEventReader> net_events;

@@ -182,8 +182,6 @@ ExecSpec parse_exec_spec(const json& req) {
       throw Error(Errc::invalid_argument, "exec_id must be 1..64 of [A-Za-z0-9_-]", "exec_id");
     s.exec_id = *id;
   }
-  if (s.background && s.want_stdin)
-    throw Error(Errc::invalid_argument, "a background exec takes no stdin", "stdin");
   return s;
 }
 

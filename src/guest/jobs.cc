@@ -1,5 +1,7 @@
 #include "guest/jobs.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/epoll.h>
 #include <sys/timerfd.h>
@@ -27,6 +29,105 @@ struct Jobs::Job {
   bool running = true;
   json outcome;                  // once it ended
   std::vector<Waiter*> waiters;  // wait_job streams for it
+  // Streamed stdin ("stdin": true): the pipe's write end, non-blocking.
+  bool has_stdin = false;
+  int stdin_fd = -1;
+  uint64_t stdin_total = 0;       // bytes written into the pipe
+  StdinWriter* writer = nullptr;  // the job_stdin stream feeding it, if any
+  ~Job() {
+    if (stdin_fd >= 0) close(stdin_fd);
+  }
+};
+
+// A job_stdin stream: data -> the job's stdin pipe, credit as it is
+// written (never more than the window held), eof -> the answer.
+class Jobs::StdinWriter : public Stream {
+ public:
+  StdinWriter(Server& server, uint32_t id, Job& job, bool close_after)
+      : Stream(server, id), job_(&job), close_after_(close_after) {
+    job.writer = this;
+  }
+  ~StdinWriter() override { abort(); }
+
+  void on_data(uint8_t ch, const std::string& bytes) override {
+    if (ch != 0 || bytes.size() > window_) {
+      abort();
+      fail(code::protocol_error, ch != 0 ? "job_stdin takes data only on channel 0"
+                                         : "job_stdin data beyond the granted credit");
+      return;
+    }
+    window_ -= bytes.size();
+    if (!job_ || job_->stdin_fd < 0) {  // nobody reads: discard, keep the window open
+      window_ += bytes.size();
+      server_.send_credit(id_, 0, bytes.size());
+      return;
+    }
+    buf_ += bytes;
+    write_some();
+  }
+  void on_eof(uint8_t ch) override {
+    if (ch != 0) return;
+    eof_ = true;
+    write_some();
+  }
+  void abort() override {
+    if (!job_) return;
+    if (watched_ && job_->stdin_fd >= 0) server_.unwatch(job_->stdin_fd);
+    watched_ = false;
+    job_->writer = nullptr;
+    job_ = nullptr;
+  }
+
+ private:
+  void write_some() {
+    while (job_ && job_->stdin_fd >= 0 && !buf_.empty()) {
+      ssize_t n = write(job_->stdin_fd, buf_.data(), buf_.size());
+      if (n > 0) {
+        buf_.erase(0, n);
+        bytes_ += n;
+        job_->stdin_total += n;
+        window_ += n;
+        server_.send_credit(id_, 0, n);
+        continue;
+      }
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && errno == EAGAIN) {
+        if (!watched_) server_.watch(job_->stdin_fd, EPOLLOUT, [this](uint32_t) { write_some(); });
+        watched_ = true;
+        return;
+      }
+      // EPIPE: no process reads the job's stdin any more. Drop and close.
+      close_stdin();
+    }
+    if (!buf_.empty()) {  // the pipe is gone: what is held is dropped
+      window_ += buf_.size();
+      server_.send_credit(id_, 0, buf_.size());
+      buf_.clear();
+    }
+    if (watched_ && job_ && job_->stdin_fd >= 0) server_.unwatch(job_->stdin_fd);
+    watched_ = false;
+    if (!eof_) return;
+    if (job_ && close_after_) close_stdin();
+    // No job any more (forgotten meanwhile): its stdin is as good as closed.
+    json r{{"stdin_bytes", bytes_},
+           {"stdin_total", job_ ? job_->stdin_total : bytes_},
+           {"stdin_closed", !job_ || job_->stdin_fd < 0}};
+    abort();
+    server_.finish(id_, r);  // destroys this stream
+  }
+  void close_stdin() {
+    if (watched_ && job_->stdin_fd >= 0) server_.unwatch(job_->stdin_fd);
+    watched_ = false;
+    if (job_->stdin_fd >= 0) close(job_->stdin_fd);
+    job_->stdin_fd = -1;
+  }
+
+  Job* job_;
+  bool close_after_;
+  bool eof_ = false, watched_ = false;
+  std::string buf_;
+  uint64_t window_ = protocol::kInitialCredit;
+  uint64_t bytes_ = 0;
 };
 
 // A wait_job stream: answered by Jobs::on_exit or by its own timer.
@@ -74,9 +175,16 @@ class Jobs::Waiter : public Stream {
 
 Jobs::Jobs(Server& server) : server_(server) {}
 
+void Jobs::drop(Job& job) {
+  for (Waiter* w : std::vector<Waiter*>(job.waiters)) w->answer();
+  if (job.writer) job.writer->abort();  // its stream discards the rest, then answers
+}
+
 Jobs::~Jobs() {
-  for (auto& j : jobs_)
+  for (auto& j : jobs_) {
     for (Waiter* w : std::vector<Waiter*>(j->waiters)) w->abort();
+    if (j->writer) j->writer->abort();
+  }
   // ProcTree's destructor kills each tree.
   jobs_.clear();
 }
@@ -90,7 +198,7 @@ json Jobs::start(const ExecSpec& spec) {
     if (done == jobs_.end())
       throw GuestError(code::internal,
                        "too many background execs (" + std::to_string(kMaxJobs) + " are running)");
-    for (Waiter* w : std::vector<Waiter*>((*done)->waiters)) w->answer();
+    drop(**done);
     jobs_.erase(done);
   }
   auto job = std::make_unique<Job>();
@@ -101,7 +209,20 @@ json Jobs::start(const ExecSpec& spec) {
   clock_gettime(CLOCK_REALTIME, &now);
   job->started_at_ms = int64_t{now.tv_sec} * 1000 + now.tv_nsec / 1000000;
   Job* raw = job.get();
-  job->tree->spawn(spec, -1, -1, -1, [this, raw](int) { on_exit(*raw); });
+  int in[2] = {-1, -1};
+  if (spec.want_stdin) {
+    if (pipe2(in, O_CLOEXEC) != 0) throw_sys("pipe2");
+    job->has_stdin = true;
+    job->stdin_fd = in[1];
+    fcntl(in[1], F_SETFL, fcntl(in[1], F_GETFL) | O_NONBLOCK);
+  }
+  try {
+    job->tree->spawn(spec, in[0], -1, -1, [this, raw](int) { on_exit(*raw); });
+  } catch (...) {
+    if (in[0] >= 0) close(in[0]);
+    throw;  // ~Job closes the write end
+  }
+  if (in[0] >= 0) close(in[0]);  // the child has it
   job->pid = job->tree->pid();
   jobs_.push_back(std::move(job));
   return to_json(*raw);
@@ -120,6 +241,10 @@ json Jobs::to_json(const Job& job) const {
          {"background", true},
          {"started_at_ms", job.started_at_ms},
          {"running", job.running}};
+  if (job.has_stdin) {
+    j["stdin_bytes"] = job.stdin_total;
+    j["stdin_closed"] = job.stdin_fd < 0;
+  }
   if (!job.running) j.update(job.outcome);
   return j;
 }
@@ -147,6 +272,18 @@ std::unique_ptr<Stream> Jobs::wait(uint32_t stream, const json& req) {
   auto w = std::make_unique<Waiter>(server_, stream, *this, job);
   w->arm(timeout_ms);
   return w;
+}
+
+std::unique_ptr<Stream> Jobs::write_stdin(uint32_t stream, const json& req) {
+  Job& job = find(req);
+  bool close_after = protocol::optional_bool(req, "close", false);
+  if (!job.has_stdin)
+    throw GuestError(code::exists,
+                     "background exec " + job.exec_id + " was not started with streamed stdin");
+  if (job.stdin_fd < 0)
+    throw GuestError(code::exists, "the stdin of " + job.exec_id + " is closed");
+  if (job.writer) throw GuestError(code::exists, "another job_stdin is writing to " + job.exec_id);
+  return std::make_unique<StdinWriter>(server_, stream, job, close_after);
 }
 
 json Jobs::kill(const json& req) {

@@ -426,6 +426,8 @@ void Server::handle_request(Frame& f) {
       stream = start_watch(*this, id, req);
     } else if (op == "wait_job") {
       stream = jobs_->wait(id, req);
+    } else if (op == "job_stdin") {
+      stream = jobs_->write_stdin(id, req);
     } else {
       json result;
       if (op == "ping")

@@ -34,11 +34,10 @@ from harness import ROOT, ApiError, DaemonTestCase, UnixHTTPConnection
 # the spec ahead of their implementation; src/daemon/openapi_test.cc has the
 # same list. test_spec_coverage.py skips their statuses while pending.
 PENDING = {
-    ("POST", "/v1/sandboxes/{id}/exec/{exec_id}/stdin"),
     ("GET", "/v1/sandboxes/{id}/pty"),
 }
 # Request examples of pending features on routes that exist already.
-PENDING_EXAMPLES = {("exec", "stdin_stream")}
+PENDING_EXAMPLES = set()
 
 ROUTE_LINE = re.compile(r'\{"(GET|PUT|POST|DELETE|PATCH)", "(/v1/[^"]*)", Route::\w+\}')
 

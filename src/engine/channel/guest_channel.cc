@@ -42,6 +42,7 @@ struct GuestChannel::Stream {
   // Host->guest window on channel in.
   uint64_t send_window = protocol::kInitialCredit;
   std::string failed;  // set by the reader when the guest broke the rules
+  bool done = false;   // unregistered: write_stdin() must stop waiting
 };
 
 std::unique_ptr<GuestChannel> GuestChannel::connect(const std::filesystem::path& path,
@@ -279,7 +280,11 @@ std::shared_ptr<GuestChannel::Stream> GuestChannel::register_stream(uint32_t id)
 
 void GuestChannel::unregister_stream(uint32_t id) {
   std::lock_guard lock(mu_);
-  streams_.erase(id);
+  auto it = streams_.find(id);
+  if (it == streams_.end()) return;
+  it->second->done = true;
+  it->second->cv.notify_all();  // a write_stdin() waiting for credit
+  streams_.erase(it);
 }
 
 std::optional<Frame> GuestChannel::wait_frame(Stream& st, Deadline deadline, bool want_credit) {
@@ -406,7 +411,9 @@ nlohmann::json GuestChannel::exec(uint32_t id, nlohmann::json request,
   auto st = register_stream(id);
   StreamGuard guard{[&] { unregister_stream(id); }};
   request["op"] = "exec";
-  request["stdin"] = static_cast<bool>(stdin_source);
+  // Streamed stdin (write_stdin() from other threads) or a source pumped here.
+  const bool stdin_stream = !stdin_source && request.value("stdin", false);
+  request["stdin"] = stdin_stream || static_cast<bool>(stdin_source);
   send(protocol::json_frame(Type::request, id, request));
 
   bool upload_done = !stdin_source;
@@ -455,6 +462,57 @@ nlohmann::json GuestChannel::exec(uint32_t id, nlohmann::json request,
         break;
     }
   }
+}
+
+uint64_t GuestChannel::write_stdin(uint32_t id, const ChunkSource& source, bool eof,
+                                   const std::function<bool()>& cancelled) {
+  std::shared_ptr<Stream> st;
+  {
+    std::lock_guard lock(mu_);
+    if (closed_) throw Error(Errc::guest_error, "guest agent connection lost: " + why_);
+    auto it = streams_.find(id);
+    if (it == streams_.end())
+      throw Error(Errc::conflict, "the exec has ended; its stdin is closed");
+    st = it->second;
+  }
+  // Waits for credit and takes up to `want` bytes of it.
+  auto take = [&](size_t want) -> uint32_t {
+    std::unique_lock lock(mu_);
+    auto ready = [&] { return st->send_window > 0 || st->done || closed_ || !st->failed.empty(); };
+    while (!st->cv.wait_for(lock, std::chrono::milliseconds(200), ready)) {
+      if (!cancelled) continue;
+      lock.unlock();
+      bool stop = cancelled();  // outside mu_: it may poll a socket
+      lock.lock();
+      if (stop && !ready())
+        throw Error(Errc::unavailable, "the writer of the exec's stdin went away");
+    }
+    if (closed_) throw Error(Errc::guest_error, "guest agent connection lost: " + why_);
+    if (st->done || !st->failed.empty())
+      throw Error(Errc::conflict, "the exec has ended; its stdin is closed");
+    uint32_t n = static_cast<uint32_t>(
+        std::min<uint64_t>({st->send_window, want, uint64_t{protocol::kMaxPayload}}));
+    st->send_window -= n;
+    return n;
+  };
+  uint64_t sent = 0;
+  while (auto chunk = source()) {
+    std::string_view rest = *chunk;
+    while (!rest.empty()) {
+      uint32_t n = take(rest.size());
+      send(Frame{Type::data, kIn, id, std::string(rest.substr(0, n))});
+      rest.remove_prefix(n);
+      sent += n;
+    }
+  }
+  if (eof) {
+    {
+      std::lock_guard lock(mu_);
+      if (st->done) throw Error(Errc::conflict, "the exec has ended; its stdin is closed");
+    }
+    send(Frame{Type::eof, kIn, id, {}});
+  }
+  return sent;
 }
 
 void GuestChannel::exec_event(const Frame& f, bool& started, bool output_seen,
@@ -522,6 +580,30 @@ uint64_t GuestChannel::write_file(const std::string& path, uint32_t mode, bool p
     if (!size.is_number_unsigned())
       throw Error(Errc::guest_error, "guest write_file response has no size");
     return size.get<uint64_t>();
+  }
+}
+
+nlohmann::json GuestChannel::job_stdin(const std::string& exec_id, const ChunkSource& source,
+                                       bool close, Deadline deadline) {
+  uint32_t id = open_stream();
+  auto st = register_stream(id);
+  StreamGuard guard{[&] { unregister_stream(id); }};
+  send(protocol::json_frame(Type::request, id,
+                            {{"op", "job_stdin"}, {"exec_id", exec_id}, {"close", close}}));
+  bool done = false;
+  std::string pending;
+  for (;;) {
+    if (!done) done = pump_upload(id, *st, source, pending);
+    auto f = wait_frame(*st, deadline, !done);
+    if (!f) continue;
+    if (f->type != Type::response) {
+      ignore("frame type " + std::to_string(static_cast<int>(f->type)) + " on job_stdin stream " +
+             std::to_string(id));
+      continue;
+    }
+    // An early answer is an error (unknown job, stdin closed): the rest of
+    // the source is left unread.
+    return parse_response(*f);
   }
 }
 

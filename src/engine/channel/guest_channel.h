@@ -124,8 +124,28 @@ class GuestChannel {
   // set from whether `stdin_source` is given. Blocks until the response,
   // which it returns ({"exit_code","signal","timed_out",...}). If `deadline`
   // passes the process is killed and Error(timeout) thrown.
+  // Streamed stdin: with `request["stdin"] == true` and no `stdin_source`,
+  // the process's stdin stays open and other threads feed it with
+  // write_stdin() while this call delivers output.
   nlohmann::json exec(uint32_t stream, nlohmann::json request, const ChunkSource& stdin_source,
                       const ExecHandlers& handlers, std::optional<Deadline> deadline = {});
+  // Appends `source` (chunks of any size) to the stdin of the streamed-stdin
+  // exec running on `stream`, then sends eof if `eof`. Each chunk is sent as
+  // data frames within the guest's credit window, and the next chunk is
+  // pulled only once the previous one is on the wire: a process that does
+  // not read blocks this call (and so its source), never grows memory.
+  // Returns the bytes sent. Error(conflict) if the exec has ended (also
+  // when it ends during the call), Error(guest_error) if the connection is
+  // lost. Callers serialise writes to one stream. While it waits for
+  // credit, `cancelled` (if given) is asked every 200 ms; true ends the call
+  // with Error(unavailable) (the HTTP client went away).
+  uint64_t write_stdin(uint32_t stream, const ChunkSource& source, bool eof,
+                       const std::function<bool()>& cancelled = {});
+  // The same for a background exec started with "stdin": true, on a
+  // job_stdin stream of its own: returns the guest's {"stdin_bytes",
+  // "stdin_total", "stdin_closed"}; `close` closes the job's stdin after.
+  nlohmann::json job_stdin(const std::string& exec_id, const ChunkSource& source, bool close,
+                           Deadline deadline);
   // Sends a signal to the exec running on `stream` (no-op if it has ended).
   void signal(uint32_t stream, int signo);
 

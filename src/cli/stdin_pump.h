@@ -1,0 +1,59 @@
+// Streams the CLI's stdin into a running exec (`airlock exec ID -- CMD` with
+// stdin not a terminal): a thread reads fd 0 and POSTs what each read()
+// returned to .../exec/{exec_id}/stdin, so a line typed into a pipe reaches
+// the guest at once, and a 2 GiB pipe goes through with one batch in memory.
+//
+//   StdinPump pump(socket, id);           // before the exec starts
+//   ... on the exec's "start" event: pump.start(exec_id);
+//   ... when the exec ended:         pump.stop();   // joins
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <thread>
+
+namespace airlock::cli {
+
+// The stdin batch sent per request: everything readable now, at most `max`
+// bytes. Blocks (polling `fd` and `wake`) until something is readable; then
+// reads what one read() gives and, while that filled up the buffer and more
+// is readable at once, reads on (throughput for bulk pipes without waiting
+// for interactive input). `eof` is set once fd reached end of file (or a
+// read error: stdin is then treated as ended). Returns false if `wake`
+// became readable first (stop requested).
+struct StdinBatch {
+  std::string bytes;
+  bool eof = false;
+};
+bool read_stdin_batch(int fd, int wake, size_t max, StdinBatch& out);
+
+class StdinPump {
+ public:
+  StdinPump(std::filesystem::path socket, std::string id, int fd = 0);
+  ~StdinPump();  // stop()
+  StdinPump(const StdinPump&) = delete;
+  StdinPump& operator=(const StdinPump&) = delete;
+
+  // Starts the thread for `exec_id` (once; later calls are ignored).
+  void start(const std::string& exec_id);
+  // Ends the thread (a pending read is abandoned; a pending request, which
+  // the daemon answers as soon as the exec ended, is waited for).
+  void stop();
+  // Bytes the daemon accepted so far.
+  uint64_t sent() const { return sent_.load(); }
+
+ private:
+  void run(std::string exec_id);
+
+  std::filesystem::path socket_;
+  std::string id_;
+  int fd_;
+  int wake_[2] = {-1, -1};
+  std::thread thread_;
+  std::atomic<uint64_t> sent_{0};
+};
+
+}  // namespace airlock::cli
