@@ -11,7 +11,7 @@ PACKAGES="
   libsqlite3-dev libseccomp-dev libcap-dev libarchive-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   clang libclang-rt-14-dev
-  python3 iproute2 procps curl dpkg-dev
+  python3 iproute2 procps curl dpkg-dev tmux
 "
 
 missing=""
