@@ -342,7 +342,9 @@ int main_impl(int argc, char** argv) {
     return run_pty(c.socket(), id, shell_opts);
   }
   if (exec->parsed() && tty) {
-    if (eopts.background) throw UsageError("--tty and --background do not go together");
+    if (eopts.background || exec_timeout || eopts.pids || eopts.memory_limit_mb ||
+        eopts.cpu_seconds || eopts.output_limit || interactive)
+      throw UsageError("--tty takes only --cwd, --user and --env");
     PtyOptions p{argv_rest, eopts.env, eopts.cwd, eopts.user};
     parse_kvs(p.env, "--env");
     Client c = connect(g);

@@ -135,7 +135,12 @@ class Session {
  private:
   void read_stdin() {
     in_.async_read_some(net::buffer(inbuf_), [this](beast::error_code ec, size_t n) {
-      if (ec || n == 0) return;  // EOF or error: no more input (the pty has no EOF of its own)
+      if (ec || n == 0) {
+        // A pty has no EOF of its own: for input from a pipe or file, its
+        // end is the terminal's end-of-input character (Ctrl-D).
+        if (!::isatty(0)) send(false, "\x04");
+        return;
+      }
       send(false, std::string(inbuf_, n));
       // Reading stops while the socket is backed up: the guest's pace.
       if (queued_ < (1 << 20))
