@@ -164,6 +164,20 @@ class ShellTest(DaemonTestCase):
         self.assertIn("30 100", text)
         self.assertIn("/dev/pts/", text)
 
+    def test_exec_tty_from_a_pipe(self):
+        # No local terminal: 80x24, and the end of the piped input is the
+        # terminal's end of input (Ctrl-D), so cat ends.
+        r = subprocess.run([AIRLOCK, "exec", "--tty", self.sid, "--", "sh", "-c", "stty size; cat; echo END"],
+                           env=self.env, input=b"line one\n", capture_output=True, timeout=60)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn(b"24 80", r.stdout)
+        self.assertIn(b"line one\r\n", r.stdout)
+        self.assertIn(b"END", r.stdout)
+        r = subprocess.run([AIRLOCK, "exec", "--tty", "--timeout", "5", self.sid, "--", "true"], env=self.env,
+                           capture_output=True, timeout=60)
+        self.assertEqual(r.returncode, 2)
+        self.assertIn(b"--tty takes only", r.stderr)
+
     def test_sigterm_to_the_cli_restores_the_terminal(self):
         name, code, stty = self.start(f"{AIRLOCK} shell {self.sid}")
         self.keys(name, "echo HI-$((3*3))", "Enter")
