@@ -13,7 +13,7 @@ PACKAGES="
   clang libclang-rt-14-dev
   python3 python3-yaml python3-jsonschema python3-pip python3-setuptools python3-wheel
   iproute2 procps curl dpkg-dev
-  nodejs
+  nodejs tmux
 "
 # The MCP client test (tests/mcp) runs the official MCP SDK under Node.js and
 # installs it with npm. Some nodejs builds ship npm themselves; Debian's

@@ -12,6 +12,9 @@
 //   tick MS N      N lines "tick\n", MS milliseconds apart
 //   flood N        N chunks of 64 KiB (stops when the client is gone)
 //   start-twice    calls on_start twice (a forged second `started`)
+//   pty            (request.pty) echoes pty_input back; a resize writes
+//                  "size COLSxROWS\r\n"; byte 4 (Ctrl-D) exits 0, kill_exec
+//                  ends it by that signal; argv empty = the same
 //   connect IP PORT  a TCP flow decided by the sandbox's policy: records
 //                  net_flow (and net_flow_end with 10/20 bytes if allowed)
 #include <poll.h>
@@ -36,7 +39,10 @@ struct Engine::Impl {
   std::map<std::string, SandboxInfo> boxes;
   std::map<std::string, std::string> files;  // id + path -> content
   std::map<std::string, std::vector<nlohmann::json>> audit;
-  std::set<std::string> killed;  // exec ids
+  std::set<std::string> killed;               // exec ids
+  std::map<std::string, std::string> pty_in;  // exec id -> input not yet echoed
+  std::set<std::string> pty_live;             // pty execs running
+  std::map<std::string, int> pty_signal;      // exec id -> signal from kill_exec
   int next = 1;
   // Streamed stdin of running `cat` execs: exec id -> chunks, "" = eof.
   std::map<std::string, std::deque<std::string>> stdin_queues;
@@ -97,6 +103,7 @@ void Engine::destroy(const std::string& id) {
 ExecResult Engine::exec(const std::string& id, const ExecRequest& req, const ExecCallbacks& cb) {
   if (get(id).state != State::running) throw Error(Errc::conflict, "sandbox is not running");
   std::vector<std::string> argv = req.argv;
+  if (argv.empty() && req.pty) argv = {"pty"};
   if (argv.empty()) argv = {"sh", "-c", req.cmd};
   ExecResult r;
   r.exec_id = "ex-" + std::to_string(impl_->next++);
@@ -105,13 +112,48 @@ ExecResult Engine::exec(const std::string& id, const ExecRequest& req, const Exe
     std::lock_guard lock(impl_->mu);
     impl_->stdin_queues[r.exec_id];  // open before the client can know the id
   }
+  if (req.pty && argv[0] == "pty") {
+    std::lock_guard lock(impl_->mu);
+    impl_->pty_live.insert(r.exec_id);  // before the start: input may follow at once
+  }
   cb.on_start(r.exec_id, 42);
   auto out = [&](int ch, std::string_view s) {
     (ch == 1 ? r.stdout_bytes : r.stderr_bytes) += s.size();
     return cb.on_output(ch, s);
   };
   const std::string& cmd = argv[0];
-  if (cmd == "echo") {
+  if (cmd == "pty" && req.pty) {
+    out(1, "size " + std::to_string(req.pty->cols) + "x" + std::to_string(req.pty->rows) + "\r\n");
+    std::unique_lock lock(impl_->mu);
+    for (;;) {
+      impl_->cv.wait(lock, [&] {
+        return !impl_->pty_in[r.exec_id].empty() || impl_->pty_signal.count(r.exec_id);
+      });
+      if (impl_->pty_signal.count(r.exec_id)) {
+        r.signal = impl_->pty_signal[r.exec_id];
+        r.reason = "killed";
+        break;
+      }
+      std::string in = std::move(impl_->pty_in[r.exec_id]);
+      impl_->pty_in[r.exec_id].clear();
+      size_t eot = in.find('\x04');
+      lock.unlock();
+      bool alive = out(1, in.substr(0, eot));
+      lock.lock();
+      if (!alive) {
+        r.signal = 9;
+        r.reason = "killed";
+        break;
+      }
+      if (eot != std::string::npos) {
+        r.exit_code = 0;
+        r.reason = "exited";
+        break;
+      }
+    }
+    impl_->pty_live.erase(r.exec_id);
+    return r;
+  } else if (cmd == "echo") {
     std::string s;
     for (size_t i = 1; i < argv.size(); ++i) s += (i > 1 ? " " : "") + argv[i];
     out(1, s + "\n");
@@ -241,7 +283,31 @@ StdinWrite Engine::write_stdin(const std::string& id, const std::string& exec_id
   return w;
 }
 
-void Engine::kill_exec(const std::string& id, const std::string& exec_id, int) {
+void Engine::pty_input(const std::string&, const std::string& exec_id, std::string_view bytes) {
+  std::lock_guard lock(impl_->mu);
+  if (!impl_->pty_live.count(exec_id))
+    throw Error(Errc::not_found, "no running exec " + exec_id, "exec_id");
+  impl_->pty_in[exec_id] += bytes;
+  impl_->cv.notify_all();
+}
+
+void Engine::pty_resize(const std::string&, const std::string& exec_id, int cols, int rows) {
+  std::lock_guard lock(impl_->mu);
+  if (!impl_->pty_live.count(exec_id))
+    throw Error(Errc::not_found, "no running exec " + exec_id, "exec_id");
+  impl_->pty_in[exec_id] += "size " + std::to_string(cols) + "x" + std::to_string(rows) + "\r\n";
+  impl_->cv.notify_all();
+}
+
+void Engine::kill_exec(const std::string& id, const std::string& exec_id, int sig) {
+  {
+    std::lock_guard lock(impl_->mu);
+    if (impl_->pty_live.count(exec_id)) {
+      impl_->pty_signal[exec_id] = sig;
+      impl_->cv.notify_all();
+      return;
+    }
+  }
   get(id);
   std::lock_guard lock(impl_->mu);
   impl_->killed.insert(exec_id);

@@ -17,6 +17,7 @@
 #include "cli/args.h"
 #include "cli/client.h"
 #include "cli/probe.h"
+#include "cli/pty_client.h"
 #include "cli/spawn.h"
 #include "cli/stdin_pump.h"
 #include "common/error.h"
@@ -224,8 +225,17 @@ int main_impl(int argc, char** argv) {
   exec->add_option("--timeout", exec_timeout, "seconds before the command is killed");
   exec->add_flag("-d,--background", eopts.background,
                  "run detached; print its exec id (output is not kept)");
+  bool tty = false;
+  exec->add_flag("-t,--tty", tty, "run it on a terminal (a pty in the sandbox), like ssh -t");
   exec->add_option("id", id, "sandbox id")->required();
   exec->add_option("argv", argv_rest, "command and arguments (after --)");
+
+  PtyOptions shell_opts;
+  auto* shell = app.add_subcommand("shell", "an interactive shell in a sandbox: shell ID");
+  shell->add_option("--cwd", shell_opts.cwd, "working directory (default the user's home)");
+  shell->add_option("--user", shell_opts.user, "user name or uid (default root)");
+  shell->add_option("--env", shell_opts.env, "KEY=VALUE");
+  shell->add_option("id", id, "sandbox id")->required();
 
   auto* run = app.add_subcommand("run", "create, exec, destroy: run [flags] -- ARGV...");
   add_create_flags(run, copts);
@@ -384,6 +394,20 @@ int main_impl(int argc, char** argv) {
     json list = connect(g).call("GET", target);
     std::cout << (json_out ? list.dump(2) + "\n" : format_sandbox_table(list, now_ms()));
     return 0;
+  }
+  if (shell->parsed()) {
+    parse_kvs(shell_opts.env, "--env");  // usage errors before a daemon is started
+    Client c = connect(g);
+    return run_pty(c.socket(), id, shell_opts);
+  }
+  if (exec->parsed() && tty) {
+    if (eopts.background || exec_timeout || eopts.pids || eopts.memory_limit_mb ||
+        eopts.cpu_seconds || eopts.output_limit || interactive)
+      throw UsageError("--tty takes only --cwd, --user and --env");
+    PtyOptions p{argv_rest, eopts.env, eopts.cwd, eopts.user};
+    parse_kvs(p.env, "--env");
+    Client c = connect(g);
+    return run_pty(c.socket(), id, p);
   }
   if (exec->parsed()) {
     eopts.timeout_s = exec_timeout;

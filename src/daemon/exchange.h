@@ -60,6 +60,13 @@ class Exchange {
   // terminating chunk.
   void abort_stream();
   bool streaming() const { return streaming_; }
+  // The connection was handed to another protocol (a WebSocket, pty.h):
+  // the exchange counts as answered with 101 and the connection is not
+  // reused for HTTP afterwards.
+  void mark_upgraded() {
+    status_ = 101;
+    close_ = true;
+  }
 
   // Whether the connection may carry another request afterwards.
   bool keep_alive() const;

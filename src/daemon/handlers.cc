@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "daemon/base64.h"
+#include "daemon/pty.h"
 #include "daemon/request.h"
 #include "daemon/router.h"
 #include "engine/net/policy.h"
@@ -502,6 +503,10 @@ void dispatch(engine::Engine& engine, Exchange& ex, ServerCounters& counters) {
       ex.send_json(201, engine.add_port(id, guest, host));
       return;
     }
+    case Route::pty:
+      check_query_keys(q, {});
+      handle_pty(engine, ex, id);
+      return;
     case Route::list_ports:
       check_query_keys(q, {});
       expect_no_body(ex);

@@ -70,6 +70,7 @@ const std::vector<RouteSpec>& routes() {
       {"POST", "/v1/sandboxes/{id}/ports", Route::add_port},
       {"GET", "/v1/sandboxes/{id}/ports", Route::list_ports},
       {"DELETE", "/v1/sandboxes/{id}/ports/{host_port}", Route::remove_port},
+      {"GET", "/v1/sandboxes/{id}/pty", Route::pty},
   };
   return table;
 }

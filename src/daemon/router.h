@@ -42,6 +42,7 @@ enum class Route {
   list_ports,
   remove_port,
   info,
+  pty,  // WebSocket: an interactive terminal (pty.h)
 };
 
 struct RouteSpec {

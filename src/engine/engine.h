@@ -8,7 +8,8 @@
 //   Engine engine(Config{.data_dir = "/var/lib/airlock"});
 //   SandboxInfo sb = engine.create({.image = "minimal"});
 //   ExecResult r = engine.exec(sb.id, {.argv = {"sh", "-c", "echo hi"}},
-//                              {.on_output = [](int ch, std::string_view b) { ...; return true; }});
+//                              {.on_output = [](int ch, std::string_view b) { ...; return true;
+//                              }});
 //   engine.destroy(sb.id);
 #pragma once
 
@@ -146,6 +147,15 @@ struct ExecRequest {
   // Start and return at once (exec_background()); listed by list_execs(),
   // waited on by wait_exec(); its tree lives until killed or the sandbox ends.
   bool background = false;
+  // A terminal: the process's stdin, stdout and stderr are a fresh pty in
+  // the guest, its controlling terminal, of this size (all output arrives
+  // on channel 1). Without argv and cmd the user's login shell runs, in the
+  // user's home unless cwd is given. While exec() runs, pty_input() and
+  // pty_resize() feed it and kill_exec() signals it. No stdin_data.
+  struct Pty {
+    int cols = 80, rows = 24;  // 1 .. 4096 each
+  };
+  std::optional<Pty> pty;
 };
 
 struct ExecResult {
@@ -261,6 +271,14 @@ class Engine {
   // Sends `signal` to a running exec's process (tree); for a background
   // exec, 9 kills its whole tree even after its main process ended.
   void kill_exec(const std::string& id, const std::string& exec_id, int signal = 9);
+  // Terminal input of a running pty exec (exec() with request.pty), e.g.
+  // keystrokes; Ctrl-C is byte 3, which the guest pty turns into SIGINT.
+  // Blocks while the guest's window is full (the program does not read its
+  // terminal). not_found if no such exec is running (any more).
+  void pty_input(const std::string& id, const std::string& exec_id, std::string_view bytes);
+  // New window size of a running pty exec (the program gets SIGWINCH).
+  // invalid_argument + field "cols"/"rows" outside 1..4096; not_found as above.
+  void pty_resize(const std::string& id, const std::string& exec_id, int cols, int rows);
   // Starts request.background-style: returns once the process runs. Errors
   // as exec(). The exec's output goes nowhere (redirect it in the command).
   ExecStatus exec_background(const std::string& id, const ExecRequest& request);

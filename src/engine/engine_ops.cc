@@ -109,8 +109,12 @@ nlohmann::json guest_exec_request(const Live& sb, const ExecRequest& request) {
   // The sandbox's env is the default; the request's own entries win.
   std::map<std::string, std::string> env = sb.rec.info.spec.env;
   for (const auto& [k, v] : request.env) env[k] = v;
-  nlohmann::json req{
-      {"argv", argv}, {"env", env}, {"cwd", request.cwd.empty() ? "/" : request.cwd}};
+  nlohmann::json req{{"env", env}};
+  // A pty exec without a command gets the user's login shell, in the
+  // user's home (the guest's defaults).
+  if (!argv.empty()) req["argv"] = argv;
+  if (!request.cwd.empty() || !request.pty) req["cwd"] = request.cwd.empty() ? "/" : request.cwd;
+  if (request.pty) req["pty"] = {{"cols", request.pty->cols}, {"rows", request.pty->rows}};
   if (!request.user.empty()) req["user"] = request.user;
   if (request.timeout_s > 0) req["timeout_ms"] = static_cast<int64_t>(request.timeout_s * 1000);
   nlohmann::json limits = nlohmann::json::object();
@@ -156,7 +160,9 @@ ExecResult Engine::exec(const std::string& id, const ExecRequest& request,
                 "background");
 
   nlohmann::json req = guest_exec_request(*sb, request);
-  const std::vector<std::string> argv = req["argv"];
+  const std::vector<std::string> argv = req.contains("argv")
+                                            ? req["argv"].get<std::vector<std::string>>()
+                                            : std::vector<std::string>{};
   std::optional<channel::Deadline> deadline;
   if (request.timeout_s > 0) {
     deadline = Clock::now() +
@@ -202,8 +208,9 @@ ExecResult Engine::exec(const std::string& id, const ExecRequest& request,
 
   nlohmann::json audit{{"exec_id", result.exec_id},
                        {"argv", argv},
-                       {"cwd", req["cwd"]},
+                       {"cwd", req.value("cwd", nlohmann::json("~"))},
                        {"user", request.user.empty() ? "root" : request.user}};
+  if (request.pty) audit["pty"] = true;
   auto t0 = std::chrono::steady_clock::now();
   auto finish = [&] {
     std::lock_guard lock(sb->mu);

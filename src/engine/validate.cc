@@ -79,8 +79,24 @@ void validate_disk_fits(const SandboxSpec& spec, uint64_t rootfs_bytes) {
                 "disk_mb");
 }
 
+void validate_pty_size(int cols, int rows) {
+  if (cols < 1 || cols > 4096)
+    throw Error(Errc::invalid_argument, "cols must be between 1 and 4096", "cols");
+  if (rows < 1 || rows > 4096)
+    throw Error(Errc::invalid_argument, "rows must be between 1 and 4096", "rows");
+}
+
 void validate_exec(const ExecRequest& r) {
-  if (r.argv.empty() == r.cmd.empty())
+  if (r.pty) {
+    validate_pty_size(r.pty->cols, r.pty->rows);
+    if (r.stdin_data)
+      throw Error(Errc::invalid_argument, "a pty exec takes its input as terminal input", "stdin");
+    if (r.background)
+      throw Error(Errc::invalid_argument, "a background exec takes no pty", "background");
+  }
+  // A pty exec may give neither: the user's login shell.
+  if (r.pty && r.argv.empty() && r.cmd.empty()) {
+  } else if (r.argv.empty() == r.cmd.empty())
     throw Error(Errc::invalid_argument, "give exactly one of argv or cmd",
                 r.argv.empty() ? "argv" : "cmd");
   size_t total = r.cmd.size();

@@ -31,6 +31,8 @@ void validate_spec(const SandboxSpec& spec);
 int min_disk_mb(uint64_t rootfs_bytes);
 void validate_disk_fits(const SandboxSpec& spec, uint64_t rootfs_bytes);
 void validate_exec(const ExecRequest& request);
+// cols and rows of a terminal: 1 .. 4096 each (field "cols"/"rows").
+void validate_pty_size(int cols, int rows);
 void validate_guest_path(const std::string& path, const char* field = "path");
 
 }  // namespace airlock::engine

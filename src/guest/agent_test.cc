@@ -676,5 +676,111 @@ TEST(Agent, SurvivesMalformedInput) {
   EXPECT_EQ(r.out, "still here\n");
 }
 
+
+// Reads frames until `pred` holds for stream `id` (or the stream ends).
+template <typename Pred>
+bool pump_until(Agent& a, uint32_t id, Pred pred, int timeout_ms = 20000) {
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  while (!pred(a.streams_[id]) && !a.streams_[id].done &&
+         std::chrono::steady_clock::now() < deadline)
+    if (auto f = a.recv(200)) a.dispatch(*f);
+  return pred(a.streams_[id]);
+}
+
+Frame data_frame(uint32_t stream, const std::string& bytes) {
+  Frame f;
+  f.type = Type::data;
+  f.stream = stream;
+  f.payload = bytes;
+  return f;
+}
+
+TEST(Agent, PtyExecIsATerminalFollowsResizeAndReadsInput) {
+  Agent a;
+  ASSERT_EQ(a.hello()["version"], 1);
+  uint32_t id = a.next_id_++;
+  a.send_json(Type::request, id,
+              {{"op", "exec"},
+               {"argv",
+                {"sh", "-c",
+                 "stty size; [ -t 0 ] && [ -t 1 ] && [ -t 2 ] && echo TTY=$TERM; read line; "
+                 "echo got=$line; trap 'stty size; exit 5' WINCH; echo armed; "
+                 "while :; do sleep 0.05; done"}},
+               {"pty", {{"cols", 100}, {"rows", 30}}}});
+  auto has = [](const std::string& s) {
+    return [s](const StreamResult& r) { return r.out.find(s) != std::string::npos; };
+  };
+  ASSERT_TRUE(pump_until(a, id, has("TTY=xterm-256color"))) << a.streams_[id].out;
+  EXPECT_NE(a.streams_[id].out.find("30 100"), std::string::npos) << a.streams_[id].out;
+  EXPECT_TRUE(a.streams_[id].err.empty());  // a terminal has one output stream
+  a.send(data_frame(id, "hello\r"));
+  ASSERT_TRUE(pump_until(a, id, has("armed"))) << a.streams_[id].out;
+  EXPECT_NE(a.streams_[id].out.find("got=hello"), std::string::npos);
+  a.send_json(Type::signal, id, {{"resize", {{"cols", 120}, {"rows", 40}}}});
+  StreamResult& r = a.wait(id);
+  EXPECT_EQ(r.response["exit_code"], 5) << r.response.dump();
+  EXPECT_NE(r.out.find("40 120"), std::string::npos) << r.out;
+}
+
+TEST(Agent, PtyCtrlCAndCtrlDAreTheLineDisciplines) {
+  Agent a;
+  a.hello();
+  // Ctrl-C (byte 3) is SIGINT for the terminal's foreground group.
+  uint32_t id = a.next_id_++;
+  a.send_json(Type::request, id,
+              {{"op", "exec"},
+               {"argv", {"sh", "-c", "echo go; sleep 100; echo not-interrupted"}},
+               {"pty", {{"cols", 80}, {"rows", 24}}}});
+  ASSERT_TRUE(pump_until(a, id, [](const StreamResult& r) {
+    return r.out.find("go") != std::string::npos;
+  }));
+  // Once sleep runs (a ^C racing sh's own start-up is not the point).
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  auto t0 = std::chrono::steady_clock::now();
+  a.send(data_frame(id, "\x03"));
+  StreamResult& r = a.wait(id);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(10));
+  EXPECT_EQ(r.response["signal"], SIGINT) << r.response.dump();
+  EXPECT_EQ(r.out.find("not-interrupted"), std::string::npos);
+  // Ctrl-D (byte 4) at the start of a line is end of input.
+  uint32_t id2 = a.next_id_++;
+  a.send_json(Type::request, id2,
+              {{"op", "exec"},
+               {"argv", {"sh", "-c", "echo go; cat >/dev/null; echo eof-seen"}},
+               {"pty", {{"cols", 80}, {"rows", 24}}}});
+  ASSERT_TRUE(pump_until(a, id2, [](const StreamResult& r) {
+    return r.out.find("go") != std::string::npos;
+  }));
+  a.send(data_frame(id2, "\x04"));
+  StreamResult& r2 = a.wait(id2);
+  EXPECT_EQ(r2.response["exit_code"], 0) << r2.response.dump();
+  EXPECT_NE(r2.out.find("eof-seen"), std::string::npos) << r2.out;
+}
+
+TEST(Agent, PtyRequestsAreValidated) {
+  Agent a;
+  a.hello();
+  auto& bad = a.exec({{"argv", {"true"}}, {"pty", {{"cols", 0}, {"rows", 24}}}});
+  EXPECT_EQ(bad.response["error"]["code"], "invalid_argument") << bad.response.dump();
+  auto& bg = a.exec(
+      {{"argv", {"true"}}, {"background", true}, {"pty", {{"cols", 80}, {"rows", 24}}}});
+  EXPECT_EQ(bg.response["error"]["code"], "invalid_argument") << bg.response.dump();
+  // A resize on an exec without a pty fails that exec's stream.
+  uint32_t id = a.next_id_++;
+  a.send_json(Type::request, id, {{"op", "exec"}, {"argv", {"sleep", "30"}}});
+  a.send_json(Type::signal, id, {{"resize", {{"cols", 80}, {"rows", 24}}}});
+  StreamResult& r = a.wait(id);
+  EXPECT_EQ(r.response["error"]["code"], "protocol_error") << r.response.dump();
+  // An ill-formed resize is refused naming the field.
+  uint32_t id2 = a.next_id_++;
+  a.send_json(Type::request, id2,
+              {{"op", "exec"}, {"argv", {"sleep", "30"}}, {"pty", {{"cols", 80}, {"rows", 24}}}});
+  a.send_json(Type::signal, id2, {{"resize", {{"cols", 80}}}});
+  StreamResult& r2 = a.wait(id2);
+  EXPECT_EQ(r2.response["error"]["code"], "invalid_argument") << r2.response.dump();
+  EXPECT_NE(r2.response["error"]["message"].get<std::string>().find("resize.rows"),
+            std::string::npos);
+}
+
 }  // namespace
 }  // namespace airlock::guest

@@ -5,8 +5,13 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <stdlib.h>
 #include <sys/epoll.h>
+#include <sys/ioctl.h>
+#include <termios.h>
 #include <unistd.h>
+
+#include <cstring>
 
 #include "common/error.h"
 #include "guest/exec_tree.h"
@@ -35,6 +40,7 @@ class Exec : public Stream {
   void on_eof(uint8_t channel) override;
   void on_credit(uint8_t channel, uint32_t bytes) override;
   void on_signal(int signo) override { tree_.signal(signo, /*from_host=*/true); }
+  void on_resize(uint16_t cols, uint16_t rows) override;
   void abort() override {
     tree_.kill();
     release();
@@ -71,10 +77,82 @@ class Exec : public Stream {
   uint64_t in_window_ = kInitialCredit;
   uint64_t in_bytes_ = 0;
   bool exited_ = false, done_ = false;
+  int master_ = -1;  // pty execs: the master (read side = out_[1].fd, write side = in_fd_)
 };
+
+// The master and slave of a fresh pty sized cols x rows. Both O_CLOEXEC; the
+// master non-blocking. Throws GuestError.
+void open_pty(uint16_t cols, uint16_t rows, int& master, int& slave) {
+  master = posix_openpt(O_RDWR | O_NOCTTY | O_CLOEXEC);
+  if (master < 0) throw_sys("posix_openpt");
+  char name[64];
+  if (grantpt(master) != 0 || unlockpt(master) != 0 || ptsname_r(master, name, sizeof name) != 0) {
+    int e = errno;
+    close(master);
+    errno = e;
+    throw_sys("setting up the pty");
+  }
+  slave = open(name, O_RDWR | O_NOCTTY | O_CLOEXEC);
+  if (slave < 0) {
+    int e = errno;
+    close(master);
+    errno = e;
+    throw_sys(std::string("open ") + name);
+  }
+  winsize ws{};
+  ws.ws_col = cols;
+  ws.ws_row = rows;
+  ioctl(master, TIOCSWINSZ, &ws);
+}
+
+void Exec::on_resize(uint16_t cols, uint16_t rows) {
+  if (master_ < 0) {
+    fail(code::protocol_error, "resize frames are only valid on pty exec streams");
+    return;
+  }
+  winsize ws{};
+  ws.ws_col = cols;
+  ws.ws_row = rows;
+  // The kernel sends SIGWINCH to the terminal's foreground process group.
+  if (ioctl(master_, TIOCSWINSZ, &ws) != 0) logf("exec %u: TIOCSWINSZ: %s", id_, strerror(errno));
+}
 
 void Exec::start(const ExecSpec& spec) {
   limit_ = spec.output_limit;
+  if (spec.pty) {
+    int master = -1, slave = -1;
+    open_pty(spec.cols, spec.rows, master, slave);
+    // A second fd for writing, so reading and writing are watched apart.
+    int writer = fcntl(master, F_DUPFD_CLOEXEC, 0);
+    if (writer < 0) {
+      int e = errno;
+      close(master);
+      close(slave);
+      errno = e;
+      throw_sys("dup pty master");
+    }
+    try {
+      tree_.spawn(spec, slave, slave, slave, [this](int) {
+        exited_ = true;
+        tree_.kill();  // as below; then the slave is closed and the master reads EIO
+        maybe_finish();
+      });
+    } catch (...) {
+      close(master);
+      close(writer);
+      close(slave);
+      throw;
+    }
+    close(slave);
+    server_.send_json(protocol::Type::event, id_, {{"started", true}, {"pid", tree_.pid()}});
+    master_ = master;
+    out_[1].fd = master;
+    set_nonblock(master);
+    update_watch(1);
+    in_fd_ = writer;
+    set_nonblock(in_fd_);
+    return;
+  }
   int in[2] = {-1, -1}, out[2] = {-1, -1}, err[2] = {-1, -1};
   auto close_all = [&] {
     for (int fd : {in[0], in[1], out[0], out[1], err[0], err[1]})
@@ -143,8 +221,10 @@ void Exec::on_output(uint8_t ch) {
     update_watch(ch);
     return;
   }
-  // EOF (every writer closed) or a read error.
+  // EOF (every writer closed) or a read error; a pty master reads EIO
+  // once every slave fd is closed.
   o.watched = false;
+  if (ch == 1) master_ = -1;  // the same fd for a pty exec
   close_fd(o.fd);
   protocol::Frame eof;
   eof.type = protocol::Type::eof;
@@ -230,6 +310,7 @@ void Exec::release() {
     out_[ch].watched = false;
     close_fd(out_[ch].fd);
   }
+  master_ = -1;  // was out_[1].fd
   in_watched_ = false;
   close_fd(in_fd_);
 }

@@ -5,6 +5,7 @@
 #include <grp.h>
 #include <signal.h>
 #include <sys/epoll.h>
+#include <sys/ioctl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
@@ -85,14 +86,15 @@ User parse_user(const json& req) {
   return *u;
 }
 
-std::vector<std::string> build_env(const json& req, const User& u) {
+std::vector<std::string> build_env(const json& req, const User& u, bool pty) {
   std::map<std::string, std::string> env = {
       {"PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
       {"HOME", u.home},
       {"USER", u.name},
       {"LOGNAME", u.name},
       {"SHELL", u.shell},
-      {"TERM", "dumb"},
+      // A terminal gets a capable TERM unless the client names its own.
+      {"TERM", pty ? "xterm-256color" : "dumb"},
       {"LANG", "C.UTF-8"}};
   auto it = req.find("env");
   if (it != req.end() && !it->is_null()) {
@@ -155,11 +157,33 @@ bool fs_full(const std::string& path) {
 
 }  // namespace
 
+void parse_winsize(const json& j, const std::string& what, uint16_t& cols, uint16_t& rows) {
+  if (!j.is_object())
+    throw Error(Errc::invalid_argument, what + " must be an object {cols, rows}", what);
+  for (const char* k : {"cols", "rows"}) {
+    auto it = j.find(k);
+    if (it == j.end() || !it->is_number_integer() || it->get<int64_t>() < 1 ||
+        it->get<int64_t>() > 4096)
+      throw Error(Errc::invalid_argument, what + "." + k + " must be an integer in 1..4096",
+                  what + "." + k);
+  }
+  cols = static_cast<uint16_t>(j["cols"].get<int64_t>());
+  rows = static_cast<uint16_t>(j["rows"].get<int64_t>());
+}
+
 ExecSpec parse_exec_spec(const json& req) {
   ExecSpec s;
-  s.argv = parse_argv(req);
+  if (auto p = req.find("pty"); p != req.end() && !p->is_null()) {
+    parse_winsize(*p, "pty", s.cols, s.rows);
+    s.pty = true;
+  }
   s.user = parse_user(req);
-  s.env = build_env(req, s.user);
+  auto a = req.find("argv");
+  if (s.pty && (a == req.end() || a->is_null()))
+    s.argv = {s.user.shell.empty() ? "/bin/sh" : s.user.shell, "-l"};
+  else
+    s.argv = parse_argv(req);
+  s.env = build_env(req, s.user, s.pty);
   if (auto c = protocol::optional_string(req, "cwd")) {
     s.cwd = *c;
     if (s.cwd.empty() || s.cwd[0] != '/')
@@ -182,6 +206,8 @@ ExecSpec parse_exec_spec(const json& req) {
       throw Error(Errc::invalid_argument, "exec_id must be 1..64 of [A-Za-z0-9_-]", "exec_id");
     s.exec_id = *id;
   }
+  if (s.background && s.pty)
+    throw Error(Errc::invalid_argument, "a background exec takes no pty", "pty");
   return s;
 }
 
@@ -248,6 +274,7 @@ void ProcTree::spawn(const ExecSpec& spec, int in_fd, int out_fd, int err_fd,
   cenv.push_back(nullptr);
   const User& user = spec.user;
   const char* cwd = spec.cwd.c_str();
+  const bool pty = spec.pty;
 
   int status[2];
   if (pipe2(status, O_CLOEXEC) != 0) {
@@ -293,6 +320,10 @@ void ProcTree::spawn(const ExecSpec& spec, int in_fd, int out_fd, int err_fd,
     if (dup2(in_fd < 0 ? null_in : in_fd, 0) < 0 || dup2(out_fd < 0 ? null_out : out_fd, 1) < 0 ||
         dup2(err_fd < 0 ? null_out : err_fd, 2) < 0)
       die(kStageIo);
+    // After setsid: the pty slave becomes this session's controlling
+    // terminal, so its line discipline turns Ctrl-C/Ctrl-Z into signals to the
+    // foreground job and a hangup to the session.
+    if (pty && ioctl(0, TIOCSCTTY, 0) != 0) die(kStageIo);
     if (chdir(cwd) != 0) die(kStageCwd);
     if (setgroups(user.groups.size(), user.groups.data()) != 0 && user.uid != 0) die(kStageUser);
     if (setgid(user.gid) != 0 || setuid(user.uid) != 0) die(kStageUser);

@@ -46,7 +46,16 @@ struct ExecSpec {
   uint64_t output_limit = kDefaultOutputLimit;  // per stream, bytes
   bool background = false;
   std::string exec_id;  // the host's name for a background exec (optional)
+  // A terminal instead of pipes ("pty": {"cols","rows"}): stdin, stdout and
+  // stderr are the slave of a fresh pty, which becomes the controlling
+  // terminal of the exec's session. Without argv, the user's shell runs (-l).
+  bool pty = false;
+  uint16_t cols = 80, rows = 24;
 };
+
+// Parses {"cols": 1..4096, "rows": 1..4096} (`what` names the field in errors).
+void parse_winsize(const nlohmann::json& j, const std::string& what, uint16_t& cols,
+                   uint16_t& rows);
 
 // Parses an exec request. Throws Error(invalid_argument, message, field)
 // (field e.g. "limits.pids") or GuestError(not_found) for an unknown user.
@@ -64,7 +73,8 @@ class ProcTree {
 
   // Creates the cgroup with `spec.limits`, forks, moves the child into the
   // cgroup and a new session, sets stdio (fd -1 = /dev/null), cwd, user and
-  // execs. Arms the timeout and CPU watch. `on_exit` runs (from the server
+  // execs (with spec.pty, in_fd is the pty slave and becomes the session's
+  // controlling terminal). Arms the timeout and CPU watch. `on_exit` runs (from the server
   // loop) when the main process is reaped. Throws GuestError naming the
   // step that failed (no such binary, bad cwd, ...); nothing is left then.
   void spawn(const ExecSpec& spec, int in_fd, int out_fd, int err_fd,

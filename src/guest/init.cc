@@ -35,6 +35,8 @@ namespace {
 
 constexpr unsigned long kExt4Magic = 0xEF53;
 constexpr unsigned long kCgroup2Magic = 0x63677270;
+constexpr unsigned long kDevptsMagic = 0x1cd1;     // DEVPTS_SUPER_MAGIC
+constexpr unsigned long kTmpfsMagic = 0x01021994;  // TMPFS_MAGIC
 // memory.min of the agent's cgroup (and airlock/ above it).
 constexpr uint64_t kAgentReservedBytes = 16ull << 20;
 
@@ -122,9 +124,12 @@ void pid1_setup() {
   mount_if_missing("sysfs", "/sys", "sysfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, nullptr);
   mount_if_missing("devtmpfs", "/dev", "devtmpfs", MS_NOSUID, "mode=0755");
   log_to_console();
-  mount_if_missing("devpts", "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC,
-                   "mode=0620,ptmxmode=0666");
-  mount_if_missing("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777");
+  // Under /dev the device test alone cannot tell (every directory of the
+  // devtmpfs differs from "/"): the filesystem type must match too. Without
+  // devpts there are no ptys (pty execs fail with ENODEV).
+  mount_if_missing("devpts", "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC, "mode=0620,ptmxmode=0666",
+                   kDevptsMagic);
+  mount_if_missing("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777", kTmpfsMagic);
   mount_if_missing("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777");
   mount_if_missing("tmpfs", "/run", "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755");
   mount_if_missing("cgroup2", "/sys/fs/cgroup", "cgroup2", MS_NOSUID | MS_NODEV | MS_NOEXEC,

@@ -12,6 +12,7 @@
 #include <cstring>
 
 #include "common/error.h"
+#include "guest/exec_tree.h"
 #include "guest/init.h"
 #include "guest/jobs.h"
 #include "guest/log.h"
@@ -34,6 +35,10 @@ void Stream::on_eof(uint8_t channel) {
 }
 void Stream::on_signal(int) {
   fail(protocol::code::protocol_error, "signal frames are only valid on exec streams");
+}
+
+void Stream::on_resize(uint16_t, uint16_t) {
+  fail(protocol::code::protocol_error, "resize frames are only valid on pty exec streams");
 }
 void Stream::fail(const char* code, const std::string& message) {
   abort();
@@ -344,16 +349,27 @@ void Server::handle(Frame& f) {
       }
       break;
     case Type::signal: {
+      // {"signal": N}, or {"resize": {"cols", "rows"}} on a pty exec.
       int signo = -1;
+      bool resize = false;
+      uint16_t cols = 0, rows = 0;
+      std::string bad = "signal frame must be {\"signal\": 1..64} or {\"resize\": {cols, rows}}";
       try {
         json j = protocol::parse_json(f);
-        signo = static_cast<int>(protocol::optional_int(j, "signal", -1, 1, 64));
-      } catch (const Error&) {
+        if (auto r = j.find("resize"); r != j.end()) {
+          parse_winsize(*r, "resize", cols, rows);
+          resize = true;
+        } else {
+          signo = static_cast<int>(protocol::optional_int(j, "signal", -1, 1, 64));
+        }
+      } catch (const Error& e) {
+        bad = e.what();
       }
-      if (signo < 1) {
+      if (resize) {
+        s.on_resize(cols, rows);
+      } else if (signo < 1) {
         s.abort();
-        finish(f.stream, protocol::error_json(protocol::code::invalid_argument,
-                                              "signal frame must be {\"signal\": 1..64}"));
+        finish(f.stream, protocol::error_json(protocol::code::invalid_argument, bad));
       } else {
         s.on_signal(signo);
       }

@@ -35,6 +35,8 @@ class Stream {
   virtual void on_eof(uint8_t channel);
   virtual void on_credit(uint8_t /*channel*/, uint32_t /*bytes*/) {}
   virtual void on_signal(int signo);
+  // A `signal` frame {"resize": {"cols","rows"}} (pty execs only).
+  virtual void on_resize(uint16_t cols, uint16_t rows);
   // Streams that produce output without an fd event (read_file) ask to be
   // pumped whenever the port has room.
   virtual bool wants_pump() const { return false; }

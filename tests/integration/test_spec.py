@@ -28,15 +28,10 @@ import harness
 import openapi_check
 from harness import ROOT, ApiError, DaemonTestCase, UnixHTTPConnection
 
-# PENDING: integrator, delete each entry once the branch implementing it is
-# merged (the test fails while a pending route is already served, so the
-# list cannot go stale). These are issue 10's contract routes, documented in
-# the spec ahead of their implementation; src/daemon/openapi_test.cc has the
-# same list. test_spec_coverage.py skips their statuses while pending.
-PENDING = {
-    ("GET", "/v1/sandboxes/{id}/pty"),
-}
-# Request examples of pending features on routes that exist already.
+# Routes (and request examples) the spec may document ahead of the daemon:
+# none now. A route listed here that the daemon serves fails the test, so
+# the list cannot go stale; src/daemon/openapi_test.cc has the same list.
+PENDING = set()
 PENDING_EXAMPLES = set()
 
 ROUTE_LINE = re.compile(r'\{"(GET|PUT|POST|DELETE|PATCH)", "(/v1/[^"]*)", Route::\w+\}')

@@ -555,6 +555,49 @@ void GuestChannel::signal(uint32_t stream, int signo) {
   }
 }
 
+bool GuestChannel::send_input(uint32_t id, std::string_view bytes) {
+  while (!bytes.empty()) {
+    uint32_t n = 0;
+    {
+      std::unique_lock lock(mu_);
+      for (;;) {
+        auto it = streams_.find(id);
+        if (closed_ || it == streams_.end() || !it->second->failed.empty()) return false;
+        Stream& st = *it->second;
+        if (st.send_window > 0) {
+          n = static_cast<uint32_t>(
+              std::min<uint64_t>({st.send_window, bytes.size(), protocol::kMaxPayload}));
+          st.send_window -= n;
+          break;
+        }
+        // The exec's own loop holds the shared_ptr; keep ours only while
+        // waiting, and look again (the stream may have ended meanwhile).
+        auto keep = it->second;
+        keep->cv.wait_for(lock, std::chrono::milliseconds(200));
+      }
+    }
+    try {
+      send(Frame{Type::data, kIn, id, std::string(bytes.substr(0, n))});
+    } catch (const Error&) {
+      return false;
+    }
+    bytes.remove_prefix(n);
+  }
+  return true;
+}
+
+void GuestChannel::resize(uint32_t stream, int cols, int rows) {
+  {
+    std::lock_guard lock(mu_);
+    if (closed_ || !streams_.count(stream)) return;
+  }
+  try {
+    send(
+        protocol::json_frame(Type::signal, stream, {{"resize", {{"cols", cols}, {"rows", rows}}}}));
+  } catch (const Error&) {
+  }
+}
+
 uint64_t GuestChannel::write_file(const std::string& path, uint32_t mode, bool parents,
                                   const ChunkSource& source, Deadline deadline) {
   uint32_t id = open_stream();

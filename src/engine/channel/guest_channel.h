@@ -148,6 +148,15 @@ class GuestChannel {
                            Deadline deadline);
   // Sends a signal to the exec running on `stream` (no-op if it has ended).
   void signal(uint32_t stream, int signo);
+  // Terminal input of the pty exec running on `stream` (an exec() with
+  // "pty" and no stdin_source, driven on another thread): sent as data on
+  // channel in within the guest's credit, blocking until the guest grants
+  // more (the program is not reading its terminal). Returns false, having
+  // sent what it could, once the stream has ended or the connection closed.
+  bool send_input(uint32_t stream, std::string_view bytes);
+  // New window size of the pty exec on `stream` (no-op if it has ended):
+  // a signal frame {"resize": {"cols", "rows"}}.
+  void resize(uint32_t stream, int cols, int rows);
 
   // Streams `source` into the guest file `path` (atomic on the guest side).
   // Returns the guest's byte count.

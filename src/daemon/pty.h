@@ -1,0 +1,41 @@
+// GET /v1/sandboxes/{id}/pty: an interactive terminal over a WebSocket
+// (internal to airlockd; the protocol is in api/openapi.yaml and docs/design.md).
+//
+//   client -> server, first text frame:
+//     {"argv": [...]?, "cols": N, "rows": N, "env": {}?, "cwd": "..."?, "user": "..."?}
+//   then binary frames = terminal input, text frames
+//     {"resize": {"cols": N, "rows": N}} or {"signal": N}
+//   server -> client: text {"type":"start","exec_id"}, binary terminal output,
+//     text {"type":"exit","exit_code",...} or {"type":"error","error":{...}}, then close.
+//
+// Errors before the upgrade (no such sandbox, not running, not a WebSocket
+// request) are ordinary HTTP error responses.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+
+#include "daemon/exchange.h"
+#include "engine/engine.h"
+
+namespace airlock::daemon {
+
+// A parsed client control message (text frame after the first).
+struct PtyControl {
+  std::optional<std::pair<int, int>> resize;  // cols, rows
+  std::optional<int> signal;
+};
+
+// The first text frame as an exec request. Throws Error(invalid_argument,
+// field) naming what is wrong (unknown field, cols/rows out of 1..4096, ...).
+engine::ExecRequest parse_pty_start(const std::string& text);
+// A later text frame. Throws Error(invalid_argument, field).
+PtyControl parse_pty_control(const std::string& text);
+
+// Serves the route: checks, upgrades and runs the session until the exec
+// ended and the close handshake is done, or the client went away (then the
+// exec is killed). Throws Error before the upgrade only.
+void handle_pty(engine::Engine& engine, Exchange& ex, const std::string& id);
+
+}  // namespace airlock::daemon

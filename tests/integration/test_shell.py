@@ -1,0 +1,213 @@
+"""`airlock shell` and `airlock exec --tty` as a person uses them: in a real
+terminal (a tmux pane of the test's own tmux server), typing keys and reading
+the screen, against a real daemon and VM."""
+
+import os
+import shutil
+import subprocess
+import time
+import unittest
+
+from harness import BIN, IMAGE_DIR, DaemonTestCase
+
+AIRLOCK = os.path.join(BIN, "airlock")
+
+
+@unittest.skipUnless(shutil.which("tmux"), "tmux is not installed (scripts/setup.sh)")
+class ShellTest(DaemonTestCase):
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.sid = cls.api.create()["id"]
+        cls.tmux_sock = os.path.join(cls.tmp, "tmux.sock")
+        cls.env = dict(os.environ, AIRLOCK_SOCKET=cls.sock, AIRLOCK_DATA_DIR=cls.data_dir,
+                       AIRLOCK_IMAGE_DIR=IMAGE_DIR, TERM="xterm-256color")
+        cls.n = 0
+
+    @classmethod
+    def tearDownClass(cls):
+        subprocess.run(["tmux", "-S", cls.tmux_sock, "kill-server"], capture_output=True)
+        super().tearDownClass()
+
+    def tmux(self, *args):
+        return subprocess.run(["tmux", "-S", self.tmux_sock, "-f", "/dev/null", *args], env=self.env,
+                              capture_output=True, text=True, check=True).stdout
+
+    def start(self, command, cols=80, rows=24):
+        """A detached tmux session running `command` in a cols x rows pane; the
+        pane stays after it ends (the sleep) so the screen can still be read.
+        Returns (session, file the CLI's exit status is written to, file of
+        `stty -a` run in the same terminal after the CLI exited)."""
+        ShellTest.n += 1
+        name = f"t{self.n}"
+        code = os.path.join(self.tmp, name + ".code")
+        stty = os.path.join(self.tmp, name + ".stty")
+        self.tmux("new-session", "-d", "-s", name, "-x", str(cols), "-y", str(rows),
+                  f"{command}; echo CODE=$? > {code}; stty -a > {stty}; sleep 300")
+        self.addCleanup(lambda: subprocess.run(["tmux", "-S", self.tmux_sock, "kill-session", "-t", name],
+                                               capture_output=True))
+        return name, code, stty
+
+    def screen(self, name):
+        return self.tmux("capture-pane", "-p", "-t", name)
+
+    def wait_screen(self, name, text, timeout=30):
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            s = self.screen(name)
+            if text in s:
+                return s
+            time.sleep(0.1)
+        self.fail(f"{text!r} never appeared on the screen:\n{self.screen(name)}")
+
+    def wait_file(self, path, timeout=30):
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if os.path.exists(path) and os.path.getsize(path) > 0:
+                time.sleep(0.1)
+                with open(path) as f:
+                    return f.read()
+            time.sleep(0.1)
+        self.fail(f"{path} was never written")
+
+    def cli_pids(self):
+        """The airlock CLI processes of this class's sandbox (not the sh around them)."""
+        pids = subprocess.run(["pgrep", "-f", f"airlock (shell|exec --tty) {self.sid}"], capture_output=True,
+                              text=True).stdout.split()
+        out = []
+        for p in pids:
+            try:
+                with open(f"/proc/{p}/comm") as f:
+                    if f.read().strip() == "airlock":
+                        out.append(int(p))
+            except OSError:
+                pass
+        self.assertTrue(out, pids)
+        return out
+
+    def keys(self, name, *keys):
+        self.tmux("send-keys", "-t", name, *keys)
+
+    def test_shell_vi_resize_ctrl_c_and_exit_code(self):
+        name, code, stty = self.start(f"{AIRLOCK} shell {self.sid}")
+        # Computed in the guest, so the typed command line cannot match.
+        self.keys(name, "echo READY-$((6*7)); stty size", "Enter")
+        s = self.wait_screen(name, "READY-42")
+        self.assertIn("24 80", s)
+        # TERM is the local terminal's (tmux sets it in its panes).
+        term = self.tmux("show-options", "-gv", "default-terminal").strip()
+        self.keys(name, "echo TERM=$TERM", "Enter")
+        self.wait_screen(name, "TERM=" + term)
+
+        # The window grows: the guest's terminal follows (SIGWINCH -> resize).
+        self.tmux("resize-window", "-t", name, "-x", "120", "-y", "40")
+        deadline = time.time() + 10
+        while True:
+            self.keys(name, "clear; stty size", "Enter")
+            time.sleep(0.5)
+            if "40 120" in self.screen(name) or time.time() > deadline:
+                break
+        self.assertIn("40 120", self.screen(name))
+
+        # A full-screen program: vi draws its status line on the last row,
+        # and redraws there when the window shrinks under it.
+        self.keys(name, "clear; vi /tmp/typed.txt", "Enter")
+        self.wait_screen(name, "/tmp/typed.txt")
+        self.assertIn("/tmp/typed.txt", self.screen(name).splitlines()[39])
+        self.keys(name, "ihello from vi", "Escape")
+        self.wait_screen(name, "hello from vi")
+        self.tmux("resize-window", "-t", name, "-x", "100", "-y", "30")
+        deadline = time.time() + 10
+        while time.time() < deadline:
+            lines = self.screen(name).splitlines()
+            if len(lines) == 30 and "/tmp/typed.txt" in lines[29]:
+                break
+            time.sleep(0.2)
+        lines = self.screen(name).splitlines()
+        self.assertEqual(len(lines), 30)
+        self.assertIn("/tmp/typed.txt", lines[29], "vi did not redraw at the new size")
+        self.keys(name, ":wq", "Enter")
+        self.keys(name, "clear; cat /tmp/typed.txt | tr a-z A-Z", "Enter")
+        self.wait_screen(name, "HELLO FROM VI")
+
+        # Ctrl-C reaches the foreground program (the guest pty's SIGINT).
+        self.keys(name, "clear; sleep 100", "Enter")
+        time.sleep(1)
+        t0 = time.time()
+        self.keys(name, "C-c")
+        self.keys(name, "echo BACK-$((1+1))", "Enter")
+        self.wait_screen(name, "BACK-2", timeout=10)
+        self.assertLess(time.time() - t0, 10)
+
+        # The shell's exit code is the CLI's, and the terminal is itself again.
+        self.keys(name, "exit 7", "Enter")
+        self.assertEqual(self.wait_file(code).strip(), "CODE=7")
+        modes = self.wait_file(stty).split()
+        for mode in ("icanon", "echo", "isig", "icrnl", "opost"):
+            self.assertIn(mode, modes, f"terminal not restored: {modes}")
+
+    def test_ctrl_d_ends_the_shell(self):
+        name, code, stty = self.start(f"{AIRLOCK} shell {self.sid}")
+        self.keys(name, "echo UP-$((2+3))", "Enter")
+        self.wait_screen(name, "UP-5")
+        self.keys(name, "C-d")
+        self.assertEqual(self.wait_file(code).strip(), "CODE=0")
+        self.assertIn("icanon", self.wait_file(stty).split())
+
+    def test_exec_tty_size_and_exit_code(self):
+        out = os.path.join(self.tmp, "tty.out")
+        name, code, _ = self.start(
+            f"{AIRLOCK} exec --tty {self.sid} -- sh -c 'stty size; tty; exit 3' > {out}", cols=100, rows=30)
+        self.assertEqual(self.wait_file(code).strip(), "CODE=3")
+        with open(out) as f:
+            text = f.read()
+        self.assertIn("30 100", text)
+        self.assertIn("/dev/pts/", text)
+
+    def test_exec_tty_from_a_pipe(self):
+        # No local terminal: 80x24, and the end of the piped input is the
+        # terminal's end of input (Ctrl-D), so cat ends.
+        r = subprocess.run([AIRLOCK, "exec", "--tty", self.sid, "--", "sh", "-c", "stty size; cat; echo END"],
+                           env=self.env, input=b"line one\n", capture_output=True, timeout=60)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn(b"24 80", r.stdout)
+        self.assertIn(b"line one\r\n", r.stdout)
+        self.assertIn(b"END", r.stdout)
+        r = subprocess.run([AIRLOCK, "exec", "--tty", "--timeout", "5", self.sid, "--", "true"], env=self.env,
+                           capture_output=True, timeout=60)
+        self.assertEqual(r.returncode, 2)
+        self.assertIn(b"--tty takes only", r.stderr)
+
+    def test_sigterm_to_the_cli_restores_the_terminal(self):
+        name, code, stty = self.start(f"{AIRLOCK} shell {self.sid}")
+        self.keys(name, "echo HI-$((3*3))", "Enter")
+        self.wait_screen(name, "HI-9")
+        cli = self.cli_pids()
+        for p in cli:
+            os.kill(p, 15)
+        self.assertEqual(self.wait_file(code).strip(), "CODE=143")
+        self.assertIn("icanon", self.wait_file(stty).split())
+        self.assertIn("echo", self.wait_file(stty).split())
+
+    def test_zz_daemon_gone_restores_the_terminal(self):
+        # Last (zz): the daemon is killed under the session, then restarted,
+        # re-adopting the VM for the class's cleanup.
+        name, code, stty = self.start(f"{AIRLOCK} shell {self.sid}")
+        self.keys(name, "echo ON-$((4*4))", "Enter")
+        self.wait_screen(name, "ON-16")
+        self.daemon.kill()
+        self.daemon.wait()
+        self.assertEqual(self.wait_file(code).strip(), "CODE=255")
+        self.assertIn("icanon", self.wait_file(stty).split())
+        self.assertIn("connection to airlockd was lost", self.screen(name))
+        type(self).start_daemon()
+
+    def test_unknown_sandbox_is_a_clear_error(self):
+        r = subprocess.run([AIRLOCK, "shell", "sb-000000000000"], env=self.env, capture_output=True,
+                           text=True, timeout=60)
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("sb-000000000000", r.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()
