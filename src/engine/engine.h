@@ -33,12 +33,12 @@ namespace airlock::engine {
 class Launcher;  // launcher.h: how VMs are started (the VMM seam)
 
 struct Config {
-  std::filesystem::path data_dir;   // registry.db, sandboxes/, audit/
-  std::filesystem::path image_dir;  // default: data_dir / "images"
-  std::filesystem::path share_dir;  // default: <exe dir>/../share/airlock
+  std::filesystem::path data_dir;     // registry.db, sandboxes/, audit/
+  std::filesystem::path image_dir;    // default: data_dir / "images"
+  std::filesystem::path share_dir;    // default: <exe dir>/../share/airlock
   std::filesystem::path guest_agent;  // default: <exe dir>/airlock-guest
-  int boot_timeout_s = 60;          // agent must answer within this, else retry once
-  std::string accel;                // "", "kvm" or "tcg": "" = probe (cached)
+  int boot_timeout_s = 60;            // agent must answer within this, else retry once
+  std::string accel;                  // "", "kvm" or "tcg": "" = probe (cached)
   // TCG translation cache cap per QEMU, MiB (vmm::VmConfig::tcg_tb_size_mb); 0 = QEMU's 1 GiB.
   int tcg_tb_size_mb = 128;
   // The uids/gids QEMU jails get (as root); checked at start against
@@ -47,10 +47,10 @@ struct Config {
   // Templates (docs/design.md, "Templates and clones"): a create whose shape
   // has a template starts as a copy-on-write clone of it instead of booting.
   bool templates = true;
-  std::filesystem::path template_dir;      // default: data_dir / "templates"
+  std::filesystem::path template_dir;  // default: data_dir / "templates"
   // default: $AIRLOCK_TEMPLATE_RAM_DIR, else /dev/shm/airlock-<hash of data_dir>
   std::filesystem::path template_ram_dir;
-  size_t max_templates = 8;                // least recently used ones beyond are removed
+  size_t max_templates = 8;  // least recently used ones beyond are removed
   // Warm pool: image name -> sandboxes kept cloned and ready (default shape,
   // no network). Changeable at runtime with Engine::set_pool.
   std::map<std::string, int> pool;
@@ -91,10 +91,10 @@ const char* to_string(State state);
 
 struct SandboxSpec {
   std::string image = "minimal";
-  int cpus = 1;              // 1 .. 16
-  int memory_mb = 256;       // 64 .. 65536
-  int disk_mb = 1024;        // >= image size, <= 1048576
-  int timeout_s = 600;       // life; 1 .. 604800
+  int cpus = 1;         // 1 .. 16
+  int memory_mb = 256;  // 64 .. 65536
+  int disk_mb = 1024;   // >= image size, <= 1048576
+  int timeout_s = 600;  // life; 1 .. 604800
   // Destroyed (timed_out, "idle for N s") after this long with no exec
   // running and no call on it; 0 = never, else 1 .. 604800.
   int idle_timeout_s = 0;
@@ -116,8 +116,8 @@ struct SandboxInfo {
   // (QEMU's cgroup hit its memory limit), net_helper_died. `reason` has the
   // details; a create that never booted is failed with "boot_failed".
   std::string failure;
-  std::string accel;   // "kvm" | "tcg"
-  std::string start;   // how it started: "pool" | "clone" | "boot"
+  std::string accel;  // "kvm" | "tcg"
+  std::string start;  // how it started: "pool" | "clone" | "boot"
   int64_t created_at_ms = 0;
   int64_t expires_at_ms = 0;
   int64_t boot_ms = 0;  // create call -> agent ready
@@ -129,8 +129,8 @@ struct ExecRequest {
   std::vector<std::string> argv;  // either argv ...
   std::string cmd;                // ... or a shell string (run with /bin/sh -c)
   std::map<std::string, std::string> env;
-  std::string cwd;     // default "/"
-  std::string user;    // name or numeric uid; default root
+  std::string cwd;                        // default "/"
+  std::string user;                       // name or numeric uid; default root
   std::optional<std::string> stdin_data;  // bytes fed to stdin, then EOF
   // Keep stdin open and feed it with write_stdin() while exec() streams the
   // output, or, with background, while the job runs (exclusive with stdin_data).

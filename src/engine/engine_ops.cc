@@ -37,8 +37,8 @@ channel::Deadline transfer_deadline(const Live& sb) {
       sb.wait_ended(sb.channel && sb.channel->closed() ? std::chrono::milliseconds(5000)
                                                        : std::chrono::milliseconds(0));
   if (st == State::failed && !failure.empty())
-    throw Error(Errc::guest_error,
-                "sandbox " + sb.rec.info.id + " failed during the call: " + failure + ": " + reason);
+    throw Error(Errc::guest_error, "sandbox " + sb.rec.info.id +
+                                       " failed during the call: " + failure + ": " + reason);
   if (e.code() == Errc::guest_error && st != State::running)
     throw Error(Errc::conflict, "sandbox " + sb.rec.info.id + " was stopped (" + to_string(st) +
                                     (reason.empty() ? "" : ": " + reason) + ") during the call");

@@ -139,7 +139,7 @@ class Sandbox {
   // Reads, checks and journals the helper's events (attach_net_events);
   // reset it after kill_net_helper (it drains what the helper wrote).
   std::shared_ptr<NetEventReader> net_events;
-  std::mutex net_mu;                      // serialises policy changes
+  std::mutex net_mu;  // serialises policy changes
 
   // Deadlines and activity, on steady_ms().
   std::atomic<int64_t> expires_steady_ms{0};

@@ -45,6 +45,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <utility>
 #include <string_view>
 #include <thread>
 
@@ -215,6 +216,10 @@ class GuestChannel {
   // Sends as much of `pending` (refilled from `source`) as the window allows;
   // sends eof once `source` ends. Returns true when the upload is complete.
   bool pump_upload(uint32_t id, Stream& st, const ChunkSource& source, std::string& pending);
+  // Sends `request`, streams `source` as its data and returns the guest's
+  // response and whether the whole source was sent before it came.
+  std::pair<nlohmann::json, bool> upload(const nlohmann::json& request, const ChunkSource& source,
+                                         Deadline deadline);
   // Returns credit for `bytes` consumed from `st`'s guest->host `channel`.
   void grant(uint32_t id, Stream& st, uint8_t channel, uint32_t bytes);
   // Counts a dropped guest frame; `why` names it. Takes mu_ unless `locked`.
