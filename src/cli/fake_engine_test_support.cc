@@ -254,8 +254,7 @@ ExecResult Engine::exec(const std::string& id, const ExecRequest& req, const Exe
 }
 
 StdinWrite Engine::write_stdin(const std::string& id, const std::string& exec_id,
-                               const ChunkSource& source, bool eof,
-                               const std::function<bool()>&) {
+                               const ChunkSource& source, bool eof, const std::function<bool()>&) {
   get(id);
   StdinWrite w;
   {

@@ -114,9 +114,8 @@ json parse_object(std::string_view body) {
 
 engine::SandboxSpec parse_create(std::string_view body) {
   json j = parse_object(body);
-  reject_unknown(
-      j, {"image", "cpus", "memory_mb", "disk_mb", "timeout", "idle_timeout", "env", "metadata",
-          "network"});
+  reject_unknown(j, {"image", "cpus", "memory_mb", "disk_mb", "timeout", "idle_timeout", "env",
+                     "metadata", "network"});
   engine::SandboxSpec spec;
   if (j.contains("image")) {
     spec.image = get_string(j["image"], "image");

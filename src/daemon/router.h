@@ -59,10 +59,10 @@ enum class RouteStatus { ok, not_found, method_not_allowed };
 struct RouteMatch {
   RouteStatus status = RouteStatus::not_found;
   Route route = Route::info;
-  std::string id;       // {id}, if the template has one
-  std::string exec_id;  // {exec_id}, if the template has one
+  std::string id;         // {id}, if the template has one
+  std::string exec_id;    // {exec_id}, if the template has one
   std::string host_port;  // {host_port}, if the template has one (not yet checked)
-  std::string allow;    // for method_not_allowed: the Allow header value
+  std::string allow;      // for method_not_allowed: the Allow header value
 };
 
 // Matches `path` (no query string). A path that exists under another method

@@ -676,7 +676,6 @@ TEST(Agent, SurvivesMalformedInput) {
   EXPECT_EQ(r.out, "still here\n");
 }
 
-
 // Reads frames until `pred` holds for stream `id` (or the stream ends).
 template <typename Pred>
 bool pump_until(Agent& a, uint32_t id, Pred pred, int timeout_ms = 20000) {
@@ -731,9 +730,8 @@ TEST(Agent, PtyCtrlCAndCtrlDAreTheLineDisciplines) {
               {{"op", "exec"},
                {"argv", {"sh", "-c", "echo go; sleep 100; echo not-interrupted"}},
                {"pty", {{"cols", 80}, {"rows", 24}}}});
-  ASSERT_TRUE(pump_until(a, id, [](const StreamResult& r) {
-    return r.out.find("go") != std::string::npos;
-  }));
+  ASSERT_TRUE(pump_until(
+      a, id, [](const StreamResult& r) { return r.out.find("go") != std::string::npos; }));
   // Once sleep runs (a ^C racing sh's own start-up is not the point).
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   auto t0 = std::chrono::steady_clock::now();
@@ -748,9 +746,8 @@ TEST(Agent, PtyCtrlCAndCtrlDAreTheLineDisciplines) {
               {{"op", "exec"},
                {"argv", {"sh", "-c", "echo go; cat >/dev/null; echo eof-seen"}},
                {"pty", {{"cols", 80}, {"rows", 24}}}});
-  ASSERT_TRUE(pump_until(a, id2, [](const StreamResult& r) {
-    return r.out.find("go") != std::string::npos;
-  }));
+  ASSERT_TRUE(pump_until(
+      a, id2, [](const StreamResult& r) { return r.out.find("go") != std::string::npos; }));
   a.send(data_frame(id2, "\x04"));
   StreamResult& r2 = a.wait(id2);
   EXPECT_EQ(r2.response["exit_code"], 0) << r2.response.dump();
@@ -762,8 +759,8 @@ TEST(Agent, PtyRequestsAreValidated) {
   a.hello();
   auto& bad = a.exec({{"argv", {"true"}}, {"pty", {{"cols", 0}, {"rows", 24}}}});
   EXPECT_EQ(bad.response["error"]["code"], "invalid_argument") << bad.response.dump();
-  auto& bg = a.exec(
-      {{"argv", {"true"}}, {"background", true}, {"pty", {{"cols", 80}, {"rows", 24}}}});
+  auto& bg =
+      a.exec({{"argv", {"true"}}, {"background", true}, {"pty", {{"cols", 80}, {"rows", 24}}}});
   EXPECT_EQ(bg.response["error"]["code"], "invalid_argument") << bg.response.dump();
   // A resize on an exec without a pty fails that exec's stream.
   uint32_t id = a.next_id_++;
