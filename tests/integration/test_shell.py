@@ -23,6 +23,12 @@ class ShellTest(DaemonTestCase):
         cls.env = dict(os.environ, AIRLOCK_SOCKET=cls.sock, AIRLOCK_DATA_DIR=cls.data_dir,
                        AIRLOCK_IMAGE_DIR=IMAGE_DIR, TERM="xterm-256color")
         cls.n = 0
+        # One session that lives as long as the class keeps the tmux server
+        # up: otherwise each test's kill-session ends the server, and the
+        # next new-session can reach the dying server's socket and fail
+        # ("server exited unexpectedly").
+        subprocess.run(["tmux", "-S", cls.tmux_sock, "-f", "/dev/null", "new-session", "-d", "-s", "hold",
+                        "sleep 100000"], env=cls.env, capture_output=True, text=True, check=True)
 
     @classmethod
     def tearDownClass(cls):
@@ -30,8 +36,11 @@ class ShellTest(DaemonTestCase):
         super().tearDownClass()
 
     def tmux(self, *args):
-        return subprocess.run(["tmux", "-S", self.tmux_sock, "-f", "/dev/null", *args], env=self.env,
-                              capture_output=True, text=True, check=True).stdout
+        r = subprocess.run(["tmux", "-S", self.tmux_sock, "-f", "/dev/null", *args], env=self.env,
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            self.fail(f"tmux {' '.join(args)}: exit {r.returncode}: {r.stderr.strip()}")
+        return r.stdout
 
     def start(self, command, cols=80, rows=24):
         """A detached tmux session running `command` in a cols x rows pane; the
