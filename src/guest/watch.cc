@@ -334,6 +334,10 @@ class WatchStream : public Stream {
     if (watching_) server_.unwatch(w_.fd());
     watching_ = false;
     done_ = true;
+    // Give the watches and the budget back now, before the answer goes out
+    // (the stream object itself may outlive it): a host that asks `info`
+    // right after the end sees them released.
+    w_.release();
   }
 
  private:
