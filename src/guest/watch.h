@@ -52,6 +52,9 @@ class Watcher {
   Watcher& operator=(const Watcher&) = delete;
 
   int fd() const { return fd_; }
+  // Closes the inotify fd and gives the watches back to the budget (also
+  // done by the destructor; idempotent).
+  void release();
   // Reads everything the kernel has queued (non-blocking) into the queue.
   void read_events();
   // A rename's IN_MOVED_FROM waits up to this long for its IN_MOVED_TO (the
@@ -92,7 +95,6 @@ class Watcher {
   void flush_pending_move();
   void push(WatchEvent e);
   void end(const char* reason, const std::string& message);
-  void release();
 
   std::string root_;
   bool recursive_;
