@@ -1,5 +1,6 @@
 #include "mcp/protocol.h"
 
+#include "mcp/modern.h"
 #include "mcp/tool_defs.h"
 
 namespace airlock::mcp {
@@ -7,12 +8,6 @@ namespace airlock::mcp {
 using nlohmann::json;
 
 namespace {
-
-// A failure of the request itself (not of a tool): becomes a JSON-RPC error.
-struct RpcFailure {
-  int code;
-  std::string message;
-};
 
 const char* kInstructions =
     "airlock runs commands in disposable microVM sandboxes on this machine. Create one with "
@@ -28,8 +23,10 @@ std::string negotiate_version(const std::string& requested) {
   return std::string(kProtocolVersions.front());
 }
 
-json rpc_error(const json& id, int code, const std::string& message) {
-  return {{"jsonrpc", "2.0"}, {"id", id}, {"error", {{"code", code}, {"message", message}}}};
+json rpc_error(const json& id, int code, const std::string& message, const json& data) {
+  json reply = {{"jsonrpc", "2.0"}, {"id", id}, {"error", {{"code", code}, {"message", message}}}};
+  if (!data.is_null()) reply["error"]["data"] = data;
+  return reply;
 }
 
 std::string Protocol::version() const {
@@ -82,9 +79,14 @@ std::optional<json> Protocol::handle(const json& message) {
   }
   json reply;
   try {
-    reply = json{{"jsonrpc", "2.0"}, {"id", id}, {"result", dispatch(method, params, key)}};
+    // initialize belongs to the handshake revisions whatever its _meta says
+    // (its protocolVersion param is what negotiates); any other request
+    // naming a revision in _meta is stateless and judged on its own.
+    auto modern = method == "initialize" ? std::nullopt : requested_modern_version(params);
+    json result = modern ? dispatch_modern(method, params, key) : dispatch(method, params, key);
+    reply = json{{"jsonrpc", "2.0"}, {"id", id}, {"result", std::move(result)}};
   } catch (const RpcFailure& f) {
-    reply = rpc_error(id, f.code, f.message);
+    reply = rpc_error(id, f.code, f.message, f.data);
   }
   std::lock_guard lock(mu_);
   in_flight_.erase(key);
@@ -119,8 +121,7 @@ json Protocol::dispatch(const std::string& method, const json& params,
     }
     return {{"protocolVersion", v},
             {"capabilities", {{"tools", {{"listChanged", false}}}}},
-            {"serverInfo",
-             {{"name", "airlock"}, {"title", "airlock sandboxes"}, {"version", AIRLOCK_VERSION}}},
+            {"serverInfo", server_info()},
             {"instructions", kInstructions}};
   }
   bool legacy = version() == "2025-03-26";  // before title and structured output
@@ -133,17 +134,35 @@ json Protocol::dispatch(const std::string& method, const json& params,
       }
     return {{"tools", tools}};  // all of them: no pagination, no nextCursor
   }
-  if (method == "tools/call") {
-    if (!params.is_object() || !params.contains("name") || !params["name"].is_string())
-      throw RpcFailure{kInvalidParams, "tools/call needs params.name (a string)"};
-    std::string name = params["name"];
-    if (!find_tool(name)) throw RpcFailure{kInvalidParams, "Unknown tool: " + name};
-    json args = params.contains("arguments") ? params["arguments"] : json::object();
-    if (!args.is_object() && !args.is_null())
-      throw RpcFailure{kInvalidParams, "params.arguments must be an object"};
-    return session_.call(name, args, !legacy, call_key);
-  }
+  if (method == "tools/call") return call_tool(params, !legacy, call_key);
   throw RpcFailure{kMethodNotFound, "Method not found: " + method};
+}
+
+json Protocol::dispatch_modern(const std::string& method, const json& params,
+                               const std::string& call_key) {
+  check_envelope(params);  // before anything runs: a rejected request has no effect
+  // 2026-07-28 removed ping (and initialize, handled by the caller), and
+  // structured output is always on. Nothing here reads or writes version_:
+  // the revision is the request's own.
+  if (method == "server/discover") return stamp_result(discover_result(kInstructions));
+  if (method == "tools/list") {
+    json result = {{"tools", tool_definitions()}, {"ttlMs", 0}, {"cacheScope", "private"}};
+    return stamp_result(std::move(result));
+  }
+  if (method == "tools/call") return stamp_result(call_tool(params, true, call_key));
+  throw RpcFailure{kMethodNotFound,
+                   "Method not found in " + std::string(kModernVersions.front()) + ": " + method};
+}
+
+json Protocol::call_tool(const json& params, bool structured, const std::string& call_key) {
+  if (!params.is_object() || !params.contains("name") || !params["name"].is_string())
+    throw RpcFailure{kInvalidParams, "tools/call needs params.name (a string)"};
+  std::string name = params["name"];
+  if (!find_tool(name)) throw RpcFailure{kInvalidParams, "Unknown tool: " + name};
+  json args = params.contains("arguments") ? params["arguments"] : json::object();
+  if (!args.is_object() && !args.is_null())
+    throw RpcFailure{kInvalidParams, "params.arguments must be an object"};
+  return session_.call(name, args, structured, call_key);
 }
 
 }  // namespace airlock::mcp

@@ -1,7 +1,9 @@
 // MCP's JSON-RPC 2.0 layer, free of I/O: one parsed message in, the reply
-// (if any) out. Version negotiation follows the spec's lifecycle: the
-// server answers with the client's protocolVersion if it supports it, else
-// with the latest one it supports.
+// (if any) out. Two eras: the handshake revisions (kProtocolVersions)
+// negotiate once in initialize (the server answers with the client's
+// protocolVersion if it supports it, else with the latest one it supports);
+// the stateless revision 2026-07-28 (mcp/modern.h) names itself in each
+// request's _meta and needs no initialize. Both work on one connection.
 //
 //   Protocol p(session);
 //   std::optional<json> reply = p.handle(json::parse(line));
@@ -43,12 +45,17 @@ class Protocol {
   std::optional<nlohmann::json> handle_line(std::string_view line);
   std::optional<nlohmann::json> handle(const nlohmann::json& message);
 
-  // The negotiated version ("" before initialize).
+  // The version initialize negotiated ("" before it; 2026-era requests
+  // leave it alone).
   std::string version() const;
 
  private:
   nlohmann::json dispatch(const std::string& method, const nlohmann::json& params,
                           const std::string& call_key);
+  nlohmann::json dispatch_modern(const std::string& method, const nlohmann::json& params,
+                                 const std::string& call_key);
+  nlohmann::json call_tool(const nlohmann::json& params, bool structured,
+                           const std::string& call_key);
   void notification(const std::string& method, const nlohmann::json& params);
 
   Session& session_;
@@ -60,6 +67,7 @@ class Protocol {
 };
 
 // A JSON-RPC error reply.
-nlohmann::json rpc_error(const nlohmann::json& id, int code, const std::string& message);
+nlohmann::json rpc_error(const nlohmann::json& id, int code, const std::string& message,
+                         const nlohmann::json& data = nullptr);
 
 }  // namespace airlock::mcp

@@ -13,6 +13,7 @@
 
 #include "cli/client.h"
 #include "mcp/guardian.h"
+#include "mcp/modern.h"
 #include "mcp/protocol.h"
 #include "mcp/session.h"
 #include "mcp/stdio.h"
@@ -131,6 +132,59 @@ TEST_F(McpTest, ToolsListHasEveryToolAndLegacyClientsGetNoOutputSchema) {
     EXPECT_FALSE(t.contains("outputSchema"));
   json listed = call("sandbox_list", json::object());
   EXPECT_FALSE(listed.contains("structuredContent"));
+}
+
+// A 2026-07-28 request: the revision and capabilities in params._meta.
+json stateless(json params = json::object()) {
+  params["_meta"] = {{"io.modelcontextprotocol/protocolVersion", "2026-07-28"},
+                     {"io.modelcontextprotocol/clientCapabilities", json::object()}};
+  return params;
+}
+
+TEST_F(McpTest, StatelessRequestsNeedNoInitialize) {
+  json d = request("server/discover", stateless());
+  EXPECT_EQ(d["result"]["supportedVersions"], json({"2026-07-28"}));
+  EXPECT_EQ(d["result"]["resultType"], "complete");
+  EXPECT_EQ(d["result"]["_meta"]["io.modelcontextprotocol/serverInfo"]["name"], "airlock");
+  json tools = request("tools/list", stateless())["result"];
+  EXPECT_EQ(tools["resultType"], "complete");
+  EXPECT_EQ(tools["cacheScope"], "private");
+  EXPECT_EQ(tools["tools"].size(), 9u);
+  json created = request("tools/call", stateless({{"name", "sandbox_create"}}))["result"];
+  ASSERT_FALSE(created["isError"]) << created.dump();
+  EXPECT_EQ(created["resultType"], "complete");
+  std::string id = created["structuredContent"]["id"];
+  EXPECT_EQ(session_->owned(), std::vector<std::string>{id});
+  // Stateless: nothing was negotiated for the connection.
+  EXPECT_EQ(protocol_->version(), "");
+  // 2026-07-28 has no ping; the handshake revisions keep theirs.
+  EXPECT_EQ(request("ping", stateless())["error"]["code"], kMethodNotFound);
+  EXPECT_EQ(request("ping")["result"], json::object());
+}
+
+TEST_F(McpTest, StatelessRequestsWithABadEnvelopeRunNothing) {
+  json p = stateless({{"name", "sandbox_create"}});
+  p["_meta"]["io.modelcontextprotocol/protocolVersion"] = "2030-01-01";
+  json r = request("tools/call", p);
+  EXPECT_EQ(r["error"]["code"], kUnsupportedProtocolVersion);
+  EXPECT_EQ(r["error"]["data"]["requested"], "2030-01-01");
+  EXPECT_EQ(r["error"]["data"]["supported"][0], "2026-07-28");
+  p = stateless({{"name", "sandbox_create"}});
+  p["_meta"].erase("io.modelcontextprotocol/clientCapabilities");
+  EXPECT_EQ(request("tools/call", p)["error"]["code"], kInvalidParams);
+  EXPECT_TRUE(session_->owned().empty());
+  EXPECT_EQ(request("server/discover")["error"]["code"], kMethodNotFound);  // needs _meta
+}
+
+TEST_F(McpTest, HandshakeAndStatelessRequestsShareAConnection) {
+  request("initialize", {{"protocolVersion", "2025-03-26"}});
+  // The 2025-03-26 session drops outputSchema; a 2026 request on the same
+  // pipe still gets the full tools, and initialize still negotiates.
+  for (const auto& t : request("tools/list", stateless())["result"]["tools"])
+    EXPECT_TRUE(t.contains("outputSchema"));
+  EXPECT_FALSE(request("tools/list")["result"].contains("resultType"));
+  json i = request("initialize", stateless({{"protocolVersion", "2026-07-28"}}));
+  EXPECT_EQ(i["result"]["protocolVersion"], "2025-11-25");  // not a handshake revision
 }
 
 TEST_F(McpTest, ToolsRunAgainstTheDaemon) {

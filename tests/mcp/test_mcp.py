@@ -1,5 +1,6 @@
-"""`airlock mcp` under the official MCP TypeScript SDK (client_test.mjs), against
-a real airlockd and real VMs. The npm packages come from package-lock.json
+"""`airlock mcp` under the official MCP TypeScript SDKs, against a real airlockd
+and real VMs: v1 (client_test.mjs, the initialize handshake revisions) and v2
+(client_2026_test.mjs, the stateless revision 2026-07-28). The npm packages come from package-lock.json
 (`npm ci`, run once when node_modules is missing; offline after that)."""
 
 import os
@@ -15,7 +16,8 @@ from harness import BIN, IMAGE_DIR, DaemonTestCase, leftovers_of  # noqa: E402
 
 
 def ensure_node_modules():
-    if os.path.isdir(os.path.join(HERE, "node_modules", "@modelcontextprotocol", "sdk")):
+    mods = os.path.join(HERE, "node_modules", "@modelcontextprotocol")
+    if all(os.path.isdir(os.path.join(mods, p)) for p in ("sdk", "client")):
         return
     npm = shutil.which("npm")
     if not npm or not shutil.which("node"):
@@ -30,13 +32,17 @@ class McpClientTest(DaemonTestCase):
         ensure_node_modules()
         super().setUpClass()
 
-    def test_official_sdk_client_drives_every_tool(self):
+    def run_client(self, script):
         env = dict(os.environ, AIRLOCK_BIN=BIN, AIRLOCK_SOCKET=self.sock,
                    AIRLOCK_DATA_DIR=self.data_dir, AIRLOCK_IMAGE_DIR=IMAGE_DIR)
-        r = subprocess.run(["node", os.path.join(HERE, "client_test.mjs")], cwd=HERE, env=env,
+        r = subprocess.run(["node", os.path.join(HERE, script)], cwd=HERE, env=env,
                            capture_output=True, timeout=600)
         out, err = r.stdout.decode(), r.stderr.decode()
         self.assertEqual(r.returncode, 0, f"stdout:\n{out}\nstderr:\n{err}\n{self.daemon_log()}")
+        return out
+
+    def test_official_sdk_client_drives_every_tool(self):
+        out = self.run_client("client_test.mjs")
         kept = [line.split()[1] for line in out.splitlines() if line.startswith("KEPT ")]
         self.assertEqual(len(kept), 1, out)
         # After every session ended, only the keep: true sandbox runs, and every
@@ -49,6 +55,17 @@ class McpClientTest(DaemonTestCase):
                 self.assertEqual(leftovers_of(self.data_dir, sb["id"]), [])
         self.api.delete(kept[0])
         self.assertNothingLeft(kept[0])
+
+    def test_sdk_v2_client_speaks_2026_07_28_without_initialize(self):
+        out = self.run_client("client_2026_test.mjs")
+        self.assertIn("ok: sandbox_create + sandbox_exec in a real VM", out)
+        self.assertIn("ok: auto negotiation picks 2026-07-28", out)
+        # The client's session ended: the sandbox it created is gone, files too.
+        made = [line.split()[1] for line in out.splitlines() if line.startswith("CREATED ")]
+        self.assertEqual(len(made), 1, out)
+        mine = [sb for sb in self.api.call("GET", "/v1/sandboxes?all=true") if sb["id"] == made[0]]
+        self.assertEqual([sb["state"] for sb in mine], ["deleted"], mine)
+        self.assertNothingLeft(made[0])
 
 
 if __name__ == "__main__":
