@@ -154,6 +154,66 @@ class MetricsTest(Scrapes, DaemonTestCase):
         self.assertEqual(self.moved(s0, s1, "airlock_sandboxes", state="running"), 0)
 
 
+def netns_available():
+    if os.geteuid() != 0:
+        return False
+    return subprocess.run(["ip", "netns", "list"], capture_output=True).returncode == 0
+
+
+@unittest.skipUnless(netns_available(), "needs root and ip netns (a network namespace of its own)")
+class NetworkMetricsTest(Scrapes, DaemonTestCase):
+    """Flows allowed and denied by a sandbox's filter are counted. The daemon
+    runs in an empty network namespace of the test's own (loopback only), so
+    the allowed flow reaches nothing."""
+
+    NS = f"almetrics-{os.getpid()}"
+    daemon_prefix = ["ip", "netns", "exec", NS]
+
+    @classmethod
+    def setUpClass(cls):
+        subprocess.run(["ip", "netns", "add", cls.NS], check=True, capture_output=True)
+        try:
+            subprocess.run(["ip", "-n", cls.NS, "link", "set", "lo", "up"], check=True)
+            super().setUpClass()
+        except BaseException:
+            subprocess.run(["ip", "netns", "del", cls.NS], capture_output=True)
+            raise
+
+    @classmethod
+    def tearDownClass(cls):
+        try:
+            super().tearDownClass()
+        finally:
+            subprocess.run(["ip", "netns", "del", cls.NS], capture_output=True)
+
+    def test_flows_allowed_and_denied_are_counted(self):
+        sb = self.api.create(image="minimal", network={"mode": "allowlist", "allow": ["203.0.113.7/32"]})
+        sid = sb["id"]
+        self.addCleanup(lambda: self.api.delete(sid))
+        s0 = self.scrape()
+        self.api.exec(sid, cmd="nc -w 2 203.0.113.7 80 </dev/null; nc -w 2 198.51.100.9 80 </dev/null; true")
+        deadline = time.time() + 15
+        while True:
+            flows = [e for e in self.api.call("GET", f"/v1/sandboxes/{sid}/network/events")
+                     if e["event"] == "net_flow" and e.get("port") == 80]
+            if {e["dst"] for e in flows} >= {"203.0.113.7", "198.51.100.9"} or time.time() > deadline:
+                break
+            time.sleep(0.2)
+        allowed = sum(1 for e in flows if e["allowed"])
+        denied = sum(1 for e in flows if not e["allowed"])
+        self.assertGreaterEqual(allowed, 1, flows)
+        self.assertGreaterEqual(denied, 1, flows)
+        s1 = self.scrape()
+        # A record is counted just before it is journalled: the counter is at
+        # least what the journal showed before the scrape and at most what it
+        # shows after it (a late retry may land in between).
+        after = [e for e in self.api.call("GET", f"/v1/sandboxes/{sid}/network/events") if e["event"] == "net_flow"]
+        for verdict, before_n, is_allowed in (("allowed", allowed, True), ("denied", denied, False)):
+            got = self.moved(s0, s1, "airlock_network_flows_total", direction="out", verdict=verdict)
+            self.assertGreaterEqual(got, before_n, verdict)
+            self.assertLessEqual(got, sum(1 for e in after if e["allowed"] == is_allowed), verdict)
+
+
 class NotReadyTest(Scrapes, DaemonTestCase):
     """A daemon whose image directory is empty cannot create: /readyz is 503
     naming what is missing, while /healthz and /metrics still answer."""
