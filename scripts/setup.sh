@@ -14,7 +14,9 @@ PACKAGES="
   python3 python3-yaml python3-jsonschema python3-pip python3-setuptools python3-wheel
   iproute2 procps curl dpkg-dev
   nodejs tmux
+  prometheus
 "
+# prometheus: its promtool checks every /metrics scrape in test_metrics.py.
 # The MCP client test (tests/mcp) runs the official MCP SDK under Node.js and
 # installs it with npm. Some nodejs builds ship npm themselves; Debian's
 # does not, so the npm package only when there is no npm command yet.

@@ -28,6 +28,7 @@
 #include <thread>
 
 #include "common/error.h"
+#include "common/metrics/metrics.h"
 #include "engine/engine.h"
 #include "engine/net/policy.h"
 
@@ -453,5 +454,17 @@ nlohmann::json Engine::set_pool(const std::string&, int, const nlohmann::json&) 
   unsupported("warm pool");
 }
 nlohmann::json Engine::pool_info() { return nlohmann::json::array(); }
+
+// The fake's sandboxes by state; the real families are tested against the
+// real engine (tests/integration/test_metrics.py).
+void Engine::write_metrics(metrics::Writer& out) {
+  std::map<metrics::Labels, double> by_state;
+  std::lock_guard lock(impl_->mu);
+  for (const auto& [id, sb] : impl_->boxes) by_state[{{"state", to_string(sb.state)}}] += 1;
+  out.gauge("airlock_sandboxes", "Sandboxes by state", by_state);
+}
+nlohmann::json Engine::readiness() {
+  return {{"ready", true}, {"missing", nlohmann::json::array()}};
+}
 
 }  // namespace airlock::engine

@@ -16,6 +16,8 @@
 #include <cstdint>
 #include <nlohmann/json.hpp>
 
+#include "common/metrics/metrics.h"
+
 namespace airlock::daemon {
 
 using Socket = boost::asio::local::stream_protocol::socket;
@@ -34,6 +36,10 @@ struct ServerCounters {
   std::atomic<uint64_t> idle_closed{0};            // cut by the idle timeout
   std::atomic<uint64_t> duplicate_exec_starts{0};  // repeated on_start ignored
   ServerLimits limits;
+  // GET /metrics: answered requests by route template and status, and
+  // their time (server.cc counts each once its answer is written).
+  metrics::CounterVec http_requests;
+  metrics::HistogramVec http_seconds{metrics::latency_buckets()};
 
   nlohmann::json to_json() const {
     return {{"open", open.load()},

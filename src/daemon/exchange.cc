@@ -115,6 +115,14 @@ void Exchange::send_json(int status, const nlohmann::json& body) {
   write(res);
 }
 
+void Exchange::send_text(int status, std::string_view content_type, std::string body) {
+  status_ = status;
+  http::response<http::string_body> res{static_cast<http::status>(status), 11};
+  res.set(http::field::content_type, std::string(content_type));
+  res.body() = std::move(body);
+  write(res);
+}
+
 void Exchange::send_empty(int status) {
   status_ = status;
   http::response<http::empty_body> res{static_cast<http::status>(status), 11};

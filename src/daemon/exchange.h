@@ -46,6 +46,8 @@ class Exchange {
 
   void send_json(int status, const nlohmann::json& body);
   void send_empty(int status);
+  // A non-JSON body (GET /metrics: the Prometheus text format).
+  void send_text(int status, std::string_view content_type, std::string body);
   void send_error(const Error& error);
   void send_error(int status, std::string_view code, std::string_view message,
                   std::string_view allow = {});

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <thread>
 
+#include "common/metrics/metrics.h"
 #include "daemon/base64.h"
 #include "daemon/pty.h"
 #include "daemon/request.h"
@@ -507,6 +508,45 @@ void dispatch(engine::Engine& engine, Exchange& ex, ServerCounters& counters) {
       check_query_keys(q, {});
       handle_pty(engine, ex, id);
       return;
+    case Route::metrics: {
+      check_query_keys(q, {});
+      expect_no_body(ex);
+      metrics::Writer w;
+      engine.write_metrics(w);
+      w.counter("airlock_http_requests_total",
+                "Answered API requests by route template and status (this scrape not yet counted)",
+                counters.http_requests.values());
+      w.histogram("airlock_http_request_duration_seconds",
+                  "Time from request head to the end of the answer, by route template",
+                  counters.http_seconds.values());
+      w.gauge("airlock_http_connections_open", "Open API connections", counters.open.load());
+      w.counter("airlock_http_connections_refused_total",
+                "Connections answered 503 over --max-connections",
+                {{{}, static_cast<double>(counters.refused.load())}});
+      w.counter("airlock_http_connections_idle_closed_total", "Connections cut by --idle-timeout",
+                {{{}, static_cast<double>(counters.idle_closed.load())}});
+      ex.send_text(200, metrics::kContentType, w.text());
+      return;
+    }
+    case Route::healthz:
+      check_query_keys(q, {});
+      expect_no_body(ex);
+      ex.send_json(200, {{"status", "ok"}});
+      return;
+    case Route::readyz: {
+      check_query_keys(q, {});
+      expect_no_body(ex);
+      json r = engine.readiness();
+      if (!r.value("ready", false)) {
+        std::string why;
+        for (const auto& item : r["missing"])
+          why += (why.empty() ? "" : "; ") + item.get<std::string>();
+        ex.send_error(503, "unavailable", "not ready to create sandboxes: " + why);
+        return;
+      }
+      ex.send_json(200, {{"status", "ready"}});
+      return;
+    }
     case Route::list_ports:
       check_query_keys(q, {});
       expect_no_body(ex);

@@ -71,6 +71,10 @@ const std::vector<RouteSpec>& routes() {
       {"GET", "/v1/sandboxes/{id}/ports", Route::list_ports},
       {"DELETE", "/v1/sandboxes/{id}/ports/{host_port}", Route::remove_port},
       {"GET", "/v1/sandboxes/{id}/pty", Route::pty},
+      // Unversioned, like every Prometheus target and probe endpoint.
+      {"GET", "/metrics", Route::metrics},
+      {"GET", "/healthz", Route::healthz},
+      {"GET", "/readyz", Route::readyz},
   };
   return table;
 }
@@ -91,6 +95,15 @@ RouteMatch match_route(std::string_view method, std::string_view path) {
     result.allow += spec.method;
   }
   return result;
+}
+
+std::string route_template(std::string_view method, std::string_view path) {
+  auto segs = split(path);
+  for (const auto& spec : routes()) {
+    RouteMatch m;
+    if (spec.method == method && match_template(segs, spec.path, m)) return spec.path;
+  }
+  return "unmatched";
 }
 
 }  // namespace airlock::daemon

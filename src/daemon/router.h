@@ -42,7 +42,10 @@ enum class Route {
   list_ports,
   remove_port,
   info,
-  pty,  // WebSocket: an interactive terminal (pty.h)
+  pty,      // WebSocket: an interactive terminal (pty.h)
+  metrics,  // Prometheus text exposition (GET /metrics)
+  healthz,  // liveness: the daemon answers
+  readyz,   // readiness: a create can succeed (an image built, accelerator probed)
 };
 
 struct RouteSpec {
@@ -53,6 +56,10 @@ struct RouteSpec {
 
 // Every route airlockd serves.
 const std::vector<RouteSpec>& routes();
+
+// The template of the route `method` `path` matches (for per-route
+// metrics: bounded label values, no ids), or "unmatched".
+std::string route_template(std::string_view method, std::string_view path);
 
 enum class RouteStatus { ok, not_found, method_not_allowed };
 

@@ -71,5 +71,22 @@ TEST(Router, NetworkRoutes) {
   EXPECT_EQ(match_route("POST", "/v1/sandboxes/sb-1/network/events").allow, "GET");
 }
 
+TEST(Router, HealthAndMetricsRoutes) {
+  EXPECT_EQ(match_route("GET", "/metrics").route, Route::metrics);
+  EXPECT_EQ(match_route("GET", "/healthz").route, Route::healthz);
+  EXPECT_EQ(match_route("GET", "/readyz").route, Route::readyz);
+  EXPECT_EQ(match_route("POST", "/metrics").allow, "GET");
+}
+
+TEST(Router, RouteTemplateHidesIds) {
+  // Per-route metrics are labelled by template: bounded, no ids.
+  EXPECT_EQ(route_template("POST", "/v1/sandboxes/sb-123/exec"), "/v1/sandboxes/{id}/exec");
+  EXPECT_EQ(route_template("DELETE", "/v1/sandboxes/sb-1/exec/ex-2"),
+            "/v1/sandboxes/{id}/exec/{exec_id}");
+  EXPECT_EQ(route_template("GET", "/metrics"), "/metrics");
+  EXPECT_EQ(route_template("GET", "/no/such/path"), "unmatched");
+  EXPECT_EQ(route_template("POST", "/metrics"), "unmatched");  // 405: no such operation
+}
+
 }  // namespace
 }  // namespace airlock::daemon

@@ -296,9 +296,16 @@ void Server::Impl::serve(stream::socket sock, std::shared_ptr<Activity> activity
     auto start = std::chrono::steady_clock::now();
     Exchange ex(wsock, buffer, parser);
     handle(*engine, ex, counters);
-    auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
-                  std::chrono::steady_clock::now() - start)
-                  .count();
+    auto elapsed = std::chrono::steady_clock::now() - start;
+    auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(elapsed).count();
+    {
+      // By route template, never the raw path: ids would make the label
+      // set grow without bound.
+      std::string route = route_template(ex.method(), ex.path());
+      counters.http_requests.inc({{"route", route}, {"status", std::to_string(ex.status())}});
+      counters.http_seconds.observe({{"route", route}},
+                                    std::chrono::duration<double>(elapsed).count());
+    }
     spdlog::info("{} {} {} {}ms", ex.method(), std::string(parser.get().target()), ex.status(), ms);
     if (!ex.keep_alive() || activity->timed_out) break;
   }

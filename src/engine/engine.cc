@@ -84,8 +84,9 @@ Config with_defaults(Config c) {
     // RAM files belong on tmpfs: their pages are then page cache that every
     // clone maps, never written back to a disk.
     std::string tag = storage::sha256_hex({c.data_dir.string()}).substr(0, 12);
-    c.template_ram_dir = fs::is_directory("/dev/shm", ec) ? fs::path("/dev/shm") / ("airlock-" + tag)
-                                                          : c.template_dir / "ram";
+    c.template_ram_dir = fs::is_directory("/dev/shm", ec)
+                             ? fs::path("/dev/shm") / ("airlock-" + tag)
+                             : c.template_dir / "ram";
   }
   // 0700: the registry holds env values, journals what sandboxes did, run
   // dirs their sockets. Existing ones made by older versions are tightened.
@@ -215,6 +216,7 @@ void Engine::Impl::finish_stop(Live& sb, State state, const std::string& reason,
   } catch (const std::exception& e) {
     spdlog::error("sandbox {}: recording {} failed: {}", id, to_string(state), e.what());
   }
+  if (state == State::failed) metrics.failure(failure);
   {
     std::lock_guard lock(sb.mu);
     sb.execs.clear();
@@ -372,7 +374,7 @@ void Engine::Impl::recover_one(SandboxRecord rec) {
           sb->net_pid = np;
           adopted["net_pid"] = np;
           // Re-attach to its event stream: it queued what happened meanwhile.
-          sb->net_events = attach_net_events(journal, id, rec.run_dir, np);
+          sb->net_events = attach_net_events(journal, id, rec.run_dir, np, &metrics);
         } else {
           adopted["net_pid"] = nullptr;
           spdlog::warn("sandbox {}: network helper is gone; the VM has no egress", id);

@@ -28,6 +28,10 @@
 #include "engine/storage/image_store.h"
 #include "engine/vmm/jail_ids.h"
 
+namespace airlock::metrics {
+class Writer;  // common/metrics/metrics.h
+}
+
 namespace airlock::engine {
 
 class Launcher;  // launcher.h: how VMs are started (the VMM seam)
@@ -355,9 +359,22 @@ class Engine {
 
   // version, accelerator + why, images, templates, pool.
   nlohmann::json info();
+  // The engine's metric families (engine_metrics.cc: sandboxes by state,
+  // creates and execs with latency histograms, failures by typed reason,
+  // pool, network flows and bytes, journal bytes, QEMU memory).
+  void write_metrics(metrics::Writer& out);
+  // Can a create succeed now? {"ready": bool, "missing": ["..."]}: at
+  // least one image is built and the accelerator probe is done (run now,
+  // once, if it was not).
+  nlohmann::json readiness();
   storage::ImageStore& images();
 
  private:
+  SandboxInfo create_counted(const SandboxSpec& spec);  // create() without the metrics
+  ExecResult exec_counted(const std::string& id, const ExecRequest& request,
+                          const ExecCallbacks& callbacks);
+  ExecStatus exec_background_counted(const std::string& id, const ExecRequest& request);
+
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

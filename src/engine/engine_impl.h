@@ -18,6 +18,7 @@
 #include "engine/audit/journal.h"
 #include "engine/channel/guest_channel.h"
 #include "engine/engine.h"
+#include "engine/engine_metrics.h"
 #include "engine/launcher.h"
 #include "engine/registry/registry.h"
 #include "engine/sandbox.h"
@@ -81,7 +82,8 @@ pid_t start_net_helper(const Config& cfg, const std::string& id,
 // re-adoption (a restarted daemon re-attaches; the helper queued meanwhile).
 std::shared_ptr<NetEventReader> attach_net_events(AuditJournal& journal, const std::string& id,
                                                   const std::filesystem::path& run_dir,
-                                                  pid_t helper_pid);
+                                                  pid_t helper_pid,
+                                                  EngineMetrics* metrics = nullptr);
 // True if `pid` is alive and is the helper of `run_dir` (pid-reuse safe).
 bool is_our_net_helper(pid_t pid, const std::filesystem::path& run_dir);
 // run_dir/net.pid, 0 if none.
@@ -133,6 +135,7 @@ struct Engine::Impl {
   Registry registry;
   AuditJournal journal;
   storage::ImageStore images;
+  EngineMetrics metrics;  // GET /metrics counters (engine_metrics.h)
 
   // Wall-clock ms for timestamps shown to users (cfg.wall_clock_ms).
   int64_t wall_ms() const { return cfg.wall_clock_ms ? cfg.wall_clock_ms() : now_ms(); }

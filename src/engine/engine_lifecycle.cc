@@ -151,7 +151,7 @@ std::optional<Engine::Impl::BootFailure> Engine::Impl::boot_once(Live& sb,
         std::lock_guard lock(sb.mu);
         sb.net_pid = np;
       }
-      sb.net_events = attach_net_events(impl.journal, info.id, dir, np);
+      sb.net_events = attach_net_events(impl.journal, info.id, dir, np, &impl.metrics);
       vc.net_socket = dir / "net.sock";
       vc.net_mac = mac_for(info.id);
     }
@@ -192,6 +192,26 @@ std::optional<Engine::Impl::BootFailure> Engine::Impl::boot_once(Live& sb,
 }
 
 SandboxInfo Engine::create(const SandboxSpec& spec) {
+  auto& impl = *impl_;
+  // Counted by start path and outcome, timed for GET /metrics.
+  auto t0 = std::chrono::steady_clock::now();
+  auto seconds = [&] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
+  try {
+    SandboxInfo info = create_counted(spec);
+    impl.metrics.create_done(info.start, "ok", seconds());
+    return info;
+  } catch (const Error& e) {
+    impl.metrics.create_done("none", std::string(to_string(e.code())), seconds());
+    throw;
+  } catch (...) {
+    impl.metrics.create_done("none", "internal", seconds());
+    throw;
+  }
+}
+
+SandboxInfo Engine::create_counted(const SandboxSpec& spec) {
   auto& impl = *impl_;
   validate_spec(spec);
   // The egress policy, normalised; a bad entry is refused here, before

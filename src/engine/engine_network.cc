@@ -230,8 +230,13 @@ pid_t start_net_helper(const Config& cfg, const std::string& /*id*/, const fs::p
 
 class NetEventReader {
  public:
-  NetEventReader(AuditJournal& journal, std::string id, fs::path run_dir, pid_t pid)
-      : journal_(journal), id_(std::move(id)), run_dir_(std::move(run_dir)), pid_(pid) {
+  NetEventReader(AuditJournal& journal, std::string id, fs::path run_dir, pid_t pid,
+                 EngineMetrics* metrics)
+      : journal_(journal),
+        metrics_(metrics),
+        id_(std::move(id)),
+        run_dir_(std::move(run_dir)),
+        pid_(pid) {
     if (::pipe2(wake_, O_CLOEXEC | O_NONBLOCK) != 0) throw_errno("pipe2");
     thread_ = std::thread([this] { run(); });
   }
@@ -278,6 +283,7 @@ class NetEventReader {
   void append(const std::vector<net::EventIntake::Record>& records) {
     for (const auto& r : records) {
       try {
+        if (metrics_) metrics_->net_event(r.event, r.fields);  // checked records only
         journal_.append(id_, r.event, r.fields);
       } catch (const std::exception& e) {
         spdlog::error("sandbox {}: cannot journal {}: {}", id_, r.event, e.what());
@@ -328,6 +334,7 @@ class NetEventReader {
   }
 
   AuditJournal& journal_;
+  EngineMetrics* metrics_;  // may be null (tests)
   std::string id_;
   fs::path run_dir_;
   pid_t pid_;
@@ -339,9 +346,10 @@ class NetEventReader {
 };
 
 std::shared_ptr<NetEventReader> attach_net_events(AuditJournal& journal, const std::string& id,
-                                                  const fs::path& run_dir, pid_t helper_pid) {
+                                                  const fs::path& run_dir, pid_t helper_pid,
+                                                  EngineMetrics* metrics) {
   if (helper_pid <= 0) return nullptr;
-  return std::make_shared<NetEventReader>(journal, id, run_dir, helper_pid);
+  return std::make_shared<NetEventReader>(journal, id, run_dir, helper_pid, metrics);
 }
 
 nlohmann::json net_control(const fs::path& run_dir, const nlohmann::json& request) {

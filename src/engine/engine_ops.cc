@@ -148,8 +148,50 @@ ExecStatus status_from_guest(const nlohmann::json& j) {
 
 }  // namespace
 
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+// exec() and exec_background() are counted by outcome and timed for GET
+// /metrics; the *_counted bodies do the work.
 ExecResult Engine::exec(const std::string& id, const ExecRequest& request,
                         const ExecCallbacks& callbacks) {
+  auto t0 = std::chrono::steady_clock::now();
+  try {
+    ExecResult r = exec_counted(id, request, callbacks);
+    impl_->metrics.exec_done("foreground", r.reason.empty() ? "exited" : r.reason,
+                             seconds_since(t0));
+    return r;
+  } catch (const Error& e) {
+    impl_->metrics.exec_done("foreground", std::string(to_string(e.code())), seconds_since(t0));
+    throw;
+  } catch (...) {
+    impl_->metrics.exec_done("foreground", "internal", seconds_since(t0));
+    throw;
+  }
+}
+
+ExecStatus Engine::exec_background(const std::string& id, const ExecRequest& request) {
+  auto t0 = std::chrono::steady_clock::now();
+  try {
+    ExecStatus st = exec_background_counted(id, request);
+    impl_->metrics.exec_done("background", "started", seconds_since(t0));
+    return st;
+  } catch (const Error& e) {
+    impl_->metrics.exec_done("background", std::string(to_string(e.code())), seconds_since(t0));
+    throw;
+  } catch (...) {
+    impl_->metrics.exec_done("background", "internal", seconds_since(t0));
+    throw;
+  }
+}
+
+ExecResult Engine::exec_counted(const std::string& id, const ExecRequest& request,
+                                const ExecCallbacks& callbacks) {
   auto& impl = *impl_;
   auto sb = impl.running(id);
   ActivityGuard active(*sb);
@@ -308,7 +350,7 @@ void Engine::kill_exec(const std::string& id, const std::string& exec_id, int si
   impl_->journal.append(id, "exec_kill", {{"exec_id", exec_id}, {"signal", signal}});
 }
 
-ExecStatus Engine::exec_background(const std::string& id, const ExecRequest& request) {
+ExecStatus Engine::exec_background_counted(const std::string& id, const ExecRequest& request) {
   auto& impl = *impl_;
   auto sb = impl.running(id);
   ActivityGuard active(*sb);

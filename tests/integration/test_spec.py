@@ -34,7 +34,7 @@ from harness import ROOT, ApiError, DaemonTestCase, UnixHTTPConnection
 PENDING = set()
 PENDING_EXAMPLES = set()
 
-ROUTE_LINE = re.compile(r'\{"(GET|PUT|POST|DELETE|PATCH)", "(/v1/[^"]*)", Route::\w+\}')
+ROUTE_LINE = re.compile(r'\{"(GET|PUT|POST|DELETE|PATCH)", "(/[^"]*)", Route::\w+\}')
 
 
 def router_routes():
