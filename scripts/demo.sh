@@ -53,3 +53,15 @@ say "time airlock run --image $IMAGE --memory 512 -- cat /etc/machine-id   # a c
 start=$(date +%s%N)
 $AIRLOCK run --image "$IMAGE" --memory 512 -- cat /etc/machine-id
 echo "create + exec + destroy: $(( ($(date +%s%N) - start) / 1000000 )) ms"
+
+# The same daemon from Python: the SDK in sdk/python, straight from the tree.
+say "python3 -c 'from airlock import Sandbox; ...'   # the Python SDK"
+PYTHONPATH=sdk/python python3 - "$IMAGE" <<'PY'
+import sys
+from airlock import Sandbox
+with Sandbox.create(image=sys.argv[1], memory_mb=512, timeout=600) as sb:
+    sb.files.write("/root/a.txt", b"written by the SDK\n")
+    r = sb.exec("sh", "-c", "cat /root/a.txt; echo 6*7=$((6*7))")
+    print(r.stdout.decode(), end="")
+    print("exit code:", r.exit_code, "- sandbox", sb.id, "is destroyed on leaving the with block")
+PY
