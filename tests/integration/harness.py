@@ -277,6 +277,40 @@ class DaemonTestCase(unittest.TestCase):
         self.assertEqual(leftovers_of(self.data_dir, sid), [])
 
 
+def netns_available():
+    """Whether this process may make network namespaces (root and `ip netns`)."""
+    if os.geteuid() != 0:
+        return False
+    return subprocess.run(["ip", "netns", "list"], capture_output=True).returncode == 0
+
+
+class NetnsDaemonTestCase(DaemonTestCase):
+    """A DaemonTestCase whose daemon runs in an empty network namespace the
+    class creates (loopback only), so whatever its sandboxes may reach by
+    policy reaches nothing; the namespace is deleted however the class ends."""
+
+    NS_PREFIX = "alnet"
+
+    @classmethod
+    def setUpClass(cls):
+        cls.NS = f"{cls.NS_PREFIX}-{os.getpid()}"
+        cls.daemon_prefix = ["ip", "netns", "exec", cls.NS]
+        subprocess.run(["ip", "netns", "add", cls.NS], check=True, capture_output=True)
+        try:
+            subprocess.run(["ip", "-n", cls.NS, "link", "set", "lo", "up"], check=True)
+            super().setUpClass()
+        except BaseException:
+            subprocess.run(["ip", "netns", "del", cls.NS], capture_output=True)
+            raise
+
+    @classmethod
+    def tearDownClass(cls):
+        try:
+            super().tearDownClass()
+        finally:
+            subprocess.run(["ip", "netns", "del", cls.NS], capture_output=True)
+
+
 def leftovers_of(data_dir, sid, wait=10):
     """What remains of deleted sandbox `sid` (QEMU, helper processes, run dir, cgroups,
     files other than its journal), as a list of descriptions; [] when nothing.

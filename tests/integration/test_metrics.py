@@ -16,7 +16,7 @@ import time
 import unittest
 
 import harness
-from harness import ApiError, DaemonTestCase
+from harness import ApiError, DaemonTestCase, NetnsDaemonTestCase, netns_available
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)$')
@@ -154,37 +154,14 @@ class MetricsTest(Scrapes, DaemonTestCase):
         self.assertEqual(self.moved(s0, s1, "airlock_sandboxes", state="running"), 0)
 
 
-def netns_available():
-    if os.geteuid() != 0:
-        return False
-    return subprocess.run(["ip", "netns", "list"], capture_output=True).returncode == 0
-
 
 @unittest.skipUnless(netns_available(), "needs root and ip netns (a network namespace of its own)")
-class NetworkMetricsTest(Scrapes, DaemonTestCase):
+class NetworkMetricsTest(Scrapes, NetnsDaemonTestCase):
     """Flows allowed and denied by a sandbox's filter are counted. The daemon
     runs in an empty network namespace of the test's own (loopback only), so
     the allowed flow reaches nothing."""
 
-    NS = f"almetrics-{os.getpid()}"
-    daemon_prefix = ["ip", "netns", "exec", NS]
-
-    @classmethod
-    def setUpClass(cls):
-        subprocess.run(["ip", "netns", "add", cls.NS], check=True, capture_output=True)
-        try:
-            subprocess.run(["ip", "-n", cls.NS, "link", "set", "lo", "up"], check=True)
-            super().setUpClass()
-        except BaseException:
-            subprocess.run(["ip", "netns", "del", cls.NS], capture_output=True)
-            raise
-
-    @classmethod
-    def tearDownClass(cls):
-        try:
-            super().tearDownClass()
-        finally:
-            subprocess.run(["ip", "netns", "del", cls.NS], capture_output=True)
+    NS_PREFIX = "almetrics"
 
     def test_flows_allowed_and_denied_are_counted(self):
         sb = self.api.create(image="minimal", network={"mode": "allowlist", "allow": ["203.0.113.7/32"]})

@@ -26,7 +26,7 @@ import urllib.parse
 
 import harness
 import openapi_check
-from harness import ROOT, ApiError, DaemonTestCase, UnixHTTPConnection
+from harness import ROOT, ApiError, DaemonTestCase, NetnsDaemonTestCase, UnixHTTPConnection, netns_available
 
 # Routes (and request examples) the spec may document ahead of the daemon:
 # none now. A route listed here that the daemon serves fails the test, so
@@ -63,11 +63,6 @@ def probe_path(template, **values):
     """concrete(), plus ?path=/tmp where the route requires a path."""
     return concrete(template, **values) + ("?path=/tmp" if takes_path(template) else "")
 
-
-def netns_available():
-    if os.geteuid() != 0:
-        return False
-    return subprocess.run(["ip", "netns", "list"], capture_output=True).returncode == 0
 
 
 class SpecStaticTest(unittest.TestCase):
@@ -151,30 +146,12 @@ class SpecRoutesTest(DaemonTestCase):
 
 
 @unittest.skipUnless(netns_available(), "needs root and ip netns (a network namespace of its own)")
-class SpecExamplesTest(DaemonTestCase):
+class SpecExamplesTest(NetnsDaemonTestCase):
     """Every request example in the spec is accepted by a real daemon with a
     real VM. The daemon runs in an empty network namespace of the test's own
     (loopback only) so the examples' network policies reach nothing."""
 
-    NS = f"alspec-{os.getpid()}"
-    daemon_prefix = ["ip", "netns", "exec", NS]
-
-    @classmethod
-    def setUpClass(cls):
-        subprocess.run(["ip", "netns", "add", cls.NS], check=True, capture_output=True)
-        try:
-            subprocess.run(["ip", "-n", cls.NS, "link", "set", "lo", "up"], check=True)
-            super().setUpClass()
-        except BaseException:
-            subprocess.run(["ip", "netns", "del", cls.NS], capture_output=True)
-            raise
-
-    @classmethod
-    def tearDownClass(cls):
-        try:
-            super().tearDownClass()
-        finally:
-            subprocess.run(["ip", "netns", "del", cls.NS], capture_output=True)
+    NS_PREFIX = "alspec"
 
     def examples(self):
         for method, template, op in openapi_check.operations():
