@@ -8,9 +8,10 @@
 // the sandbox it creates (and its session destroys).
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
-import http from "node:http";
 import path from "node:path";
 import readline from "node:readline";
+
+import { api } from "./daemon_api.mjs";
 
 import { Client } from "@modelcontextprotocol/client";
 import { StdioClientTransport } from "@modelcontextprotocol/client/stdio";
@@ -19,18 +20,6 @@ const SOCKET = process.env.AIRLOCK_SOCKET;
 const AIRLOCK = path.join(process.env.AIRLOCK_BIN, "airlock");
 const MODERN = "2026-07-28";
 
-// The daemon's own API over its unix socket: what the checks trust.
-function api(method, target) {
-  return new Promise((resolve, reject) => {
-    const req = http.request({ socketPath: SOCKET, method, path: target }, (res) => {
-      let body = "";
-      res.on("data", (c) => (body += c));
-      res.on("end", () => resolve({ status: res.statusCode, body: body ? JSON.parse(body) : null }));
-    });
-    req.on("error", reject);
-    req.end();
-  });
-}
 
 async function connect(versionNegotiation) {
   const client = new Client({ name: "airlock-test-2026", version: "1.0.0" }, { versionNegotiation });

@@ -7,9 +7,10 @@
 // AIRLOCK_IMAGE_DIR. Prints "KEPT <id>" for the keep: true sandbox it leaves.
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
-import http from "node:http";
 import path from "node:path";
 import readline from "node:readline";
+
+import { api } from "./daemon_api.mjs";
 
 import { Client } from "@modelcontextprotocol/sdk/client/index.js";
 import { StdioClientTransport } from "@modelcontextprotocol/sdk/client/stdio.js";
@@ -20,18 +21,6 @@ const SOCKET = process.env.AIRLOCK_SOCKET;
 const AIRLOCK = path.join(BIN, "airlock");
 const TAG = `mcp-${process.pid}`;
 
-// The daemon's own API over its unix socket: what the checks trust.
-function api(method, target) {
-  return new Promise((resolve, reject) => {
-    const req = http.request({ socketPath: SOCKET, method, path: target }, (res) => {
-      let body = "";
-      res.on("data", (c) => (body += c));
-      res.on("end", () => resolve({ status: res.statusCode, body: body ? JSON.parse(body) : null }));
-    });
-    req.on("error", reject);
-    req.end();
-  });
-}
 async function running(id) {
   const r = await api("GET", `/v1/sandboxes/${id}`);
   return r.status === 200 && r.body.state === "running";
