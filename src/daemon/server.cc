@@ -20,6 +20,7 @@
 #include <limits>
 #include <map>
 #include <thread>
+#include <vector>
 
 #include "common/error.h"
 #include "daemon/exchange.h"
@@ -41,6 +42,7 @@ struct Server::Impl {
   std::unique_ptr<net::steady_timer> watchdog;
   engine::Engine* engine = nullptr;
   ServerCounters counters;
+  std::vector<std::pair<std::string, Server::Extension>> extensions;
 
   std::mutex mu;
   std::condition_variable cv;
@@ -54,7 +56,48 @@ struct Server::Impl {
   void refuse(stream::socket sock);
   void watch_idle();
   void serve(stream::socket sock, std::shared_ptr<Activity> activity);
+  // The extension whose prefix `path` starts with (its label: prefix + "*").
+  const Server::Extension* find_extension(std::string_view path, std::string& label) const;
 };
+
+const Server::Extension* Server::Impl::find_extension(std::string_view path,
+                                                      std::string& label) const {
+  for (const auto& [prefix, ext] : extensions) {
+    if (path.substr(0, prefix.size()) == prefix) {
+      label = prefix + "*";
+      return &ext;
+    }
+  }
+  return nullptr;
+}
+
+namespace {
+
+// Runs an extension; what it throws before answering is answered like a
+// handler's error (and never escapes the connection thread).
+void dispatch_extension(const Server::Extension& ext, engine::Engine& engine, Exchange& ex,
+                        const Principal& principal) {
+  try {
+    ext(engine, ex, principal);
+    if (!ex.responded()) throw Error(Errc::internal, "the handler sent no answer");
+  } catch (const Error& e) {
+    if (ex.responded()) {
+      spdlog::warn("{} {}: error after the answer began: {}", ex.method(), ex.path(), e.what());
+      if (ex.streaming()) ex.abort_stream();
+    } else {
+      ex.send_error(e);
+    }
+  } catch (const std::exception& e) {
+    spdlog::error("{} {}: {}", ex.method(), ex.path(), e.what());
+    if (ex.responded()) {
+      if (ex.streaming()) ex.abort_stream();
+    } else {
+      ex.send_error(500, "internal", e.what());
+    }
+  }
+}
+
+}  // namespace
 
 namespace {
 
@@ -295,13 +338,20 @@ void Server::Impl::serve(stream::socket sock, std::shared_ptr<Activity> activity
     }
     auto start = std::chrono::steady_clock::now();
     Exchange ex(wsock, buffer, parser);
-    handle(*engine, ex, counters);
+    std::string route_label;
+    if (const Server::Extension* ext = find_extension(ex.path(), route_label)) {
+      Principal principal;  // the unix socket: the operator
+      dispatch_extension(*ext, *engine, ex, principal);
+    } else {
+      handle(*engine, ex, counters);
+      route_label = route_template(ex.method(), ex.path());
+    }
     auto elapsed = std::chrono::steady_clock::now() - start;
     auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(elapsed).count();
     {
       // By route template, never the raw path: ids would make the label
       // set grow without bound.
-      std::string route = route_template(ex.method(), ex.path());
+      const std::string& route = route_label;
       counters.http_requests.inc({{"route", route}, {"status", std::to_string(ex.status())}});
       counters.http_seconds.observe({{"route", route}},
                                     std::chrono::duration<double>(elapsed).count());
@@ -344,6 +394,10 @@ bool Server::run(engine::Engine& engine) {
   bool done = s.cv.wait_for(lock, std::chrono::seconds(10), [&] { return s.threads == 0; });
   if (!done) spdlog::warn("{} connection(s) still inside the engine at exit", s.threads);
   return done;
+}
+
+void Server::add_extension(std::string prefix, Extension handler) {
+  impl_->extensions.emplace_back(std::move(prefix), std::move(handler));
 }
 
 void Server::stop() {

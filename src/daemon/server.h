@@ -38,14 +38,18 @@
 #include <atomic>
 #include <condition_variable>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <set>
 
 #include "daemon/connection.h"
+#include "daemon/principal.h"
 #include "engine/engine.h"
 
 namespace airlock::daemon {
+
+class Exchange;
 
 class Server {
  public:
@@ -66,6 +70,13 @@ class Server {
 
   // Asks run() to return; thread-safe.
   void stop();
+
+  // A handler for every request whose path starts with `prefix` (e.g. the
+  // E2B-compatible surface, src/e2b), tried before the route table. It
+  // answers the exchange itself; an airlock::Error it throws before
+  // answering becomes the usual error response. Call before run().
+  using Extension = std::function<void(engine::Engine&, Exchange&, const Principal&)>;
+  void add_extension(std::string prefix, Extension handler);
 
   // Connections open / refused / cut, as in GET /v1/info.
   nlohmann::json counters() const;

@@ -11,10 +11,12 @@
 
 #include <chrono>
 #include <cstring>
+#include <functional>
 #include <thread>
 
 #include "cli/client.h"
 #include "common/error.h"
+#include "daemon/exchange.h"
 
 namespace airlock::daemon {
 namespace {
@@ -24,12 +26,13 @@ using namespace std::chrono_literals;
 
 class ServerTest : public ::testing::Test {
  protected:
-  void start(ServerLimits limits) {
+  void start(ServerLimits limits, const std::function<void(Server&)>& before_run = {}) {
     char tmpl[] = "/tmp/airlock-srv-XXXXXX";
     dir_ = ::mkdtemp(tmpl);
     socket_ = dir_ / "d.sock";
     server_ = std::make_unique<Server>(socket_, limits);
     server_->bind();
+    if (before_run) before_run(*server_);
     engine_ = std::make_unique<engine::Engine>(engine::Config{});
     thread_ = std::thread([this] { server_->run(*engine_); });
   }
@@ -168,6 +171,34 @@ TEST_F(ServerTest, UploadOverTheLimitIsA413) {
   auto body = json::parse(r.substr(r.find("\r\n\r\n") + 4));
   EXPECT_EQ(body["error"]["code"], "payload_too_large");
   EXPECT_EQ(body["error"]["field"], "body");
+}
+
+// An extension answers every path under its prefix before the route table;
+// what it throws is answered in the one error style; other paths still
+// reach the routes.
+TEST_F(ServerTest, ExtensionAnswersItsPrefix) {
+  start({.max_connections = 8, .idle_timeout = 5000ms}, [](Server& s) {
+    s.add_extension("/ext/", [](engine::Engine&, Exchange& ex, const Principal& who) {
+      if (ex.path() == "/ext/fail") throw Error(Errc::not_found, "no such thing", "thing");
+      ex.send_json(200, {{"path", ex.path()}, {"operator", who.is_operator()}});
+    });
+  });
+  auto get = [&](const std::string& path) {
+    int fd = connect_raw();
+    send_all(fd, "GET " + path + " HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    return read_until_eof(fd);
+  };
+  std::string r = get("/ext/a/b");
+  ASSERT_EQ(r.rfind("HTTP/1.1 200", 0), 0u) << r;
+  auto body = json::parse(r.substr(r.find("\r\n\r\n") + 4));
+  EXPECT_EQ(body["path"], "/ext/a/b");
+  EXPECT_EQ(body["operator"], true);  // the unix socket is the operator's door
+  r = get("/ext/fail");
+  ASSERT_EQ(r.rfind("HTTP/1.1 404", 0), 0u) << r;
+  body = json::parse(r.substr(r.find("\r\n\r\n") + 4));
+  EXPECT_EQ(body["error"]["field"], "thing");
+  r = get("/v1/info");
+  EXPECT_EQ(r.rfind("HTTP/1.1 200", 0), 0u) << r;
 }
 
 // Engine time is not idleness: a stream whose command is silent for longer

@@ -107,6 +107,10 @@ struct SandboxSpec {
   // Egress policy {"mode": "none"|"allowlist"|"open", "allow": [...], "deny": [...]},
   // grammar in src/engine/net/policy.h. "none" (the default): no NIC at all.
   nlohmann::json network = {{"mode", "none"}};
+  // The tenant that owns it ("" = the operator's, created over the unix
+  // socket); set by the daemon from the request's credentials, never by the
+  // request body. Persisted; shown as "tenant" when not empty.
+  std::string tenant;
 };
 
 struct SandboxInfo {

@@ -29,9 +29,9 @@ const char* to_string(State state) {
 }
 
 State state_from_string(std::string_view name) {
-  for (State s : {State::starting, State::running, State::pausing, State::paused,
-                  State::snapshotting, State::stopping, State::deleted, State::timed_out,
-                  State::failed}) {
+  for (State s :
+       {State::starting, State::running, State::pausing, State::paused, State::snapshotting,
+        State::stopping, State::deleted, State::timed_out, State::failed}) {
     if (name == to_string(s)) return s;
   }
   throw Error(Errc::internal, "unknown sandbox state '" + std::string(name) + "' in registry");
@@ -42,10 +42,17 @@ bool is_terminal(State state) {
 }
 
 nlohmann::json spec_to_json(const SandboxSpec& spec) {
-  return {{"image", spec.image},       {"cpus", spec.cpus},         {"memory_mb", spec.memory_mb},
-          {"disk_mb", spec.disk_mb},   {"timeout", spec.timeout_s}, {"env", spec.env},
-          {"metadata", spec.metadata}, {"network", spec.network},
-          {"idle_timeout", spec.idle_timeout_s}};
+  nlohmann::json j = {{"image", spec.image},
+                      {"cpus", spec.cpus},
+                      {"memory_mb", spec.memory_mb},
+                      {"disk_mb", spec.disk_mb},
+                      {"timeout", spec.timeout_s},
+                      {"env", spec.env},
+                      {"metadata", spec.metadata},
+                      {"network", spec.network},
+                      {"idle_timeout", spec.idle_timeout_s}};
+  if (!spec.tenant.empty()) j["tenant"] = spec.tenant;
+  return j;
 }
 
 SandboxSpec spec_from_json(const nlohmann::json& j) {
@@ -58,6 +65,7 @@ SandboxSpec spec_from_json(const nlohmann::json& j) {
     spec.disk_mb = j.value("disk_mb", spec.disk_mb);
     spec.timeout_s = j.value("timeout", spec.timeout_s);
     spec.idle_timeout_s = j.value("idle_timeout", spec.idle_timeout_s);
+    spec.tenant = j.value("tenant", spec.tenant);
     if (j.contains("env")) spec.env = j.at("env").get<std::map<std::string, std::string>>();
     if (j.contains("network") && j.at("network").is_object()) spec.network = j.at("network");
     if (j.contains("metadata"))
