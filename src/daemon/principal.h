@@ -13,12 +13,22 @@
 namespace airlock::daemon {
 
 struct Principal {
-  std::string tenant;    // "" = the operator (unix socket): every tenant
-  std::string token_id;  // the token's public id, for the audit log; "" = unix socket
+  // operator: the unix socket, every tenant's objects. tenant: a TCP request
+  // with a valid token. anonymous: a TCP request with no credential at all,
+  // which only an extension that authenticates by other means (the E2B envd
+  // surface: a sandbox's access token) may serve; it sees nothing.
+  enum class Kind { operator_, tenant, anonymous };
+  Kind kind = Kind::operator_;
+  std::string tenant;    // for Kind::tenant
+  std::string token_id;  // the token's public id, for the audit log; "" = none
 
-  bool is_operator() const { return tenant.empty(); }
+  bool is_operator() const { return kind == Kind::operator_; }
   // May this principal see an object owned by `owner` ("" = the operator's)?
-  bool can_see(const std::string& owner) const { return is_operator() || owner == tenant; }
+  bool can_see(const std::string& owner) const {
+    return is_operator() || (kind == Kind::tenant && owner == tenant);
+  }
+  // The tenant a create by this principal belongs to ("" for the operator).
+  const std::string& owner() const { return tenant; }
 };
 
 }  // namespace airlock::daemon
