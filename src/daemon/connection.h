@@ -11,16 +11,69 @@
 #pragma once
 
 #include <atomic>
+#include <boost/asio/buffer.hpp>
 #include <boost/asio/local/stream_protocol.hpp>
 #include <chrono>
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <span>
+#include <string>
+#include <vector>
 
 #include "common/metrics/metrics.h"
 
 namespace airlock::daemon {
 
 using Socket = boost::asio::local::stream_protocol::socket;
+
+// A client connection's byte stream, whatever carries it: the unix socket,
+// plain TCP (loopback only) or TLS over TCP (listener.h). One interface so
+// the HTTP exchange, the watchdog and the metrics are the same code for all
+// three. Blocking; one reader and one (serialized) writer at a time.
+class Stream {
+ public:
+  virtual ~Stream() = default;
+  virtual size_t read_some(boost::asio::mutable_buffer buffer, boost::system::error_code& ec) = 0;
+  virtual size_t write_some(std::span<const boost::asio::const_buffer> buffers,
+                            boost::system::error_code& ec) = 0;
+  // Both directions at once, without any goodbye (a TLS stream sends no
+  // close_notify): a reader of an aborted download must see a truncation.
+  virtual void shutdown() = 0;
+  // The orderly end after the last answer (TLS: close_notify first).
+  virtual void finish() { shutdown(); }
+  // The socket's fd: poll() it for POLLHUP, shutdown(2) it from the watchdog.
+  virtual int native_handle() = 0;
+
+  // Where the connection came from: "unix" for the socket file (the operator),
+  // else the peer's address ("127.0.0.1", "::1"), used to rate-limit
+  // authentication failures and in the audit log.
+  bool network = false;
+  bool tls = false;
+  std::string peer = "unix";
+};
+
+// A plain socket (unix or TCP) as a Stream.
+template <class Sock>
+class SocketStream final : public Stream {
+ public:
+  explicit SocketStream(Sock sock) : sock_(std::move(sock)) {}
+  size_t read_some(boost::asio::mutable_buffer b, boost::system::error_code& ec) override {
+    return sock_.read_some(b, ec);
+  }
+  size_t write_some(std::span<const boost::asio::const_buffer> b,
+                    boost::system::error_code& ec) override {
+    return sock_.write_some(b, ec);
+  }
+  void shutdown() override {
+    boost::system::error_code ignored;
+    sock_.shutdown(Sock::shutdown_both, ignored);
+  }
+  int native_handle() override { return sock_.native_handle(); }
+  Sock& socket() { return sock_; }
+
+ private:
+  Sock sock_;
+};
 
 struct ServerLimits {
   // Open connections served at once; beyond it a new connection is answered
@@ -64,16 +117,23 @@ struct Activity {
   std::atomic<bool> timed_out{false};   // the watchdog cut this connection
 };
 
-// A Beast SyncReadStream/SyncWriteStream over the socket that records when
+// A Beast SyncReadStream/SyncWriteStream over a Stream that records when
 // each read_some/write_some starts and ends in an Activity.
 class WatchedSocket {
  public:
-  WatchedSocket(Socket& socket, Activity& activity) : socket_(socket), activity_(activity) {}
+  WatchedSocket(Stream& stream, Activity& activity) : socket_(stream), activity_(activity) {}
 
   template <class Buffers>
   size_t read_some(const Buffers& buffers, boost::system::error_code& ec) {
     Op op(activity_, true);
-    return socket_.read_some(buffers, ec);
+    ec = {};
+    // A read_some may fill less than asked: the first non-empty buffer will do.
+    for (auto it = boost::asio::buffer_sequence_begin(buffers);
+         it != boost::asio::buffer_sequence_end(buffers); ++it) {
+      boost::asio::mutable_buffer b(*it);
+      if (b.size() > 0) return socket_.read_some(b, ec);
+    }
+    return 0;
   }
   template <class Buffers>
   size_t read_some(const Buffers& buffers) {
@@ -85,7 +145,11 @@ class WatchedSocket {
   template <class Buffers>
   size_t write_some(const Buffers& buffers, boost::system::error_code& ec) {
     Op op(activity_, false);
-    return socket_.write_some(buffers, ec);
+    std::vector<boost::asio::const_buffer> v;
+    for (auto it = boost::asio::buffer_sequence_begin(buffers);
+         it != boost::asio::buffer_sequence_end(buffers); ++it)
+      v.emplace_back(*it);
+    return socket_.write_some(v, ec);
   }
   template <class Buffers>
   size_t write_some(const Buffers& buffers) {
@@ -95,7 +159,7 @@ class WatchedSocket {
     return n;
   }
 
-  Socket& socket() { return socket_; }
+  Stream& stream() { return socket_; }
   const Activity& activity() const { return activity_; }
 
  private:
@@ -107,7 +171,7 @@ class WatchedSocket {
     }
     ~Op() { a.op_since_ms = 0; }
   };
-  Socket& socket_;
+  Stream& socket_;
   Activity& activity_;
 };
 

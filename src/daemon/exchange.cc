@@ -185,8 +185,7 @@ void Exchange::end_stream() {
 void Exchange::abort_stream() {
   std::lock_guard lock(write_mu_);
   close_ = true;
-  beast::error_code ec;
-  socket_.socket().shutdown(Socket::shutdown_both, ec);
+  socket_.stream().shutdown();
 }
 
 }  // namespace airlock::daemon

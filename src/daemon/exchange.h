@@ -74,7 +74,9 @@ class Exchange {
   bool keep_alive() const;
   int status() const { return status_; }
   bool responded() const { return status_ != 0; }
-  int native_handle() { return socket_.socket().native_handle(); }
+  int native_handle() { return socket_.stream().native_handle(); }
+  // The connection's stream (the pty route takes it over for a WebSocket).
+  Stream& stream() { return socket_.stream(); }
 
  private:
   void continue_100();
