@@ -28,6 +28,9 @@ enum class Errc {
   guest_error,        // 502: the guest agent failed or broke the protocol
   protocol_error,     // malformed frame or message on the guest channel
   internal,           // 500: airlock's own bug or host failure
+  unauthenticated,    // 401: no valid credential (never says which part failed)
+  quota_exceeded,     // 429: a tenant's quota (max_sandboxes, max_memory_mb, ...) is reached
+  rate_limited,       // 429: too many requests of a kind (auth failures, creates per minute)
 };
 
 std::string_view to_string(Errc code);

@@ -282,7 +282,10 @@ static bool unlimited_body(const http::request<http::buffer_body>& req) {
 
 void Server::Impl::serve(stream::socket sock, std::shared_ptr<Activity> activity) {
   int fd = sock.native_handle();
-  WatchedSocket wsock(sock, *activity);
+  // The unix socket as a Stream (connection.h): the one path a TCP or TLS
+  // stream is meant to share once the listener is wired in (listener.h).
+  SocketStream<stream::socket> conn(std::move(sock));
+  WatchedSocket wsock(conn, *activity);
   beast::flat_buffer buffer;
   while (true) {
     RequestParser parser;
@@ -360,11 +363,11 @@ void Server::Impl::serve(stream::socket sock, std::shared_ptr<Activity> activity
     if (!ex.keep_alive() || activity->timed_out) break;
   }
   beast::error_code ignored;
-  sock.shutdown(stream::socket::shutdown_both, ignored);
+  conn.socket().shutdown(stream::socket::shutdown_both, ignored);
   {
     std::lock_guard lock(mu);
     conns.erase(fd);
-    sock.close(ignored);
+    conn.socket().close(ignored);
     --threads;
     counters.open = threads;
   }
