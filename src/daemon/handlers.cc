@@ -476,6 +476,11 @@ void dispatch(engine::Engine& engine, Exchange& ex, ServerCounters& counters) {
       ex.send_json(200, engine.set_network(id, policy));
       return;
     }
+    case Route::set_timeout:
+      check_query_keys(q, {});
+      ex.send_json(
+          200, engine::to_json(engine.set_timeout(id, parse_timeout(ex.read_body(kMaxJsonBody)))));
+      return;
     case Route::network_events:
       check_query_keys(q, {"follow"});
       expect_no_body(ex);
