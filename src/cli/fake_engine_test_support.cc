@@ -101,6 +101,15 @@ void Engine::destroy(const std::string& id) {
   impl_->audit[id].push_back({{"ts", "t1"}, {"sandbox", id}, {"event", "deleted"}});
 }
 
+SandboxInfo Engine::set_timeout(const std::string& id, int seconds) {
+  if (get(id).state != State::running) throw Error(Errc::conflict, "sandbox is not running");
+  std::lock_guard lock(impl_->mu);
+  auto& box = impl_->boxes[id];
+  box.spec.timeout_s = seconds;
+  box.expires_at_ms = box.created_at_ms + int64_t{seconds} * 1000;
+  return box;
+}
+
 ExecResult Engine::exec(const std::string& id, const ExecRequest& req, const ExecCallbacks& cb) {
   if (get(id).state != State::running) throw Error(Errc::conflict, "sandbox is not running");
   std::vector<std::string> argv = req.argv;

@@ -176,6 +176,7 @@ bool Exchange::write_chunk(std::string_view data) {
 
 void Exchange::end_stream() {
   std::lock_guard lock(write_mu_);
+  stream_done_ = true;
   if (close_) return;
   beast::error_code ec;
   net::write(socket_, http::make_chunk_last(), ec);
@@ -184,6 +185,7 @@ void Exchange::end_stream() {
 
 void Exchange::abort_stream() {
   std::lock_guard lock(write_mu_);
+  stream_done_ = true;
   close_ = true;
   socket_.stream().shutdown();
 }

@@ -62,6 +62,9 @@ class Exchange {
   // terminating chunk.
   void abort_stream();
   bool streaming() const { return streaming_; }
+  // A stream began and was neither ended nor aborted: its client is still
+  // waiting for the terminating chunk.
+  bool stream_open() const { return streaming_ && !stream_done_; }
   // The connection was handed to another protocol (a WebSocket, pty.h):
   // the exchange counts as answered with 101 and the connection is not
   // reused for HTTP afterwards.
@@ -92,6 +95,7 @@ class Exchange {
   bool close_ = false;  // set when the connection cannot be reused
   bool continued_ = false;
   bool streaming_ = false;
+  bool stream_done_ = false;  // end_stream() or abort_stream() ran
   std::mutex write_mu_;
 };
 

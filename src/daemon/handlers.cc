@@ -476,6 +476,11 @@ void dispatch(engine::Engine& engine, Exchange& ex, ServerCounters& counters) {
       ex.send_json(200, engine.set_network(id, policy));
       return;
     }
+    case Route::set_timeout:
+      check_query_keys(q, {});
+      ex.send_json(
+          200, engine::to_json(engine.set_timeout(id, parse_timeout(ex.read_body(kMaxJsonBody)))));
+      return;
     case Route::network_events:
       check_query_keys(q, {"follow"});
       expect_no_body(ex);
@@ -569,17 +574,27 @@ void dispatch(engine::Engine& engine, Exchange& ex, ServerCounters& counters) {
 
 }  // namespace
 
-void handle(engine::Engine& engine, Exchange& ex, ServerCounters& counters) {
+void answer_errors(Exchange& ex, const std::function<void()>& fn) {
+  auto answered = [&ex](std::string_view what) {
+    if (!ex.responded()) return false;
+    // The stream already reported the error in its own lines, or it must be cut.
+    spdlog::warn("{} {}: error after the answer began: {}", ex.method(), ex.path(), what);
+    if (ex.stream_open()) ex.abort_stream();
+    return true;
+  };
   try {
-    dispatch(engine, ex, counters);
+    fn();
   } catch (const Error& e) {
-    if (ex.streaming()) return;  // the stream already reported or aborted
-    ex.send_error(e);
+    if (!answered(e.what())) ex.send_error(e);
   } catch (const std::exception& e) {
     spdlog::error("{} {}: unexpected exception: {}", ex.method(), ex.path(), e.what());
-    if (ex.streaming()) return;
-    ex.send_error(500, "internal", std::string("internal error: ") + e.what());
+    if (!answered(e.what()))
+      ex.send_error(500, "internal", std::string("internal error: ") + e.what());
   }
+}
+
+void handle(engine::Engine& engine, Exchange& ex, ServerCounters& counters) {
+  answer_errors(ex, [&] { dispatch(engine, ex, counters); });
 }
 
 }  // namespace airlock::daemon

@@ -177,6 +177,13 @@ json parse_network_patch(std::string_view body) {
   return parse_network(j);
 }
 
+int parse_timeout(std::string_view body) {
+  json j = parse_object(body);
+  reject_unknown(j, {"timeout"});
+  if (!j.contains("timeout")) bad("timeout is required (seconds from now)", "timeout");
+  return int(get_int(j["timeout"], "timeout", 1, 604800));
+}
+
 PoolRequest parse_pool(std::string_view body) {
   json j = parse_object(body);
   reject_unknown(j, {"image", "size", "cpus", "memory_mb", "disk_mb"});

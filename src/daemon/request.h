@@ -49,6 +49,8 @@ nlohmann::json parse_network(const nlohmann::json& value);
 
 // PATCH /v1/sandboxes/{id}/network: the body is the policy itself.
 nlohmann::json parse_network_patch(std::string_view body);
+// POST .../timeout: {"timeout": seconds from now, 1 .. 604800}.
+int parse_timeout(std::string_view body);
 
 // PUT /v1/pool: {"image": "minimal", "size": 2, "cpus"?, "memory_mb"?, "disk_mb"?}.
 struct PoolRequest {

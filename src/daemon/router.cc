@@ -66,6 +66,7 @@ const std::vector<RouteSpec>& routes() {
       {"GET", "/v1/sandboxes/{id}/info", Route::guest_info},
       {"GET", "/v1/sandboxes/{id}/posture", Route::posture},
       {"PATCH", "/v1/sandboxes/{id}/network", Route::set_network},
+      {"POST", "/v1/sandboxes/{id}/timeout", Route::set_timeout},
       {"GET", "/v1/sandboxes/{id}/network/events", Route::network_events},
       {"POST", "/v1/sandboxes/{id}/ports", Route::add_port},
       {"GET", "/v1/sandboxes/{id}/ports", Route::list_ports},

@@ -37,6 +37,7 @@ enum class Route {
   guest_info,
   posture,  // the QEMU jail read back from /proc
   set_network,
+  set_timeout,  // move a running sandbox's expiry (POST .../timeout)
   network_events,
   add_port,
   list_ports,

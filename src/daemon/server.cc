@@ -73,34 +73,6 @@ const Server::Extension* Server::Impl::find_extension(std::string_view path,
 
 namespace {
 
-// Runs an extension; what it throws before answering is answered like a
-// handler's error (and never escapes the connection thread).
-void dispatch_extension(const Server::Extension& ext, engine::Engine& engine, Exchange& ex,
-                        const Principal& principal) {
-  try {
-    ext(engine, ex, principal);
-    if (!ex.responded()) throw Error(Errc::internal, "the handler sent no answer");
-  } catch (const Error& e) {
-    if (ex.responded()) {
-      spdlog::warn("{} {}: error after the answer began: {}", ex.method(), ex.path(), e.what());
-      if (ex.streaming()) ex.abort_stream();
-    } else {
-      ex.send_error(e);
-    }
-  } catch (const std::exception& e) {
-    spdlog::error("{} {}: {}", ex.method(), ex.path(), e.what());
-    if (ex.responded()) {
-      if (ex.streaming()) ex.abort_stream();
-    } else {
-      ex.send_error(500, "internal", e.what());
-    }
-  }
-}
-
-}  // namespace
-
-namespace {
-
 // True if something accepts connections on `path`.
 bool answers(const std::filesystem::path& path) {
   int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -344,7 +316,10 @@ void Server::Impl::serve(stream::socket sock, std::shared_ptr<Activity> activity
     std::string route_label;
     if (const Server::Extension* ext = find_extension(ex.path(), route_label)) {
       Principal principal;  // the unix socket: the operator
-      dispatch_extension(*ext, *engine, ex, principal);
+      answer_errors(ex, [&] {
+        (*ext)(*engine, ex, principal);
+        if (!ex.responded()) throw Error(Errc::internal, "the handler sent no answer");
+      });
     } else {
       handle(*engine, ex, counters);
       route_label = route_template(ex.method(), ex.path());

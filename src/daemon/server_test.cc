@@ -180,6 +180,11 @@ TEST_F(ServerTest, ExtensionAnswersItsPrefix) {
   start({.max_connections = 8, .idle_timeout = 5000ms}, [](Server& s) {
     s.add_extension("/ext/", [](engine::Engine&, Exchange& ex, const Principal& who) {
       if (ex.path() == "/ext/fail") throw Error(Errc::not_found, "no such thing", "thing");
+      if (ex.path() == "/ext/stream") {
+        ex.begin_stream("application/x-ndjson");
+        ex.write_chunk("{}\n");
+        throw Error(Errc::internal, "broke mid-stream");
+      }
       ex.send_json(200, {{"path", ex.path()}, {"operator", who.is_operator()}});
     });
   });
@@ -197,6 +202,14 @@ TEST_F(ServerTest, ExtensionAnswersItsPrefix) {
   ASSERT_EQ(r.rfind("HTTP/1.1 404", 0), 0u) << r;
   body = json::parse(r.substr(r.find("\r\n\r\n") + 4));
   EXPECT_EQ(body["error"]["field"], "thing");
+  // A stream its handler broke off is cut (no terminating chunk), not left
+  // waiting on a kept-alive connection.
+  int fd = connect_raw();
+  send_all(fd, "GET /ext/stream HTTP/1.1\r\nHost: x\r\n\r\n");  // keep-alive
+  r = read_until_eof(fd, 3000ms);
+  ASSERT_EQ(r.rfind("HTTP/1.1 200", 0), 0u) << r;
+  EXPECT_EQ(r.find("<no EOF>"), std::string::npos) << r;
+  EXPECT_EQ(r.find("\r\n0\r\n\r\n"), std::string::npos) << r;
   r = get("/v1/info");
   EXPECT_EQ(r.rfind("HTTP/1.1 200", 0), 0u) << r;
 }

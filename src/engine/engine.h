@@ -257,6 +257,10 @@ class Engine {
   // unknown id; conflict if it is already deleted/timed_out/failed (nothing
   // left to remove) or still starting.
   void destroy(const std::string& id);
+  // Moves a running sandbox's expiry to `seconds` (1 .. 604800) from now,
+  // earlier or later; persisted, the reaper ends it then (timed_out).
+  // invalid_argument field "timeout"; not_found; conflict unless running.
+  SandboxInfo set_timeout(const std::string& id, int seconds);
 
   // conflict unless running (also if the sandbox is stopped during the
   // call); guest errors (no such binary/cwd/user) keep the guest's Errc.

@@ -210,6 +210,38 @@ TEST_F(EngineFake, WallClockStepsDoNotEndSandboxes) {
   engine.destroy(a.id);
 }
 
+// set_timeout moves the expiry both ways: persisted (a new engine on the
+// same data dir reads it), and the reaper ends the sandbox at the new time.
+TEST_F(EngineFake, SetTimeoutMovesTheExpiry) {
+  Engine engine(cfg_);
+  SandboxInfo sb = engine.create({.image = "minimal", .timeout_s = 600});
+  SandboxInfo longer = engine.set_timeout(sb.id, 3600);
+  EXPECT_GT(longer.expires_at_ms, sb.expires_at_ms + 2000 * 1000);
+  EXPECT_EQ(engine.get(sb.id).expires_at_ms, longer.expires_at_ms);
+  for (int bad : {0, -1, 604801}) {
+    try {
+      engine.set_timeout(sb.id, bad);
+      ADD_FAILURE() << "timeout " << bad << " accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), Errc::invalid_argument);
+      EXPECT_EQ(e.field(), "timeout");
+    }
+  }
+  try {
+    engine.set_timeout("sb-nosuch", 10);
+    ADD_FAILURE() << "unknown id accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Errc::not_found);
+  }
+  SandboxInfo shorter = engine.set_timeout(sb.id, 1);
+  EXPECT_LT(shorter.expires_at_ms, sb.expires_at_ms);
+  EXPECT_TRUE(eventually([&] { return engine.get(sb.id).state == State::timed_out; }, 5s));
+  bool journaled = false;
+  for (const auto& r : engine.audit(sb.id))
+    if (r.value("event", "") == "timeout_changed") journaled = true;
+  EXPECT_TRUE(journaled);
+}
+
 // std::stod on /proc/pressure/memory ran outside any try in the pool
 // thread: a malformed line would have killed the daemon.
 TEST(MemoryPressure, MalformedFilesNeverThrow) {

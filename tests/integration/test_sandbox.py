@@ -176,6 +176,40 @@ class LifecycleTest(DaemonTestCase):
         events = [e["event"] for e in self.api.call("GET", f"/v1/sandboxes/{sb['id']}/logs")]
         self.assertIn("timed_out", events)
 
+    def test_set_timeout_moves_the_expiry_both_ways(self):
+        sb = self.api.create(image="minimal", timeout=600)
+        sid = sb["id"]
+        longer = self.api.call("POST", f"/v1/sandboxes/{sid}/timeout", {"timeout": 7200})
+        self.assertGreater(longer["expires_at_ms"], sb["expires_at_ms"] + 6000 * 1000)
+        self.assertEqual(longer["timeout"], 7200)
+        self.assertEqual(self.api.call("GET", f"/v1/sandboxes/{sid}")["expires_at_ms"],
+                         longer["expires_at_ms"])
+        for body, field in (({"timeout": 0}, "timeout"), ({"timeout": "x"}, "timeout"),
+                            ({}, "timeout"), ({"timeout": 5, "extra": 1}, "extra")):
+            with self.assertRaises(ApiError, msg=str(body)) as cm:
+                self.api.call("POST", f"/v1/sandboxes/{sid}/timeout", body)
+            self.assertEqual(cm.exception.status, 400)
+            self.assertEqual(cm.exception.body["error"]["field"], field, body)
+        with self.assertRaises(ApiError) as cm:
+            self.api.call("POST", "/v1/sandboxes/sb-nosuch/timeout", {"timeout": 5})
+        self.assertEqual(cm.exception.status, 404)
+        # Shortened: the host ends it at the new time, well before the old one.
+        t0 = time.time()
+        self.api.call("POST", f"/v1/sandboxes/{sid}/timeout", {"timeout": 2})
+        deadline = time.time() + 60
+        state = "running"
+        while state in ("running", "stopping") and time.time() < deadline:
+            time.sleep(0.5)
+            state = self.api.call("GET", f"/v1/sandboxes/{sid}")["state"]
+        self.assertEqual(state, "timed_out")
+        self.assertLess(time.time() - t0, 60)
+        self.assertNothingLeft(sid)
+        events = [e["event"] for e in self.api.call("GET", f"/v1/sandboxes/{sid}/logs")]
+        self.assertIn("timeout_changed", events)
+        with self.assertRaises(ApiError) as cm:
+            self.api.call("POST", f"/v1/sandboxes/{sid}/timeout", {"timeout": 5})
+        self.assertEqual(cm.exception.status, 409)
+
     def wait_not_running(self, sid, limit=60):
         deadline = time.time() + limit
         sb = self.api.call("GET", f"/v1/sandboxes/{sid}")

@@ -263,7 +263,8 @@ class SpecStatusesTest(DaemonTestCase):
         """A body the operation accepts in shape (so its other checks run)."""
         return {"createSandbox": {}, "setPool": {"image": "minimal", "size": 0},
                 "exec": {"argv": ["true"]}, "makeDir": {"path": "/tmp/x"},
-                "setNetwork": {"mode": "allowlist"}, "addPort": {"guest_port": 8080}}.get(op["operationId"])
+                "setNetwork": {"mode": "allowlist"}, "addPort": {"guest_port": 8080},
+                "setTimeout": {"timeout": 5}}.get(op["operationId"])
 
     def test_bad_query_key_and_bad_id_are_400(self):
         for method, template, op in openapi_check.operations():

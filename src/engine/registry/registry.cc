@@ -281,6 +281,14 @@ void Registry::set_spec(const std::string& id, const SandboxSpec& spec) {
   if (sqlite3_changes(db_) == 0) throw Error(Errc::not_found, "no sandbox " + id);
 }
 
+void Registry::set_expiry(const std::string& id, int64_t expires_at_ms, const SandboxSpec& spec) {
+  std::lock_guard lock(mu_);
+  Stmt s(db_, "UPDATE sandboxes SET spec=?2, expires_at_ms=?3 WHERE id=?1", "set expiry of " + id);
+  s.bind(1, id).bind(2, spec_to_json(spec).dump()).bind(3, expires_at_ms);
+  s.step();
+  if (sqlite3_changes(db_) == 0) throw Error(Errc::not_found, "no sandbox " + id);
+}
+
 std::optional<SandboxRecord> Registry::get(const std::string& id) const {
   std::lock_guard lock(mu_);
   Stmt s(db_, (std::string("SELECT ") + kColumns + " FROM sandboxes WHERE id = ?1").c_str(),

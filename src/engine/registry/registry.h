@@ -71,6 +71,8 @@ class Registry {
   // Columns that are not the state (the engine's sandbox owns that).
   void set_pid(const std::string& id, int pid);
   void set_spec(const std::string& id, const SandboxSpec& spec);
+  // A new expiry (Engine::set_timeout) with the spec that records its timeout.
+  void set_expiry(const std::string& id, int64_t expires_at_ms, const SandboxSpec& spec);
 
   std::optional<SandboxRecord> get(const std::string& id) const;
   // Oldest first. all=false: only rows in a non-terminal state.
