@@ -20,6 +20,7 @@
 #include "cli/pty_client.h"
 #include "cli/spawn.h"
 #include "cli/stdin_pump.h"
+#include "cli/token_cmd.h"
 #include "common/error.h"
 #include "daemon/base64.h"
 #include "daemon/paths.h"
@@ -328,6 +329,9 @@ int main_impl(int argc, char** argv) {
   auto* mcp_cmd = app.add_subcommand(
       "mcp", "serve the Model Context Protocol on stdin/stdout (for MCP clients)");
 
+  TokenCommands tokens;
+  add_token_commands(app, tokens);
+
   auto* image = app.add_subcommand("image", "guest images");
   image->require_subcommand(1);
   auto* image_build = image->add_subcommand("build", "build an image (if its inputs changed)");
@@ -378,6 +382,7 @@ int main_impl(int argc, char** argv) {
         [&guardian](const std::string& sid, bool owned) { guardian.note(sid, owned); });
     return mcp::serve(session, 0, 1);
   }
+  if (run_token_command(tokens, [&] { return connect(g); })) return 0;
   if (create->parsed()) {
     json body = create_body(copts);  // usage errors before a daemon is started
     Client c = connect(g);

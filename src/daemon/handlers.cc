@@ -293,7 +293,8 @@ void handle_watch(engine::Engine& engine, Exchange& ex, const std::string& id,
   ex.end_stream();
 }
 
-void dispatch(engine::Engine& engine, Exchange& ex, ServerCounters& counters) {
+void dispatch(engine::Engine& engine, Exchange& ex, const Caller& caller) {
+  ServerCounters& counters = caller.counters;
   RouteMatch m = match_route(ex.method(), ex.path());
   if (m.status == RouteStatus::not_found) {
     ex.send_error(404, "not_found",
@@ -313,6 +314,11 @@ void dispatch(engine::Engine& engine, Exchange& ex, ServerCounters& counters) {
   const std::string& id = m.id;
 
   switch (m.route) {
+    case Route::create_token:
+    case Route::list_tokens:
+    case Route::delete_token:
+      handle_auth_route(ex, caller, m);
+      return;
     case Route::info: {
       check_query_keys(q, {});
       expect_no_body(ex);
@@ -593,8 +599,8 @@ void answer_errors(Exchange& ex, const std::function<void()>& fn) {
   }
 }
 
-void handle(engine::Engine& engine, Exchange& ex, ServerCounters& counters) {
-  answer_errors(ex, [&] { dispatch(engine, ex, counters); });
+void handle(engine::Engine& engine, Exchange& ex, const Caller& caller) {
+  answer_errors(ex, [&] { dispatch(engine, ex, caller); });
 }
 
 }  // namespace airlock::daemon

@@ -4,9 +4,26 @@
 #include <functional>
 
 #include "daemon/exchange.h"
+#include "daemon/principal.h"
 #include "engine/engine.h"
 
+namespace airlock::auth {
+class Auth;
+}
+
 namespace airlock::daemon {
+
+struct RouteMatch;
+
+// Who asks and through what: the server's counters, the principal it
+// computed (principal.h), the daemon's tokens/quotas/audit log and the
+// peer address ("unix" for the socket file).
+struct Caller {
+  ServerCounters& counters;
+  const Principal& who;
+  auth::Auth* auth;  // null only in tests without auth: the token routes then 503
+  std::string source;
+};
 
 // Runs `fn`, which answers `ex`; what it throws is answered in the one
 // error style (airlock::Error as its HTTP status, anything else 500). Once
@@ -17,6 +34,10 @@ void answer_errors(Exchange& ex, const std::function<void()>& fn);
 
 // Answers one request. Never throws for anything a client can cause:
 // airlock::Error becomes its HTTP status, other exceptions 500.
-void handle(engine::Engine& engine, Exchange& ex, ServerCounters& counters);
+void handle(engine::Engine& engine, Exchange& ex, const Caller& caller);
+
+// The token and tenant routes (handlers_auth.cc): operator only; anyone
+// else gets the 404 of an unknown route.
+void handle_auth_route(Exchange& ex, const Caller& caller, const RouteMatch& m);
 
 }  // namespace airlock::daemon

@@ -8,7 +8,9 @@
 #include <algorithm>
 #include <cstdlib>
 
+#include "auth/auth.h"
 #include "common/error.h"
+#include "daemon/listener.h"
 #include "daemon/paths.h"
 #include "daemon/server.h"
 #include "engine/engine.h"
@@ -60,6 +62,13 @@ int main(int argc, char** argv) {
   app.add_option("--jail-ids", jail_ids,
                  "BASE:COUNT: uids/gids for QEMU jails, checked against /etc/subuid, /etc/subgid, "
                  "passwd and group (default 2100000000:65536)");
+  std::vector<std::string> listen;
+  std::string tls_cert, tls_key;
+  app.add_option("--listen", listen,
+                 "HOST:PORT: also serve the API on TCP, authenticated by tokens (airlock token "
+                 "create); plain HTTP only on loopback, else --tls-cert/--tls-key (repeatable)");
+  app.add_option("--tls-cert", tls_cert, "PEM certificate (chain) for --listen");
+  app.add_option("--tls-key", tls_key, "PEM private key for --listen");
   app.set_version_flag("--version", AIRLOCK_VERSION);
   CLI11_PARSE(app, argc, argv);
 
@@ -75,6 +84,17 @@ int main(int argc, char** argv) {
     limits.idle_timeout = std::chrono::milliseconds(static_cast<int64_t>(idle_timeout_s * 1000));
     daemon::Server server(std::filesystem::absolute(sock), limits);
     server.bind();  // before the engine: a second daemon must not touch the data dir
+    auth::Auth auth(data);
+    server.set_auth(&auth);
+    if (tls_cert.empty() != tls_key.empty())
+      throw Error(Errc::invalid_argument, "--tls-cert and --tls-key go together",
+                  tls_cert.empty() ? "tls-cert" : "tls-key");
+    if (!tls_cert.empty() && listen.empty())
+      throw Error(Errc::invalid_argument, "--tls-cert needs --listen", "listen");
+    {
+      auto tls = tls_cert.empty() ? nullptr : daemon::make_tls_context(tls_cert, tls_key);
+      for (const auto& l : listen) server.listen(daemon::parse_listen(l), tls);
+    }
 
     engine::Config config;
     config.data_dir = data;

@@ -44,6 +44,9 @@ bool match_template(const std::vector<std::string_view>& segs, std::string_view 
 const std::vector<RouteSpec>& routes() {
   static const std::vector<RouteSpec> table = {
       {"GET", "/v1/info", Route::info},
+      {"POST", "/v1/tokens", Route::create_token},
+      {"GET", "/v1/tokens", Route::list_tokens},
+      {"DELETE", "/v1/tokens/{id}", Route::delete_token},
       {"GET", "/v1/pool", Route::get_pool},
       {"PUT", "/v1/pool", Route::set_pool},
       {"POST", "/v1/sandboxes", Route::create_sandbox},

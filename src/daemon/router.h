@@ -43,10 +43,13 @@ enum class Route {
   list_ports,
   remove_port,
   info,
-  pty,      // WebSocket: an interactive terminal (pty.h)
-  metrics,  // Prometheus text exposition (GET /metrics)
-  healthz,  // liveness: the daemon answers
-  readyz,   // readiness: a create can succeed (an image built, accelerator probed)
+  pty,           // WebSocket: an interactive terminal (pty.h)
+  metrics,       // Prometheus text exposition (GET /metrics)
+  healthz,       // liveness: the daemon answers
+  readyz,        // readiness: a create can succeed (an image built, accelerator probed)
+  create_token,  // operator only (handlers_auth.cc)
+  list_tokens,
+  delete_token,
 };
 
 struct RouteSpec {

@@ -11,6 +11,8 @@
 
 #include <algorithm>
 #include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/ip/v6_only.hpp>
 #include <boost/asio/local/stream_protocol.hpp>
 #include <boost/asio/signal_set.hpp>
 #include <boost/asio/steady_timer.hpp>
@@ -22,9 +24,11 @@
 #include <thread>
 #include <vector>
 
+#include "auth/auth.h"
 #include "common/error.h"
 #include "daemon/exchange.h"
 #include "daemon/handlers.h"
+#include "daemon/listener.h"
 #include "daemon/request.h"
 #include "daemon/router.h"
 
@@ -33,12 +37,16 @@ namespace airlock::daemon {
 namespace net = boost::asio;
 namespace beast = boost::beast;
 using stream = net::local::stream_protocol;
+using tcp = net::ip::tcp;
 
 struct Server::Impl {
   std::filesystem::path socket_path;
   int lock_fd = -1;
   net::io_context io;
   std::unique_ptr<stream::acceptor> acceptor;
+  std::vector<std::unique_ptr<tcp::acceptor>> tcp_acceptors;
+  std::shared_ptr<net::ssl::context> tls;
+  auth::Auth* auth = nullptr;
   std::unique_ptr<net::steady_timer> watchdog;
   engine::Engine* engine = nullptr;
   ServerCounters counters;
@@ -53,9 +61,18 @@ struct Server::Impl {
   bool stopping = false;
 
   void accept_next();
-  void refuse(stream::socket sock);
+  void accept_tcp(tcp::acceptor& acceptor);
+  // Serves an accepted socket on a thread of its own, or refuses it (503)
+  // over the connection cap. io thread only.
+  template <class Sock>
+  void admit(Sock sock);
+  template <class Sock>
+  void refuse(Sock sock);
   void watch_idle();
-  void serve(stream::socket sock, std::shared_ptr<Activity> activity);
+  void serve(std::unique_ptr<Stream> conn, std::shared_ptr<Activity> activity);
+  // Who is asking (principal.h). False if the request was already answered
+  // (401 unauthenticated, 429 rate_limited).
+  bool authenticate(Exchange& ex, const Stream& conn, bool extension, Principal& who);
   // The extension whose prefix `path` starts with (its label: prefix + "*").
   const Server::Extension* find_extension(std::string_view path, std::string& label) const;
 };
@@ -145,30 +162,63 @@ void Server::Impl::accept_next() {
       if (ec != net::error::operation_aborted) spdlog::warn("accept: {}", ec.message());
       if (!acceptor->is_open()) return;
     } else {
-      std::unique_lock lock(mu);
-      if (stopping) return;
-      if (threads >= counters.limits.max_connections) {
-        lock.unlock();
-        refuse(std::move(sock));
-      } else {
-        ++threads;
-        counters.open = threads;
-        auto activity = std::make_shared<Activity>();
-        conns[sock.native_handle()] = activity;
-        std::thread([this, s = std::move(sock), activity]() mutable {
-          serve(std::move(s), std::move(activity));
-        }).detach();
-      }
+      admit(std::move(sock));
     }
     accept_next();
   });
+}
+
+void Server::Impl::accept_tcp(tcp::acceptor& a) {
+  a.async_accept([this, &a](beast::error_code ec, tcp::socket sock) {
+    if (ec) {
+      if (ec != net::error::operation_aborted) spdlog::warn("accept (tcp): {}", ec.message());
+      if (!a.is_open()) return;
+    } else {
+      admit(std::move(sock));
+    }
+    accept_tcp(a);
+  });
+}
+
+template <class Sock>
+void Server::Impl::admit(Sock sock) {
+  std::unique_lock lock(mu);
+  if (stopping) return;
+  if (threads >= counters.limits.max_connections) {
+    lock.unlock();
+    refuse(std::move(sock));
+    return;
+  }
+  std::unique_ptr<Stream> conn;
+  if constexpr (std::is_same_v<Sock, tcp::socket>) {
+    beast::error_code ec;
+    auto remote = sock.remote_endpoint(ec);
+    // The API's answers are small and latency-bound.
+    sock.set_option(tcp::no_delay(true), ec);
+    if (tls)
+      conn = std::make_unique<TlsStream>(std::move(sock), *tls);
+    else
+      conn = std::make_unique<SocketStream<tcp::socket>>(std::move(sock));
+    conn->network = true;
+    conn->peer = remote.address().to_string();
+  } else {
+    conn = std::make_unique<SocketStream<Sock>>(std::move(sock));
+  }
+  ++threads;
+  counters.open = threads;
+  auto activity = std::make_shared<Activity>();
+  conns[conn->native_handle()] = activity;
+  std::thread([this, c = std::move(conn), activity]() mutable {
+    serve(std::move(c), std::move(activity));
+  }).detach();
 }
 
 // Over the connection cap: answer 503 at once (no thread), then give the
 // client a moment to send its request and read the answer before closing,
 // so it sees the error rather than a reset. All on the io thread; at most
 // 64 such sockets linger at a time, the rest are closed at once.
-void Server::Impl::refuse(stream::socket sock) {
+template <class Sock>
+void Server::Impl::refuse(Sock sock) {
   ++counters.refused;
   spdlog::warn("refusing a connection: {} open (--max-connections {})", counters.open.load(),
                counters.limits.max_connections);
@@ -183,14 +233,17 @@ void Server::Impl::refuse(stream::socket sock) {
            "\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: " +
            std::to_string(body.size()) + "\r\n\r\n" + body;
   }();
-  // A fresh unix socket's buffer takes a few hundred bytes without blocking.
+  // A TLS client would not understand a plain answer: it is just closed.
+  if constexpr (std::is_same_v<Sock, tcp::socket>)
+    if (tls) return;
+  // A fresh socket's buffer takes a few hundred bytes without blocking.
   ::send(sock.native_handle(), answer.data(), answer.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
   beast::error_code ignored;
-  sock.shutdown(stream::socket::shutdown_send, ignored);
+  sock.shutdown(Sock::shutdown_send, ignored);
   if (refusing >= 64) return;  // closed by the destructor
   ++refusing;
   struct Lingering {
-    stream::socket sock;
+    Sock sock;
     net::steady_timer timer;
     char buf[4096];
   };
@@ -252,14 +305,13 @@ static bool unlimited_body(const http::request<http::buffer_body>& req) {
   return m.status == RouteStatus::ok && m.route == Route::exec_stdin;
 }
 
-void Server::Impl::serve(stream::socket sock, std::shared_ptr<Activity> activity) {
-  int fd = sock.native_handle();
-  // The unix socket as a Stream (connection.h): the one path a TCP or TLS
-  // stream is meant to share once the listener is wired in (listener.h).
-  SocketStream<stream::socket> conn(std::move(sock));
-  WatchedSocket wsock(conn, *activity);
+void Server::Impl::serve(std::unique_ptr<Stream> conn, std::shared_ptr<Activity> activity) {
+  int fd = conn->native_handle();
+  WatchedSocket wsock(*conn, *activity);
   beast::flat_buffer buffer;
-  while (true) {
+  bool ready = true;
+  if (auto* t = dynamic_cast<TlsStream*>(conn.get())) ready = t->handshake(*activity);
+  while (ready) {
     RequestParser parser;
     parser.header_limit(64 * 1024);
     // No limit while the head is parsed (Beast checks a Content-Length
@@ -314,15 +366,18 @@ void Server::Impl::serve(stream::socket sock, std::shared_ptr<Activity> activity
     auto start = std::chrono::steady_clock::now();
     Exchange ex(wsock, buffer, parser);
     std::string route_label;
-    if (const Server::Extension* ext = find_extension(ex.path(), route_label)) {
-      Principal principal;  // the unix socket: the operator
+    const Server::Extension* ext = find_extension(ex.path(), route_label);
+    if (!ext) route_label = route_template(ex.method(), ex.path());
+    Principal principal;  // the unix socket: the operator
+    if (!authenticate(ex, *conn, ext != nullptr, principal)) {
+      // answered 401/429
+    } else if (ext) {
       answer_errors(ex, [&] {
         (*ext)(*engine, ex, principal);
         if (!ex.responded()) throw Error(Errc::internal, "the handler sent no answer");
       });
     } else {
-      handle(*engine, ex, counters);
-      route_label = route_template(ex.method(), ex.path());
+      handle(*engine, ex, Caller{counters, principal, auth, conn->peer});
     }
     auto elapsed = std::chrono::steady_clock::now() - start;
     auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(elapsed).count();
@@ -337,12 +392,12 @@ void Server::Impl::serve(stream::socket sock, std::shared_ptr<Activity> activity
     spdlog::info("{} {} {} {}ms", ex.method(), std::string(parser.get().target()), ex.status(), ms);
     if (!ex.keep_alive() || activity->timed_out) break;
   }
-  beast::error_code ignored;
-  conn.socket().shutdown(stream::socket::shutdown_both, ignored);
+  conn->finish();
   {
+    // Closed under the lock: the watchdog must never shut down a reused fd.
     std::lock_guard lock(mu);
     conns.erase(fd);
-    conn.socket().close(ignored);
+    conn.reset();
     --threads;
     counters.open = threads;
   }
@@ -359,6 +414,7 @@ bool Server::run(engine::Engine& engine) {
     stop();
   });
   s.accept_next();
+  for (auto& a : s.tcp_acceptors) s.accept_tcp(*a);
   s.watchdog = std::make_unique<net::steady_timer>(s.io);
   s.watch_idle();
   spdlog::info("airlockd {} listening on {}", AIRLOCK_VERSION, s.socket_path.string());
@@ -374,6 +430,102 @@ bool Server::run(engine::Engine& engine) {
   return done;
 }
 
+// The credential of a TCP request: `Authorization: Bearer T` or
+// `X-API-KEY: T`. Another Authorization scheme (E2B's envd sends Basic for
+// its run-as user) is not a credential at all.
+static std::string credential(const http::request<http::buffer_body>& req) {
+  auto it = req.find(http::field::authorization);
+  if (it != req.end()) {
+    std::string_view v(it->value().data(), it->value().size());
+    if (v.size() > 7 && beast::iequals(beast::string_view(v.data(), 7), "Bearer ")) {
+      v.remove_prefix(7);
+      while (!v.empty() && v.front() == ' ') v.remove_prefix(1);
+      while (!v.empty() && v.back() == ' ') v.remove_suffix(1);
+      return std::string(v);
+    }
+  }
+  auto key = req.find("X-API-KEY");
+  if (key != req.end()) return std::string(key->value());
+  return {};
+}
+
+bool Server::Impl::authenticate(Exchange& ex, const Stream& conn, bool extension, Principal& who) {
+  if (!conn.network) return true;  // the socket file: the operator
+  // Route templates only (and an extension's path without its query): never
+  // a secret, never an unbounded id list.
+  auto record = [&](const char* outcome, int status) {
+    nlohmann::json r = {
+        {"source", conn.peer},
+        {"method", ex.method()},
+        {"route", extension ? std::string(ex.path()) : route_template(ex.method(), ex.path())},
+        {"outcome", outcome}};
+    if (status) r["status"] = status;
+    auth->audit().append(std::move(r));
+  };
+  auto limited = [&] {
+    record("rate_limited", 429);
+    ex.send_error(Error(Errc::rate_limited,
+                        "too many failed authentications from this address; try again later"));
+    return false;
+  };
+  auth::Verdict v = auth->authenticate(credential(ex.request()), conn.peer);
+  switch (v.outcome) {
+    case auth::Verdict::ok:
+      who.kind = Principal::Kind::tenant;
+      who.tenant = v.token.tenant;
+      who.token_id = v.token.id;
+      return true;
+    case auth::Verdict::limited:
+      return limited();
+    case auth::Verdict::missing:
+    case auth::Verdict::invalid:
+      if (extension) {
+        // The extension decides (E2B's envd authenticates by a sandbox's
+        // own access token); a wrong credential still counted as a failure.
+        if (v.outcome == auth::Verdict::invalid) record("unauthenticated", 0);
+        who.kind = Principal::Kind::anonymous;
+        return true;
+      }
+      if (v.outcome == auth::Verdict::missing && auth->count_failure(conn.peer)) return limited();
+      record("unauthenticated", 401);
+      ex.send_error(Error(Errc::unauthenticated, "authentication required"));
+      return false;
+  }
+  return false;
+}
+
+void Server::listen(const ListenSpec& spec, std::shared_ptr<net::ssl::context> tls) {
+  auto& s = *impl_;
+  if (!s.auth) throw Error(Errc::internal, "Server::listen without set_auth");
+  check_listen(spec, tls != nullptr);
+  s.tls = std::move(tls);
+  for (const auto& ep : spec.endpoints) {
+    auto a = std::make_unique<tcp::acceptor>(s.io);
+    beast::error_code ec;
+    a->open(ep.protocol(), ec);
+    if (!ec) a->set_option(tcp::acceptor::reuse_address(true), ec);
+    if (!ec && ep.address().is_v6()) a->set_option(net::ip::v6_only(true), ec);
+    if (!ec) a->bind(ep, ec);
+    if (!ec) a->listen(net::socket_base::max_listen_connections, ec);
+    if (ec)
+      throw Error(Errc::invalid_argument,
+                  "--listen " + spec.text + ": cannot listen on " + ep.address().to_string() + ":" +
+                      std::to_string(ep.port()) + ": " + ec.message(),
+                  "listen");
+    spdlog::info("listening on {}:{} ({})", ep.address().to_string(), a->local_endpoint().port(),
+                 s.tls ? "TLS" : "plain HTTP, loopback");
+    s.tcp_acceptors.push_back(std::move(a));
+  }
+}
+
+void Server::set_auth(auth::Auth* auth) { impl_->auth = auth; }
+
+std::vector<int> Server::tcp_ports() const {
+  std::vector<int> ports;
+  for (const auto& a : impl_->tcp_acceptors) ports.push_back(a->local_endpoint().port());
+  return ports;
+}
+
 void Server::add_extension(std::string prefix, Extension handler) {
   impl_->extensions.emplace_back(std::move(prefix), std::move(handler));
 }
@@ -387,6 +539,7 @@ void Server::stop() {
       std::error_code fec;
       std::filesystem::remove(s.socket_path, fec);
     }
+    for (auto& a : s.tcp_acceptors) a->close(ec);
     if (s.watchdog) s.watchdog->cancel();
     s.io.stop();
   });

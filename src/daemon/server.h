@@ -47,7 +47,16 @@
 #include "daemon/principal.h"
 #include "engine/engine.h"
 
+namespace boost::asio::ssl {
+class context;
+}
+namespace airlock::auth {
+class Auth;
+}
+
 namespace airlock::daemon {
+
+struct ListenSpec;
 
 class Exchange;
 
@@ -61,6 +70,17 @@ class Server {
   // Takes the lock file and binds the socket (0600). Throws Error(conflict)
   // if another daemon holds the lock or answers on the socket.
   void bind();
+
+  // Also serves the API on TCP (`airlockd --listen`), TLS when `tls` is set.
+  // Every TCP request is authenticated by `auth` (set_auth first): the
+  // socket file stays the operator's door. Call after bind(), before run();
+  // throws Error naming the address if it cannot be bound.
+  void listen(const ListenSpec& spec, std::shared_ptr<boost::asio::ssl::context> tls);
+  // Tokens, tenants' quotas and the audit log (src/auth); required by
+  // listen(). Outlives the server.
+  void set_auth(auth::Auth* auth);
+  // The TCP ports actually bound (for --listen HOST:0), in listen() order.
+  std::vector<int> tcp_ports() const;
 
   // Serves until SIGTERM/SIGINT or stop(); then stops accepting, removes the
   // socket, ends open connections and waits (bounded) for their threads.

@@ -51,11 +51,15 @@ class ApiError(Exception):
 class Client:
     def __init__(self, sock_path):
         self.sock_path = sock_path
+        self.headers = {}  # sent with every request (TcpClient: the token)
+
+    def connection(self, timeout):
+        return UnixHTTPConnection(self.sock_path, timeout=timeout)
 
     def raw(self, method, path, body=None, headers=None, timeout=300):
-        conn = UnixHTTPConnection(self.sock_path, timeout=timeout)
+        conn = self.connection(timeout)
         try:
-            conn.request(method, path, body=body, headers=headers or {})
+            conn.request(method, path, body=body, headers={**self.headers, **(headers or {})})
             resp = conn.getresponse()
             data = resp.read()
         finally:
@@ -84,9 +88,9 @@ class Client:
 
     def exec_events(self, sid, http_timeout=300, **req):
         """Runs an exec and returns the list of NDJSON events, in order."""
-        conn = UnixHTTPConnection(self.sock_path, timeout=http_timeout)
+        conn = self.connection(http_timeout)
         conn.request("POST", f"/v1/sandboxes/{sid}/exec", body=json.dumps(req),
-                     headers={"Content-Type": "application/json"})
+                     headers={**self.headers, "Content-Type": "application/json"})
         resp = conn.getresponse()
         if resp.status >= 400:
             body = resp.read()
@@ -131,6 +135,30 @@ class Client:
         if status >= 400:
             raise ApiError(status, json.loads(body))
         return body
+
+
+class TcpClient(Client):
+    """The same API over airlockd's TCP listener (--listen), with a token
+    (Authorization: Bearer) and, for TLS, an ssl.SSLContext."""
+
+    def __init__(self, host, port, token=None, ssl_context=None):
+        super().__init__(None)
+        self.host, self.port, self.ssl_context = host, port, ssl_context
+        if token:
+            self.headers = {"Authorization": f"Bearer {token}"}
+
+    def connection(self, timeout):
+        if self.ssl_context is not None:
+            return http.client.HTTPSConnection(self.host, self.port, timeout=timeout,
+                                               context=self.ssl_context)
+        return http.client.HTTPConnection(self.host, self.port, timeout=timeout)
+
+
+def free_port():
+    """A TCP port on 127.0.0.1 nothing listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def observe(method, path, status, content_type, data):

@@ -132,8 +132,9 @@ def _response_for(op, status):
     responses = op.get("responses", {})
     if str(status) in responses:
         return resolve(responses[str(status)])
-    # `default` stands for the 5xx answers and the 408 of a stalled request.
-    if "default" in responses and (status >= 500 or status == 408):
+    # `default` stands for the 5xx answers, the 408 of a stalled request and
+    # the TCP listener's 401 (no valid token) and 429 (auth failures).
+    if "default" in responses and (status >= 500 or status in (408, 401, 429)):
         return resolve(responses["default"])
     return None
 

@@ -1,0 +1,99 @@
+// The operator's token routes: POST/GET /v1/tokens, DELETE /v1/tokens/{id}.
+// Only the unix socket (the operator) reaches them; over TCP they answer
+// like a route that does not exist, so a tenant learns nothing about them.
+#include <spdlog/spdlog.h>
+
+#include "auth/auth.h"
+#include "daemon/handlers.h"
+#include "daemon/request.h"
+#include "daemon/router.h"
+
+namespace airlock::daemon {
+
+using nlohmann::json;
+
+namespace {
+
+auth::Auth& need_auth(const Caller& c) {
+  if (!c.auth) throw Error(Errc::unavailable, "this airlockd has no token store");
+  return *c.auth;
+}
+
+// {"tenant": T, "expires_in_s"?: N (0 or absent = never), "format"?: "airlock"|"e2b"}
+json create_token(const Caller& c, const std::string& body) {
+  json req = parse_object(body);
+  for (auto& [k, v] : req.items())
+    if (k != "tenant" && k != "expires_in_s" && k != "format")
+      throw Error(Errc::invalid_argument, "unknown field " + k, k);
+  if (!req.contains("tenant") || !req["tenant"].is_string())
+    throw Error(Errc::invalid_argument, "tenant is required (a string)", "tenant");
+  int64_t expires = 0;
+  if (req.contains("expires_in_s") && !req["expires_in_s"].is_null()) {
+    if (!req["expires_in_s"].is_number_integer())
+      throw Error(Errc::invalid_argument, "expires_in_s must be an integer", "expires_in_s");
+    expires = req["expires_in_s"].get<int64_t>();
+  }
+  auth::TokenFormat format = auth::TokenFormat::airlock;
+  if (req.contains("format")) {
+    const json& f = req["format"];
+    if (f == "e2b")
+      format = auth::TokenFormat::e2b;
+    else if (f != "airlock")
+      throw Error(Errc::invalid_argument, "format must be \"airlock\" or \"e2b\"", "format");
+  }
+  auth::Auth& a = need_auth(c);
+  auto made = a.tokens().create(req["tenant"].get<std::string>(), expires, format);
+  a.audit().append({{"source", c.source},
+                    {"method", "POST"},
+                    {"route", "/v1/tokens"},
+                    {"outcome", "token_created"},
+                    {"tenant", made.token.tenant},
+                    {"token_id", made.token.id},
+                    {"status", 201}});
+  json j = auth::to_public_json(made.token);
+  j["secret"] = made.secret;  // the only time it is shown
+  return j;
+}
+
+}  // namespace
+
+void handle_auth_route(Exchange& ex, const Caller& c, const RouteMatch& m) {
+  if (!c.who.is_operator()) {
+    ex.send_error(404, "not_found",
+                  "no route for " + std::string(ex.method()) + " " + std::string(ex.path()));
+    return;
+  }
+  Query q = parse_query(ex.query());
+  check_query_keys(q, {});
+  switch (m.route) {
+    case Route::create_token:
+      ex.send_json(201, create_token(c, ex.read_body(kMaxJsonBody)));
+      return;
+    case Route::list_tokens: {
+      if (!ex.read_body(kMaxJsonBody).empty())
+        throw Error(Errc::invalid_argument, "this request takes no body", "body");
+      json arr = json::array();
+      for (const auto& t : need_auth(c).tokens().list()) arr.push_back(auth::to_public_json(t));
+      ex.send_json(200, arr);
+      return;
+    }
+    case Route::delete_token: {
+      if (!ex.read_body(kMaxJsonBody).empty())
+        throw Error(Errc::invalid_argument, "this request takes no body", "body");
+      auth::Auth& a = need_auth(c);
+      if (!a.tokens().remove(m.id)) throw Error(Errc::not_found, "no token " + m.id, "id");
+      a.audit().append({{"source", c.source},
+                        {"method", "DELETE"},
+                        {"route", "/v1/tokens/{id}"},
+                        {"outcome", "token_removed"},
+                        {"token_id", m.id},
+                        {"status", 204}});
+      ex.send_empty(204);
+      return;
+    }
+    default:
+      ex.send_error(500, "internal", "not a token route");
+  }
+}
+
+}  // namespace airlock::daemon
