@@ -14,6 +14,7 @@
 #include "daemon/pty.h"
 #include "daemon/request.h"
 #include "daemon/router.h"
+#include "daemon/tenancy.h"
 #include "engine/net/policy.h"
 
 namespace airlock::daemon {
@@ -310,6 +311,29 @@ void dispatch(engine::Engine& engine, Exchange& ex, const Caller& caller) {
   }
   if (!m.id.empty()) check_id(m.id, "id");
   if (!m.exec_id.empty()) check_id(m.exec_id, "exec_id");
+  switch (m.route) {
+    case Route::create_token:
+    case Route::list_tokens:
+    case Route::delete_token:
+    case Route::list_tenants:
+    case Route::set_tenant:
+      handle_auth_route(engine, ex, caller, m);
+      return;
+    case Route::get_pool:
+    case Route::set_pool:
+    case Route::metrics:
+      // The host's own business: a tenant sees these routes as absent.
+      if (!caller.who.is_operator()) {
+        ex.send_error(404, "not_found",
+                      "no route for " + std::string(ex.method()) + " " + std::string(ex.path()));
+        return;
+      }
+      break;
+    default:
+      // Every route with a sandbox id: another tenant's sandbox is answered
+      // exactly like one that does not exist (404), before anything is read.
+      if (!m.id.empty() && !caller.who.is_operator()) visible_sandbox(engine, caller.who, m.id);
+  }
   Query q = parse_query(ex.query());
   const std::string& id = m.id;
 
@@ -317,7 +341,8 @@ void dispatch(engine::Engine& engine, Exchange& ex, const Caller& caller) {
     case Route::create_token:
     case Route::list_tokens:
     case Route::delete_token:
-      handle_auth_route(ex, caller, m);
+    case Route::list_tenants:
+    case Route::set_tenant:
       return;
     case Route::info: {
       check_query_keys(q, {});
@@ -343,14 +368,15 @@ void dispatch(engine::Engine& engine, Exchange& ex, const Caller& caller) {
       check_query_keys(q, {});
       engine::SandboxSpec spec = parse_create(ex.read_body(kMaxJsonBody));
       check_policy(spec.network);
-      ex.send_json(201, sandbox_json(engine.create(spec)));
+      ex.send_json(201, sandbox_json(create_sandbox_as(engine, caller.who, spec, caller.source)));
       return;
     }
     case Route::list_sandboxes: {
       check_query_keys(q, {"all", "metadata."});
       expect_no_body(ex);
       json arr = json::array();
-      for (const auto& sb : engine.list(metadata_filter(q), query_bool(q, "all", false)))
+      for (const auto& sb :
+           visible_sandboxes(engine, caller.who, metadata_filter(q), query_bool(q, "all", false)))
         arr.push_back(sandbox_json(sb));
       ex.send_json(200, arr);
       return;

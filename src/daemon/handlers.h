@@ -38,6 +38,7 @@ void handle(engine::Engine& engine, Exchange& ex, const Caller& caller);
 
 // The token and tenant routes (handlers_auth.cc): operator only; anyone
 // else gets the 404 of an unknown route.
-void handle_auth_route(Exchange& ex, const Caller& caller, const RouteMatch& m);
+void handle_auth_route(engine::Engine& engine, Exchange& ex, const Caller& caller,
+                       const RouteMatch& m);
 
 }  // namespace airlock::daemon

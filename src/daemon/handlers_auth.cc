@@ -1,12 +1,16 @@
-// The operator's token routes: POST/GET /v1/tokens, DELETE /v1/tokens/{id}.
+// The operator's token and tenant routes: POST/GET /v1/tokens, DELETE
+// /v1/tokens/{id}, GET /v1/tenants, PUT /v1/tenants/{tenant}.
 // Only the unix socket (the operator) reaches them; over TCP they answer
 // like a route that does not exist, so a tenant learns nothing about them.
 #include <spdlog/spdlog.h>
+
+#include <set>
 
 #include "auth/auth.h"
 #include "daemon/handlers.h"
 #include "daemon/request.h"
 #include "daemon/router.h"
+#include "daemon/tenancy.h"
 
 namespace airlock::daemon {
 
@@ -57,7 +61,15 @@ json create_token(const Caller& c, const std::string& body) {
 
 }  // namespace
 
-void handle_auth_route(Exchange& ex, const Caller& c, const RouteMatch& m) {
+// A tenant's quota and what it holds now.
+json tenant_json(const std::string& name, const auth::Quota& q, const TenantUsage& u) {
+  return {
+      {"tenant", name},
+      {"quota", auth::to_json(q)},
+      {"usage", {{"sandboxes", u.sandboxes}, {"memory_mb", u.memory_mb}, {"disk_mb", u.disk_mb}}}};
+}
+
+void handle_auth_route(engine::Engine& engine, Exchange& ex, const Caller& c, const RouteMatch& m) {
   if (!c.who.is_operator()) {
     ex.send_error(404, "not_found",
                   "no route for " + std::string(ex.method()) + " " + std::string(ex.path()));
@@ -89,6 +101,39 @@ void handle_auth_route(Exchange& ex, const Caller& c, const RouteMatch& m) {
                         {"token_id", m.id},
                         {"status", 204}});
       ex.send_empty(204);
+      return;
+    }
+    case Route::list_tenants: {
+      if (!ex.read_body(kMaxJsonBody).empty())
+        throw Error(Errc::invalid_argument, "this request takes no body", "body");
+      auto usage = tenant_usage(engine);
+      auto quotas = need_auth(c).quotas().list();
+      // Every tenant with a quota, a token or a live sandbox.
+      std::set<std::string> names;
+      for (const auto& [t, q] : quotas) names.insert(t);
+      for (const auto& [t, u] : usage) names.insert(t);
+      for (const auto& t : need_auth(c).tokens().list()) names.insert(t.tenant);
+      json arr = json::array();
+      for (const auto& t : names)
+        arr.push_back(tenant_json(t, quotas.count(t) ? quotas[t] : auth::Quota{}, usage[t]));
+      ex.send_json(200, arr);
+      return;
+    }
+    case Route::set_tenant: {
+      // The body first: an answer before it is read would reset the connection.
+      json body = parse_object(ex.read_body(kMaxJsonBody));
+      auth::check_tenant(m.id, "tenant");
+      auth::Quota q = auth::parse_quota(body);
+      auth::Auth& a = need_auth(c);
+      a.quotas().set(m.id, q);
+      a.audit().append({{"source", c.source},
+                        {"method", "PUT"},
+                        {"route", "/v1/tenants/{id}"},
+                        {"outcome", "quota_set"},
+                        {"tenant", m.id},
+                        {"detail", auth::to_json(q).dump()},
+                        {"status", 200}});
+      ex.send_json(200, tenant_json(m.id, q, tenant_usage(engine)[m.id]));
       return;
     }
     default:

@@ -19,9 +19,9 @@
 namespace airlock::daemon {
 
 struct ListenSpec {
-  std::string text;  // as given, for messages
+  std::string text;                                       // as given, for messages
   std::vector<boost::asio::ip::tcp::endpoint> endpoints;  // what HOST resolved to
-  bool loopback = false;                                   // every endpoint is loopback
+  bool loopback = false;                                  // every endpoint is loopback
 };
 
 // "127.0.0.1:8080", "[::1]:8080", "localhost:8080", "0.0.0.0:8443", ":8443"

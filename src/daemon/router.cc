@@ -47,6 +47,8 @@ const std::vector<RouteSpec>& routes() {
       {"POST", "/v1/tokens", Route::create_token},
       {"GET", "/v1/tokens", Route::list_tokens},
       {"DELETE", "/v1/tokens/{id}", Route::delete_token},
+      {"GET", "/v1/tenants", Route::list_tenants},
+      {"PUT", "/v1/tenants/{id}", Route::set_tenant},
       {"GET", "/v1/pool", Route::get_pool},
       {"PUT", "/v1/pool", Route::set_pool},
       {"POST", "/v1/sandboxes", Route::create_sandbox},

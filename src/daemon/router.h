@@ -50,6 +50,8 @@ enum class Route {
   create_token,  // operator only (handlers_auth.cc)
   list_tokens,
   delete_token,
+  list_tenants,  // operator only: quotas and usage
+  set_tenant,    // operator only: PUT a tenant's quota
 };
 
 struct RouteSpec {

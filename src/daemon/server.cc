@@ -31,6 +31,7 @@
 #include "daemon/listener.h"
 #include "daemon/request.h"
 #include "daemon/router.h"
+#include "daemon/tenancy.h"
 
 namespace airlock::daemon {
 
@@ -518,7 +519,10 @@ void Server::listen(const ListenSpec& spec, std::shared_ptr<net::ssl::context> t
   }
 }
 
-void Server::set_auth(auth::Auth* auth) { impl_->auth = auth; }
+void Server::set_auth(auth::Auth* auth) {
+  impl_->auth = auth;
+  set_daemon_auth(auth);
+}
 
 std::vector<int> Server::tcp_ports() const {
   std::vector<int> ports;

@@ -7,7 +7,10 @@ with and without them.
 
 import json
 import os
+import re
+import socket
 import subprocess
+import time
 import unittest
 
 import harness
@@ -135,6 +138,166 @@ class TokenTest(DaemonTestCase):
                             for r in records))
         self.assertNotIn(tok["secret"], text)
         self.assertNotIn(wrong, text)
+
+
+ROUTE_LINE = re.compile(r'\{"(GET|PUT|POST|DELETE|PATCH)", "(/v1/sandboxes/\{id\}[^"]*)", Route::(\w+)\}')
+
+
+def sandbox_routes():
+    """(method, template, name) of every route on one sandbox, from the
+    daemon's own route table: a route added later is covered automatically."""
+    with open(os.path.join(harness.ROOT, "src", "daemon", "router.cc")) as f:
+        return ROUTE_LINE.findall(f.read())
+
+
+class TenantTest(DaemonTestCase):
+    """Two tenants' tokens on the TCP listener, real VMs: B cannot tell A's
+    sandbox from one that does not exist, whatever it tries."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.port = free_port()
+        cls.daemon_args = ["--listen", f"127.0.0.1:{cls.port}"]
+        super().setUpClass()
+        made = {}
+        for tenant in ("alpha", "beta"):
+            made[tenant] = cls.api.call("POST", "/v1/tokens", {"tenant": tenant})["secret"]
+        cls.a = TcpClient("127.0.0.1", cls.port, made["alpha"])
+        cls.b = TcpClient("127.0.0.1", cls.port, made["beta"])
+        cls.sb = cls.a.create(image="minimal", metadata={"owner": "alpha"})["id"]
+        cls.a.put_file(cls.sb, "/tmp/secret.txt", b"alpha data")
+
+    def test_owner_works_and_is_recorded(self):
+        out, _, exit_ev = self.a.exec(self.sb, argv=["echo", "mine"])
+        self.assertEqual((out, exit_ev["exit_code"]), (b"mine\n", 0))
+        self.assertEqual(self.a.get_file(self.sb, "/tmp/secret.txt"), b"alpha data")
+        self.assertEqual(self.a.call("GET", f"/v1/sandboxes/{self.sb}")["tenant"], "alpha")
+        # The body cannot choose the tenant: tenant is not a create field.
+        with self.assertRaises(ApiError) as e:
+            self.b.create(image="minimal", tenant="alpha")
+        self.assertEqual(e.exception.status, 400)
+        # The operator (unix socket) sees every tenant's sandboxes.
+        self.assertIn(self.sb, [s["id"] for s in self.api.call("GET", "/v1/sandboxes")])
+        tenants = {t["tenant"]: t for t in self.api.call("GET", "/v1/tenants")}
+        self.assertEqual(tenants["alpha"]["usage"]["sandboxes"], 1)
+        self.assertEqual(tenants["beta"]["usage"]["sandboxes"], 0)
+
+    def test_other_tenant_lists_nothing(self):
+        self.assertEqual(self.b.call("GET", "/v1/sandboxes"), [])
+        self.assertEqual(self.b.call("GET", "/v1/sandboxes?all=true"), [])
+        self.assertEqual(self.b.call("GET", "/v1/sandboxes?metadata.owner=alpha"), [])
+        self.assertEqual([s["id"] for s in self.a.call("GET", "/v1/sandboxes?metadata.owner=alpha")],
+                         [self.sb])
+
+    def request(self, client, method, template, sid):
+        path = template.replace("{id}", sid).replace("{exec_id}", "ex-1").replace("{host_port}", "40000")
+        if "/files" in path:
+            path += "?path=/tmp/secret.txt"
+        body = {"argv": ["touch", "/tmp/pwned"]} if path.endswith("/exec") and method == "POST" else {}
+        if method in ("GET", "DELETE"):
+            body = None
+        headers = {"Content-Type": "application/json"}
+        if template.endswith("/pty"):
+            headers.update({"Connection": "Upgrade", "Upgrade": "websocket", "Sec-WebSocket-Version": "13",
+                            "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ=="})
+        data = None if body is None else json.dumps(body)
+        if method == "PUT":
+            data, headers["Content-Type"] = b"overwritten", "application/octet-stream"
+        status, _, raw = client.raw(method, path, data, headers)
+        return status, json.loads(raw) if raw else None
+
+    def test_other_tenant_gets_404_for_every_route(self):
+        routes = sandbox_routes()
+        self.assertGreater(len(routes), 20)
+        for method, template, name in routes:
+            got = self.request(self.b, method, template, self.sb)
+            unknown = self.request(self.b, method, template, "sb-doesnotexist0")
+            self.assertEqual(got[0], 404, (method, template, got))
+            self.assertEqual(got[1]["error"]["code"], "not_found", name)
+            # Indistinguishable from an id that does not exist.
+            self.assertEqual(json.dumps(got[1]).replace(self.sb, "X"),
+                             json.dumps(unknown[1]).replace("sb-doesnotexist0", "X"), name)
+        # And nothing B sent happened: the sandbox runs, its file is intact.
+        info = self.a.call("GET", f"/v1/sandboxes/{self.sb}")
+        self.assertEqual(info["state"], "running")
+        self.assertEqual(self.a.get_file(self.sb, "/tmp/secret.txt"), b"alpha data")
+        _, _, ev = self.a.exec(self.sb, argv=["test", "-e", "/tmp/pwned"])
+        self.assertEqual(ev["exit_code"], 1)
+
+    def test_operator_only_routes_are_absent_for_tenants(self):
+        for method, path in [("GET", "/v1/pool"), ("GET", "/metrics"), ("GET", "/v1/tenants"),
+                             ("PUT", "/v1/tenants/beta"), ("PUT", "/v1/pool")]:
+            with self.assertRaises(ApiError) as e:
+                self.b.call(method, path, {} if method == "PUT" else None)
+            self.assertEqual(e.exception.status, 404, path)
+
+
+class QuotaTest(DaemonTestCase):
+    """Quotas per tenant, checked at create with real VMs: 429 naming the
+    limit and its value, nothing half-created."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.port = free_port()
+        cls.daemon_args = ["--listen", f"127.0.0.1:{cls.port}"]
+        super().setUpClass()
+
+    def tenant(self, name, **quota):
+        self.assertEqual(self.api.call("PUT", f"/v1/tenants/{name}", quota)["quota"],
+                         {"max_sandboxes": None, "max_memory_mb": None, "max_disk_mb": None,
+                          "creates_per_minute": None, **quota})
+        return TcpClient("127.0.0.1", self.port, self.api.call("POST", "/v1/tokens", {"tenant": name})["secret"])
+
+    def sandbox_dirs(self):
+        return sorted(os.listdir(os.path.join(self.data_dir, "sandboxes")))
+
+    def refused(self, client, **spec):
+        before = (self.sandbox_dirs(), len(self.api.call("GET", "/v1/sandboxes?all=true")))
+        with self.assertRaises(ApiError) as e:
+            client.create(image="minimal", **spec)
+        self.assertEqual(e.exception.status, 429)
+        # Nothing half-created: no record, no directory.
+        self.assertEqual((self.sandbox_dirs(), len(self.api.call("GET", "/v1/sandboxes?all=true"))), before)
+        return e.exception
+
+    def test_max_sandboxes(self):
+        c = self.tenant("one", max_sandboxes=1)
+        sb = c.create(image="minimal")["id"]
+        e = self.refused(c)
+        self.assertEqual((e.code, e.field), ("quota_exceeded", "max_sandboxes"))
+        self.assertIn("max_sandboxes 1", e.message)
+        c.delete(sb)
+        c.delete(c.create(image="minimal")["id"])  # room again once it is gone
+
+    def test_memory_and_disk(self):
+        c = self.tenant("mem", max_memory_mb=300, max_disk_mb=2048)
+        e = self.refused(c, memory_mb=512)
+        self.assertEqual((e.code, e.field), ("quota_exceeded", "max_memory_mb"))
+        self.assertIn("max_memory_mb 300", e.message)
+        e = self.refused(c, memory_mb=256, disk_mb=4096)
+        self.assertEqual((e.code, e.field), ("quota_exceeded", "max_disk_mb"))
+        self.assertIn("max_disk_mb 2048", e.message)
+
+    def test_creates_per_minute(self):
+        c = self.tenant("rate", creates_per_minute=1)
+        c.delete(c.create(image="minimal")["id"])
+        e = self.refused(c)
+        self.assertEqual((e.code, e.field), ("rate_limited", "creates_per_minute"))
+        with open(os.path.join(self.data_dir, "audit.jsonl")) as f:
+            records = [json.loads(line) for line in f]
+        self.assertTrue(any(r.get("tenant") == "rate" and r["outcome"] == "rate_limited" and r["status"] == 429
+                            for r in records))
+        self.assertTrue(any(r.get("tenant") == "rate" and r["outcome"] == "sandbox_created" for r in records))
+
+    def test_bad_quota_is_400(self):
+        for body, field in [({"max_sandboxes": -1}, "max_sandboxes"), ({"max_sandboxes": "2"}, "max_sandboxes"),
+                            ({"bogus": 1}, "bogus")]:
+            with self.assertRaises(ApiError) as e:
+                self.api.call("PUT", "/v1/tenants/x", body)
+            self.assertEqual((e.exception.status, e.exception.field), (400, field))
+        with self.assertRaises(ApiError) as e:
+            self.api.call("PUT", "/v1/tenants/Not_Valid", {})
+        self.assertEqual((e.exception.status, e.exception.field), (400, "tenant"))
 
 
 class ListenRefusedTest(unittest.TestCase):

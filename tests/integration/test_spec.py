@@ -283,6 +283,9 @@ class SpecStatusesTest(DaemonTestCase):
         for method, template, op in openapi_check.operations():
             if "{id}" not in template or (method, template) in PENDING:
                 continue
+            # A tenant's {id} is a name PUT creates (its 404 is test_auth's: over TCP).
+            if template.startswith("/v1/tenants/"):
+                continue
             if "404" not in op["responses"]:
                 continue
             path = probe_path(template, id="sb-nosuchsandbox")
