@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <thread>
 
+#include "auth/auth.h"
 #include "common/metrics/metrics.h"
 #include "daemon/base64.h"
 #include "daemon/pty.h"
@@ -390,6 +391,15 @@ void dispatch(engine::Engine& engine, Exchange& ex, const Caller& caller) {
       check_query_keys(q, {});
       expect_no_body(ex);
       engine.destroy(id);
+      if (auth::Auth* a = caller.auth)
+        a->audit().append({{"source", caller.source},
+                           {"tenant", caller.who.tenant},
+                           {"token_id", caller.who.token_id},
+                           {"method", "DELETE"},
+                           {"route", "/v1/sandboxes/{id}"},
+                           {"sandbox", id},
+                           {"outcome", "sandbox_deleted"},
+                           {"status", 204}});
       ex.send_empty(204);
       return;
     case Route::exec:

@@ -141,17 +141,19 @@ class TcpClient(Client):
     """The same API over airlockd's TCP listener (--listen), with a token
     (Authorization: Bearer) and, for TLS, an ssl.SSLContext."""
 
-    def __init__(self, host, port, token=None, ssl_context=None):
+    def __init__(self, host, port, token=None, ssl_context=None, source=None):
         super().__init__(None)
         self.host, self.port, self.ssl_context = host, port, ssl_context
+        self.source = (source, 0) if source else None  # e.g. "127.0.0.2": another peer address
         if token:
             self.headers = {"Authorization": f"Bearer {token}"}
 
     def connection(self, timeout):
         if self.ssl_context is not None:
             return http.client.HTTPSConnection(self.host, self.port, timeout=timeout,
-                                               context=self.ssl_context)
-        return http.client.HTTPConnection(self.host, self.port, timeout=timeout)
+                                               context=self.ssl_context, source_address=self.source)
+        return http.client.HTTPConnection(self.host, self.port, timeout=timeout,
+                                          source_address=self.source)
 
 
 def free_port():

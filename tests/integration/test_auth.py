@@ -300,6 +300,63 @@ class QuotaTest(DaemonTestCase):
         self.assertEqual((e.exception.status, e.exception.field), (400, "tenant"))
 
 
+class AuthFailureTest(DaemonTestCase):
+    """Failures are rate-limited per source address (127.0.0.2 and 127.0.0.1
+    are two sources on loopback), audited, and expiry is immediate."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.port = free_port()
+        cls.daemon_args = ["--listen", f"127.0.0.1:{cls.port}"]
+        super().setUpClass()
+
+    def test_failures_are_limited_per_source(self):
+        good = self.api.call("POST", "/v1/tokens", {"tenant": "acme"})["secret"]
+        statuses = []
+        for i in range(12):
+            bad = TcpClient("127.0.0.1", self.port, f"airlock_{i:040x}", source="127.0.0.2")
+            try:
+                bad.call("GET", "/v1/sandboxes")
+                statuses.append(200)
+            except ApiError as e:
+                statuses.append((e.status, e.code))
+        # The default budget: 10 failures back to back, then 429.
+        self.assertEqual(statuses[:10], [(401, "unauthenticated")] * 10)
+        self.assertEqual(statuses[10:], [(429, "rate_limited")] * 2)
+        # While limited, even the right token from that source is refused...
+        with self.assertRaises(ApiError) as e:
+            TcpClient("127.0.0.1", self.port, good, source="127.0.0.2").call("GET", "/v1/sandboxes")
+        self.assertEqual((e.exception.status, e.exception.code), (429, "rate_limited"))
+        # ... and no credential at all too.
+        with self.assertRaises(ApiError) as e:
+            TcpClient("127.0.0.1", self.port, source="127.0.0.2").call("GET", "/v1/info")
+        self.assertEqual(e.exception.status, 429)
+        # Another source is not affected.
+        self.assertEqual(TcpClient("127.0.0.1", self.port, good).call("GET", "/v1/sandboxes"), [])
+        with open(os.path.join(self.data_dir, "audit.jsonl")) as f:
+            records = [json.loads(line) for line in f]
+        mine = [r for r in records if r["source"] == "127.0.0.2"]
+        self.assertEqual([r["outcome"] for r in mine].count("unauthenticated"), 10)
+        self.assertGreaterEqual([r["outcome"] for r in mine].count("rate_limited"), 3)
+        for r in mine:
+            self.assertRegex(r["time"], r"^\d{4}-\d\d-\d\dT")
+            self.assertEqual((r["method"], r["route"]) in {("GET", "/v1/sandboxes"), ("GET", "/v1/info")}, True)
+        # The budget refills (one failure per 5 s).
+        time.sleep(5.5)
+        self.assertEqual(TcpClient("127.0.0.1", self.port, good, source="127.0.0.2").call("GET", "/v1/sandboxes"), [])
+
+    def test_expired_token_stops_at_once(self):
+        r = cli(self, "token", "create", "--tenant", "brief", "--expires", "2s", "--json")
+        tok = json.loads(r.stdout)
+        self.assertEqual(tok["expires"] - tok["created"], 2)
+        c = TcpClient("127.0.0.1", self.port, tok["secret"])
+        self.assertEqual(c.call("GET", "/v1/sandboxes"), [])
+        time.sleep(3.1)
+        with self.assertRaises(ApiError) as e:
+            c.call("GET", "/v1/sandboxes")
+        self.assertEqual((e.exception.status, e.exception.code), (401, "unauthenticated"))
+
+
 class ListenRefusedTest(unittest.TestCase):
     def test_plain_http_on_a_non_loopback_address_is_refused(self):
         import tempfile
