@@ -95,8 +95,16 @@ std::shared_ptr<ssl::context> make_tls_context(const std::string& cert_file,
   return ctx;
 }
 
-TlsStream::TlsStream(tcp::socket&& accepted, ssl::context& ctx)
-    : ssl_(tcp::socket(io_, accepted.local_endpoint().protocol(), accepted.release()), ctx) {
+namespace {
+// The accepted socket's fd moved onto `io` (the protocol read before the
+// release: the order of a call's arguments is unspecified).
+tcp::socket adopt(net::io_context& io, tcp::socket& accepted) {
+  auto protocol = accepted.local_endpoint().protocol();
+  return tcp::socket(io, protocol, accepted.release());
+}
+}  // namespace
+
+TlsStream::TlsStream(tcp::socket&& accepted, ssl::context& ctx) : ssl_(adopt(io_, accepted), ctx) {
   network = true;
   tls = true;
 }

@@ -439,6 +439,12 @@ void handle_pty(engine::Engine& engine, Exchange& ex, const std::string& id) {
     throw Error(Errc::invalid_argument,
                 "this route is a WebSocket: send Connection: Upgrade and Upgrade: websocket",
                 "upgrade");
+  // The session runs the WebSocket on the raw fd: not over a TLS session
+  // (its records would be read as WebSocket frames).
+  if (ex.stream().tls)
+    throw Error(Errc::unavailable,
+                "the terminal route is not served over TLS yet: use the unix socket or a "
+                "loopback --listen without TLS");
   // The session owns its own copy of the connection's fd (and an io_context
   // of its own) for the asynchronous reads and writes both ways; the server
   // still holds the original, so a daemon shutdown ends the session too.

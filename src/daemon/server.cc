@@ -196,10 +196,16 @@ void Server::Impl::admit(Sock sock) {
     auto remote = sock.remote_endpoint(ec);
     // The API's answers are small and latency-bound.
     sock.set_option(tcp::no_delay(true), ec);
-    if (tls)
-      conn = std::make_unique<TlsStream>(std::move(sock), *tls);
-    else
-      conn = std::make_unique<SocketStream<tcp::socket>>(std::move(sock));
+    try {
+      if (tls)
+        conn = std::make_unique<TlsStream>(std::move(sock), *tls);
+      else
+        conn = std::make_unique<SocketStream<tcp::socket>>(std::move(sock));
+    } catch (const std::exception& e) {
+      // A peer already gone (its fd unusable): nothing to serve.
+      spdlog::debug("dropping a TCP connection: {}", e.what());
+      return;
+    }
     conn->network = true;
     conn->peer = remote.address().to_string();
   } else {

@@ -8,8 +8,11 @@ with and without them.
 import json
 import os
 import re
+import shutil
 import socket
+import ssl
 import subprocess
+import tempfile
 import time
 import unittest
 
@@ -357,6 +360,73 @@ class AuthFailureTest(DaemonTestCase):
         self.assertEqual((e.exception.status, e.exception.code), (401, "unauthenticated"))
 
 
+def make_cert(directory, name="localhost"):
+    """A self-signed certificate for 127.0.0.1 made with the openssl CLI: (cert, key)."""
+    cert, key = os.path.join(directory, f"{name}.pem"), os.path.join(directory, f"{name}.key")
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", cert,
+                    "-days", "1", "-subj", f"/CN={name}", "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"],
+                   check=True, capture_output=True, timeout=60)
+    return cert, key
+
+
+class TlsTest(DaemonTestCase):
+    """--listen with --tls-cert/--tls-key: the API over TLS with a certificate
+    the test makes, verified by the client against it."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.certdir = tempfile.mkdtemp(prefix="airlock-tls-")
+        cls.cert, cls.key = make_cert(cls.certdir)
+        cls.port = free_port()
+        cls.daemon_args = ["--listen", f"127.0.0.1:{cls.port}", "--tls-cert", cls.cert, "--tls-key", cls.key]
+        super().setUpClass()
+        cls.token = cls.api.call("POST", "/v1/tokens", {"tenant": "secure"})["secret"]
+
+    @classmethod
+    def tearDownClass(cls):
+        super().tearDownClass()
+        shutil.rmtree(cls.certdir, ignore_errors=True)
+
+    def tls(self, token=None):
+        return TcpClient("127.0.0.1", self.port, token or self.token,
+                         ssl_context=ssl.create_default_context(cafile=self.cert))
+
+    def test_api_over_tls_with_a_real_vm(self):
+        c = self.tls()
+        sb = c.create(image="minimal")["id"]
+        try:
+            out, _, ev = c.exec(sb, argv=["sh", "-c", "echo over tls; head -c 300000 /dev/zero | tr '\\0' x"])
+            self.assertEqual(ev["exit_code"], 0)
+            self.assertTrue(out.startswith(b"over tls\n"))
+            self.assertEqual(len(out), len(b"over tls\n") + 300000)
+            data = os.urandom(1 << 20)
+            c.put_file(sb, "/tmp/blob", data)
+            self.assertEqual(c.get_file(sb, "/tmp/blob"), data)  # chunked download over TLS
+            self.assertEqual(c.call("GET", f"/v1/sandboxes/{sb}")["tenant"], "secure")
+        finally:
+            c.delete(sb)
+        with self.assertRaises(ApiError) as e:
+            self.tls("airlock_" + "1" * 40).call("GET", "/v1/sandboxes")
+        self.assertEqual(e.exception.status, 401)
+
+    def test_certificate_is_verified_and_plain_http_gets_nothing(self):
+        other_cert, _ = make_cert(self.certdir, "other")
+        bad = TcpClient("127.0.0.1", self.port, self.token,
+                        ssl_context=ssl.create_default_context(cafile=other_cert))
+        with self.assertRaises(ssl.SSLCertVerificationError):
+            bad.call("GET", "/v1/sandboxes")
+        # Plain HTTP on the TLS port: no answer in clear, ever.
+        with socket.create_connection(("127.0.0.1", self.port), timeout=10) as s:
+            s.sendall(b"GET /v1/info HTTP/1.1\r\nHost: x\r\n\r\n")
+            try:
+                got = s.recv(4096)
+            except ConnectionResetError:
+                got = b""
+            self.assertNotIn(b"HTTP/1.1", got)
+        # The daemon still serves TLS clients after that.
+        self.assertEqual(self.tls().call("GET", "/v1/sandboxes"), [])
+
+
 class ListenRefusedTest(unittest.TestCase):
     def test_plain_http_on_a_non_loopback_address_is_refused(self):
         import tempfile
@@ -367,6 +437,20 @@ class ListenRefusedTest(unittest.TestCase):
             self.assertEqual(r.returncode, 1)
             self.assertIn("not a loopback address", r.stdout + r.stderr)
             self.assertIn("--tls-cert", r.stdout + r.stderr)
+
+    def test_bad_tls_files_are_named(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            cert, key = make_cert(tmp)
+            other_cert, other_key = make_cert(tmp, "other")
+            base = [os.path.join(BIN, "airlockd"), "--data-dir", os.path.join(tmp, "d"),
+                    "--listen", f"127.0.0.1:{free_port()}"]
+            for extra, words in [(["--tls-cert", os.path.join(tmp, "missing.pem"), "--tls-key", key],
+                                  "missing.pem"),
+                                 (["--tls-cert", cert, "--tls-key", other_key], "other.key"),
+                                 (["--tls-cert", cert], "go together")]:
+                r = subprocess.run(base + extra, capture_output=True, text=True, timeout=30)
+                self.assertEqual(r.returncode, 1, extra)
+                self.assertIn(words, r.stdout + r.stderr)
 
 
 if __name__ == "__main__":
