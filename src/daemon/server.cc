@@ -1,6 +1,7 @@
 #include "daemon/server.h"
 
 #include <fcntl.h>
+#include <grp.h>
 #include <signal.h>
 #include <spdlog/spdlog.h>
 #include <sys/file.h>
@@ -130,6 +131,20 @@ void Server::bind() {
     std::filesystem::create_directories(dir, ec);
     if (ec) throw Error(Errc::internal, "cannot create " + dir.string() + ": " + ec.message());
   }
+  // The socket is the operator's door: root and the `airlock` group only.
+  // Its directory is made 0700 (0750 group airlock when that group exists)
+  // if it is ours; a shared one (sticky, e.g. /tmp, or another owner's) is
+  // left alone and the socket's own mode does the job.
+  gid_t group = static_cast<gid_t>(-1);
+  if (const struct group* g = ::getgrnam("airlock")) group = g->gr_gid;
+  struct stat st {};
+  if (!dir.empty() && ::stat(dir.c_str(), &st) == 0 && st.st_uid == ::geteuid() &&
+      !(st.st_mode & S_ISVTX)) {
+    if (group != static_cast<gid_t>(-1) && ::chown(dir.c_str(), -1, group) != 0)
+      spdlog::warn("cannot give {} to group airlock: {}", dir.string(), std::strerror(errno));
+    if (::chmod(dir.c_str(), group != static_cast<gid_t>(-1) ? 0750 : 0700) != 0)
+      throw_errno("cannot chmod " + dir.string());
+  }
   // The lock outlives any stale socket file: whoever holds it is the daemon.
   std::string lock_path = s.socket_path.string() + ".lock";
   s.lock_fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
@@ -154,7 +169,10 @@ void Server::bind() {
   if (bec)
     throw Error(Errc::internal, "cannot bind " + s.socket_path.string() + ": " + bec.message());
   s.acceptor->listen(net::socket_base::max_listen_connections);
-  ::chmod(s.socket_path.c_str(), 0600);
+  if (group != static_cast<gid_t>(-1) && ::chown(s.socket_path.c_str(), -1, group) == 0)
+    ::chmod(s.socket_path.c_str(), 0660);
+  else
+    ::chmod(s.socket_path.c_str(), 0600);
 }
 
 void Server::Impl::accept_next() {

@@ -2,7 +2,8 @@
 // (engine calls block), keep-alive, routes from router.h, bodies validated by
 // request.h, errors as {"error": {"code", "message", "field"}}.
 //
-// The socket file is the credential (mode 0600 in a 0700 directory). A lock
+// The socket file is the credential (mode 0600 in a 0700 directory; with
+// a group `airlock` on the host, 0660 in a 0750 directory of that group). A lock
 // file beside it (<socket>.lock, flock) makes a second daemon on the same
 // socket refuse to start; a stale socket file is removed only when nothing
 // answers on it.

@@ -427,6 +427,36 @@ class TlsTest(DaemonTestCase):
         self.assertEqual(self.tls().call("GET", "/v1/sandboxes"), [])
 
 
+class SocketDirTest(unittest.TestCase):
+    def test_socket_directory_is_made_private(self):
+        import grp
+        try:
+            group = grp.getgrnam("airlock").gr_gid
+        except KeyError:
+            group = None
+        with tempfile.TemporaryDirectory() as tmp:
+            sockdir = os.path.join(tmp, "run")
+            os.mkdir(sockdir, 0o755)
+            os.chmod(sockdir, 0o755)
+            sock = os.path.join(sockdir, "airlockd.sock")
+            d = subprocess.Popen([os.path.join(BIN, "airlockd"), "--data-dir", os.path.join(tmp, "d"),
+                                  "--socket", sock], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            try:
+                deadline = time.time() + 20
+                while not os.path.exists(sock) and time.time() < deadline:
+                    time.sleep(0.05)
+                st_dir, st_sock = os.stat(sockdir), os.stat(sock)
+                if group is None:
+                    self.assertEqual(st_dir.st_mode & 0o777, 0o700)
+                    self.assertEqual(st_sock.st_mode & 0o777, 0o600)
+                else:
+                    self.assertEqual((st_dir.st_mode & 0o777, st_dir.st_gid), (0o750, group))
+                    self.assertEqual((st_sock.st_mode & 0o777, st_sock.st_gid), (0o660, group))
+            finally:
+                d.terminate()
+                d.wait(timeout=20)
+
+
 class ListenRefusedTest(unittest.TestCase):
     def test_plain_http_on_a_non_loopback_address_is_refused(self):
         import tempfile
