@@ -2,13 +2,18 @@
 
 #include <unistd.h>
 
+#include <boost/asio/connect.hpp>
 #include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/local/stream_protocol.hpp>
+#include <boost/asio/ssl.hpp>
 #include <boost/asio/write.hpp>
 #include <boost/beast/core/flat_buffer.hpp>
 #include <boost/beast/http.hpp>
 #include <cerrno>
+#include <cstdlib>
 #include <limits>
+#include <variant>
 
 #include "cli/args.h"
 #include "common/error.h"
@@ -19,13 +24,15 @@ namespace net = boost::asio;
 namespace beast = boost::beast;
 namespace http = beast::http;
 using stream = net::local::stream_protocol;
+using tcp = net::ip::tcp;
 using nlohmann::json;
 
 namespace {
 
 constexpr Errc kCodes[] = {Errc::invalid_argument,  Errc::not_found,      Errc::conflict,
                            Errc::payload_too_large, Errc::timeout,        Errc::unavailable,
-                           Errc::guest_error,       Errc::protocol_error, Errc::internal};
+                           Errc::guest_error,       Errc::protocol_error, Errc::internal,
+                           Errc::unauthenticated,   Errc::quota_exceeded, Errc::rate_limited};
 
 Errc errc_of(const std::string& code) {
   for (Errc c : kCodes)
@@ -46,23 +53,110 @@ Errc errc_of(const std::string& code) {
                   (body.empty() ? "" : ": " + body.substr(0, 200)));
 }
 
+// The connection's byte stream: the unix socket, or TCP (plain or TLS) to
+// an airlockd --listen named by an http(s):// address (client.h).
+using SslStream = net::ssl::stream<tcp::socket>;
+struct AnyStream {
+  std::variant<stream::socket, tcp::socket, std::unique_ptr<SslStream>> s;
+
+  template <class F>
+  decltype(auto) visit(F&& f) {
+    return std::visit(
+        [&](auto& x) -> decltype(auto) {
+          if constexpr (std::is_same_v<std::decay_t<decltype(x)>, std::unique_ptr<SslStream>>)
+            return f(*x);
+          else
+            return f(x);
+        },
+        s);
+  }
+  template <class B>
+  size_t read_some(const B& b, beast::error_code& ec) {
+    size_t n = visit([&](auto& x) { return x.read_some(b, ec); });
+    if (ec == net::ssl::error::stream_truncated) ec = net::error::eof;
+    return n;
+  }
+  template <class B>
+  size_t read_some(const B& b) {
+    beast::error_code ec;
+    size_t n = read_some(b, ec);
+    if (ec) throw beast::system_error(ec);
+    return n;
+  }
+  template <class B>
+  size_t write_some(const B& b, beast::error_code& ec) {
+    return visit([&](auto& x) { return x.write_some(b, ec); });
+  }
+  template <class B>
+  size_t write_some(const B& b) {
+    beast::error_code ec;
+    size_t n = write_some(b, ec);
+    if (ec) throw beast::system_error(ec);
+    return n;
+  }
+};
+
 struct Conn {
   net::io_context io;
-  stream::socket sock{io};
+  AnyStream sock{stream::socket(io)};
   beast::flat_buffer buf;
+  std::string token;  // AIRLOCK_TOKEN, sent on TCP only
 
   explicit Conn(const std::filesystem::path& path) {
     beast::error_code ec;
-    sock.connect(stream::endpoint(path.string()), ec);
+    if (auto r = parse_remote(path.string())) {
+      connect_tcp(*r, path.string());
+      return;
+    }
+    std::get<stream::socket>(sock.s).connect(stream::endpoint(path.string()), ec);
     if (ec)
       throw Error(Errc::unavailable,
                   "cannot connect to airlockd at " + path.string() + ": " + ec.message());
+  }
+
+  void connect_tcp(const Remote& r, const std::string& url) {
+    if (const char* t = std::getenv("AIRLOCK_TOKEN")) token = t;
+    beast::error_code ec;
+    tcp::resolver resolver(io);
+    auto results = resolver.resolve(r.host, r.port, ec);
+    tcp::socket s(io);
+    if (!ec) net::connect(s, results, ec);
+    if (ec)
+      throw Error(Errc::unavailable, "cannot connect to airlockd at " + url + ": " + ec.message());
+    s.set_option(tcp::no_delay(true), ec);
+    if (!r.tls) {
+      sock.s = std::move(s);
+      return;
+    }
+    // Verified against AIRLOCK_CA (a PEM file) or the system's CAs.
+    static net::ssl::context ctx = [] {
+      net::ssl::context c(net::ssl::context::tls_client);
+      const char* ca = std::getenv("AIRLOCK_CA");
+      beast::error_code e;
+      if (ca && *ca)
+        c.load_verify_file(ca, e);
+      else
+        c.set_default_verify_paths(e);
+      if (e)
+        throw Error(Errc::invalid_argument,
+                    std::string("AIRLOCK_CA ") + (ca ? ca : "") + ": " + e.message(), "AIRLOCK_CA");
+      c.set_verify_mode(net::ssl::verify_peer);
+      return c;
+    }();
+    auto ssl = std::make_unique<SslStream>(std::move(s), ctx);
+    SSL_set_tlsext_host_name(ssl->native_handle(), r.host.c_str());
+    // The name (or IP address) in the URL must be the certificate's.
+    ssl->set_verify_callback(net::ssl::host_name_verification(r.host));
+    ssl->handshake(net::ssl::stream_base::client, ec);
+    if (ec) throw Error(Errc::unavailable, "TLS with " + url + " failed: " + ec.message());
+    sock.s = std::move(ssl);
   }
 
   template <class Body>
   void send(http::request<Body>& req) {
     req.set(http::field::host, "localhost");
     req.set(http::field::user_agent, "airlock/" AIRLOCK_VERSION);
+    if (!token.empty()) req.set(http::field::authorization, "Bearer " + token);
     req.prepare_payload();
     beast::error_code ec;
     http::write(sock, req, ec);
@@ -118,6 +212,36 @@ struct Conn {
 };
 
 }  // namespace
+
+std::optional<Remote> parse_remote(const std::string& url) {
+  std::string rest;
+  Remote r;
+  if (url.rfind("http://", 0) == 0) {
+    rest = url.substr(7);
+  } else if (url.rfind("https://", 0) == 0) {
+    rest = url.substr(8);
+    r.tls = true;
+  } else {
+    return std::nullopt;
+  }
+  rest = rest.substr(0, rest.find('/'));
+  auto colon = rest.rfind(':');
+  if (!rest.empty() && rest.front() == '[') {  // [v6]:port
+    auto close = rest.find(']');
+    if (close == std::string::npos) colon = std::string::npos;
+    r.host = rest.substr(1, close == std::string::npos ? 0 : close - 1);
+    if (colon != std::string::npos && colon < close) colon = std::string::npos;
+  } else {
+    r.host = rest.substr(0, colon);
+  }
+  r.port = colon == std::string::npos ? (r.tls ? "443" : "80") : rest.substr(colon + 1);
+  if (r.host.empty() || r.port.empty() ||
+      r.port.find_first_not_of("0123456789") != std::string::npos)
+    throw Error(Errc::invalid_argument,
+                "AIRLOCK_URL must be http://HOST:PORT or https://HOST:PORT, got " + url,
+                "AIRLOCK_URL");
+  return r;
+}
 
 int errc_from_string(const std::string& code) { return static_cast<int>(errc_of(code)); }
 
@@ -246,6 +370,7 @@ uint64_t Client::upload(const std::string& id, const std::string& path, uint32_t
       http::verb::put,
       "/v1/sandboxes/" + id + "/files?path=" + url_encode(path) + "&mode=" + mode_text, 11};
   req.set(http::field::host, "localhost");
+  if (!c.token.empty()) req.set(http::field::authorization, "Bearer " + c.token);
   req.set(http::field::content_type, "application/octet-stream");
   req.keep_alive(false);
   req.chunked(true);

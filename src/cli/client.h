@@ -12,6 +12,7 @@
 #include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -89,6 +90,18 @@ class StdinSender {
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
+
+// A daemon's TCP listener (airlockd --listen) named where a socket path goes:
+// a "socket" of the form http://HOST:PORT or https://HOST:PORT connects
+// over TCP, sends $AIRLOCK_TOKEN as a bearer token, and for https checks
+// the certificate against $AIRLOCK_CA (PEM; default the system's CAs) and
+// HOST. std::nullopt for an ordinary path; Error(invalid_argument) for a
+// malformed URL.
+struct Remote {
+  std::string host, port;
+  bool tls = false;
+};
+std::optional<Remote> parse_remote(const std::string& url);
 
 // Maps the daemon's error code string back to an Errc ("not_found" -> not_found).
 int errc_from_string(const std::string& code);

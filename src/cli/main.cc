@@ -36,6 +36,7 @@ using nlohmann::json;
 
 struct Globals {
   std::string socket, data_dir, image_dir;
+  std::string url;  // AIRLOCK_URL: a daemon's TCP listener instead of the socket
   DaemonPaths paths() const {
     DaemonPaths p;
     p.data_dir = std::filesystem::absolute(data_dir.empty() ? daemon::default_data_dir()
@@ -48,6 +49,8 @@ struct Globals {
 };
 
 Client connect(const Globals& g) {
+  // A remote daemon is used as it is: nothing to start.
+  if (!g.url.empty() && parse_remote(g.url)) return Client(g.url);
   DaemonPaths p = g.paths();
   Client c(p.socket);
   ensure_daemon(c, p);
@@ -199,6 +202,10 @@ int main_impl(int argc, char** argv) {
   app.add_option("--data-dir", g.data_dir, "data directory of the daemon")
       ->envname("AIRLOCK_DATA_DIR");
   app.add_option("--image-dir", g.image_dir, "guest image directory")->envname("AIRLOCK_IMAGE_DIR");
+  app.add_option("--url", g.url,
+                 "http(s)://HOST:PORT of an airlockd --listen instead of the socket (token: "
+                 "$AIRLOCK_TOKEN, https CA: $AIRLOCK_CA)")
+      ->envname("AIRLOCK_URL");
   app.set_version_flag("--version", AIRLOCK_VERSION);
 
   CreateOptions copts;
@@ -362,9 +369,9 @@ int main_impl(int argc, char** argv) {
 
   if (mcp_cmd->parsed()) {
     DaemonPaths p = g.paths();
-    Client c(p.socket);
+    Client c(g.url.empty() ? p.socket.string() : g.url);
     try {
-      ensure_daemon(c, p);
+      if (g.url.empty()) ensure_daemon(c, p);
     } catch (const Error& e) {
       // Serve anyway: every tool call then reports why the daemon is not
       // there, which an MCP client shows, where a dead server says nothing.

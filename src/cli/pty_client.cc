@@ -248,6 +248,11 @@ class Session {
 }  // namespace
 
 int run_pty(const std::filesystem::path& socket, const std::string& id, const PtyOptions& opts) {
+  if (parse_remote(socket.string()))
+    throw Error(Errc::invalid_argument,
+                "a terminal (shell, exec -t) is not served over AIRLOCK_URL yet: use the unix "
+                "socket",
+                "AIRLOCK_URL");
   auto [cols, rows] = window_size();
   json start = pty_start_message(opts, cols, rows, std::getenv("TERM"));
 

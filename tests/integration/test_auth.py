@@ -409,6 +409,43 @@ class TlsTest(DaemonTestCase):
             self.tls("airlock_" + "1" * 40).call("GET", "/v1/sandboxes")
         self.assertEqual(e.exception.status, 401)
 
+    def test_cli_over_tls(self):
+        env = {**os.environ, "AIRLOCK_URL": f"https://127.0.0.1:{self.port}", "AIRLOCK_TOKEN": self.token,
+               "AIRLOCK_CA": self.cert, "AIRLOCK_SOCKET": "/nonexistent/airlockd.sock"}
+        run = lambda *a, **kw: subprocess.run([os.path.join(BIN, "airlock"), *a], env={**env, **kw},
+                                              capture_output=True, text=True, timeout=120)
+        r = run("create", "--image", "minimal")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        sid = r.stdout.strip()
+        try:
+            r = run("exec", sid, "--", "sh", "-c", "echo via cli; exit 3")
+            self.assertEqual((r.returncode, r.stdout), (3, "via cli\n"), r.stderr)
+            self.assertIn(sid, run("ls").stdout)
+            # The operator's own view agrees: the sandbox is this tenant's.
+            self.assertEqual(self.api.call("GET", f"/v1/sandboxes/{sid}")["tenant"], "secure")
+            r = run("ls", AIRLOCK_TOKEN="airlock_" + "2" * 40)
+            self.assertNotEqual(r.returncode, 0)
+            self.assertIn("authentication required", r.stderr)
+            other_cert, _ = make_cert(self.certdir, "cli-other")
+            r = run("ls", AIRLOCK_CA=other_cert)
+            self.assertNotEqual(r.returncode, 0)
+            self.assertIn("TLS", r.stderr)
+        finally:
+            self.assertEqual(run("rm", sid).returncode, 0)
+
+    def test_python_sdk_over_tls(self):
+        import sys
+        sys.path.insert(0, os.path.join(harness.ROOT, "sdk", "python"))
+        import airlock
+        client = airlock.Client(url=f"https://127.0.0.1:{self.port}", token=self.token, ca=self.cert)
+        with airlock.Sandbox.create("minimal", client=client) as sb:
+            self.assertEqual(sb.exec("echo", "sdk").stdout, b"sdk\n")
+            sb.files.write("/tmp/f", b"over tls")
+            self.assertEqual(sb.files.read("/tmp/f"), b"over tls")
+        with self.assertRaises(airlock.Unauthenticated):
+            airlock.Client(url=f"https://127.0.0.1:{self.port}", token="nope", ca=self.cert).info()
+        client.close()
+
     def test_certificate_is_verified_and_plain_http_gets_nothing(self):
         other_cert, _ = make_cert(self.certdir, "other")
         bad = TcpClient("127.0.0.1", self.port, self.token,

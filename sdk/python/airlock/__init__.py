@@ -12,7 +12,8 @@ Standard library only. Talks to the local ``airlockd`` over its unix socket
 from .aio import AsyncProcess, AsyncSandbox, AsyncStream
 from .errors import (AirlockError, Conflict, DaemonUnavailable, GuestError, InternalError,
                      InvalidArgument, MethodNotAllowed, NotFound, PayloadTooLarge, RouteNotFound,
-                     SandboxFailed, SandboxNotFound, Timeout, Unavailable, Unsupported)
+                     QuotaExceeded, RateLimited, SandboxFailed, SandboxNotFound, Timeout,
+                     Unauthenticated, Unavailable, Unsupported)
 from .sandbox import Client, ExecStream, Process, Sandbox, default_client
 from .types import ExecEvent, ExecResult, FileEntry, WatchEvent
 from ._transport import default_socket
@@ -24,6 +25,7 @@ __all__ = [
     "DaemonUnavailable",
     "ExecEvent", "ExecResult", "ExecStream", "FileEntry", "GuestError", "InternalError",
     "InvalidArgument", "MethodNotAllowed", "NotFound", "PayloadTooLarge", "Process",
-    "RouteNotFound", "Sandbox", "SandboxFailed", "SandboxNotFound", "Timeout", "Unavailable",
+    "QuotaExceeded", "RateLimited", "RouteNotFound", "Sandbox", "SandboxFailed",
+    "SandboxNotFound", "Timeout", "Unauthenticated", "Unavailable",
     "Unsupported", "WatchEvent", "default_client", "default_socket",
 ]

@@ -14,6 +14,7 @@ import json
 import os
 import pwd
 import socket
+import ssl
 import threading
 import urllib.parse
 from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Tuple, Union
@@ -160,17 +161,24 @@ class Transport:
         url: ``http://host:port`` of a TCP listener instead of the socket
             (default ``$AIRLOCK_URL``).
         token: sent as ``Authorization: Bearer`` (default ``$AIRLOCK_TOKEN``).
+        ca: for ``https``, a PEM file of the CA (or self-signed certificate)
+            to verify the daemon against (default ``$AIRLOCK_CA``, else the
+            system's CAs); the URL's host must match the certificate.
         timeout: seconds a plain call may take (streams wait as long as needed).
     """
 
     def __init__(self, socket_path: Optional[str] = None, url: Optional[str] = None,
-                 token: Optional[str] = None, timeout: float = DEFAULT_TIMEOUT) -> None:
+                 token: Optional[str] = None, timeout: float = DEFAULT_TIMEOUT,
+                 ca: Optional[str] = None) -> None:
         if socket_path is None and url is None:
             url = os.environ.get("AIRLOCK_URL") or None
         if token is None:
             token = os.environ.get("AIRLOCK_TOKEN") or None
+        if ca is None:
+            ca = os.environ.get("AIRLOCK_CA") or None
         self.timeout = timeout
         self._token = token
+        self._ssl: Optional[ssl.SSLContext] = None
         self._prefix = ""
         self._url: Optional[urllib.parse.SplitResult] = None
         self._socket: Optional[str] = None
@@ -180,6 +188,8 @@ class Transport:
                 raise AirlockError("invalid_argument",
                                    f"AIRLOCK_URL must be http://host:port, got {url!r}", "url")
             self._url = u
+            if u.scheme == "https":
+                self._ssl = ssl.create_default_context(cafile=ca)
             self._prefix = u.path.rstrip("/")
             self.where = url
         else:
@@ -190,9 +200,11 @@ class Transport:
 
     def _connect(self, timeout: Optional[float]) -> http.client.HTTPConnection:
         if self._url is not None:
-            cls = http.client.HTTPSConnection if self._url.scheme == "https" else \
-                http.client.HTTPConnection
-            return cls(self._url.hostname or "", self._url.port, timeout=timeout)
+            if self._ssl is not None:
+                return http.client.HTTPSConnection(self._url.hostname or "", self._url.port,
+                                                   timeout=timeout, context=self._ssl)
+            return http.client.HTTPConnection(self._url.hostname or "", self._url.port,
+                                              timeout=timeout)
         assert self._socket is not None
         return _UnixConnection(self._socket, timeout)
 

@@ -103,7 +103,22 @@ class Unsupported(AirlockError):
     """The daemon does not support a feature this call needs (it is older than the SDK)."""
 
 
+class Unauthenticated(AirlockError):
+    """No valid token on a TCP listener (HTTP 401; never says which part failed)."""
+
+
+class QuotaExceeded(AirlockError):
+    """The tenant's quota is reached (HTTP 429); ``field`` names the limit."""
+
+
+class RateLimited(AirlockError):
+    """Too many requests of a kind (HTTP 429): auth failures, creates per minute."""
+
+
 _BY_CODE: Dict[str, Type[AirlockError]] = {
+    "unauthenticated": Unauthenticated,
+    "quota_exceeded": QuotaExceeded,
+    "rate_limited": RateLimited,
     "invalid_argument": InvalidArgument,
     "not_found": NotFound,
     "method_not_allowed": MethodNotAllowed,

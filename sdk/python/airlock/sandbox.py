@@ -29,8 +29,9 @@ class Client:
     """
 
     def __init__(self, socket: Optional[str] = None, url: Optional[str] = None,
-                 token: Optional[str] = None, timeout: float = 300.0) -> None:
-        self.transport = Transport(socket, url, token, timeout)
+                 token: Optional[str] = None, timeout: float = 300.0,
+                 ca: Optional[str] = None) -> None:
+        self.transport = Transport(socket, url, token, timeout, ca)
 
     def info(self) -> Dict[str, Any]:
         """The daemon's ``/v1/info``: version, accelerator, images, limits."""
