@@ -41,6 +41,17 @@ void add_token_commands(CLI::App& app, TokenCommands& t) {
   t.ls->add_flag("--json", t.json, "print JSON");
   t.rm = t.token->add_subcommand("rm", "revoke a token at once");
   t.rm->add_option("id", t.id, "token id (tok_...)")->required();
+
+  t.tenants = app.add_subcommand("tenant", "tenants' quotas (limits left out: none)");
+  t.tenants->require_subcommand(1);
+  t.tenant_set = t.tenants->add_subcommand("set", "replace a tenant's quota");
+  t.tenant_set->add_option("tenant", t.quota_tenant, "tenant name")->required();
+  t.tenant_set->add_option("--max-sandboxes", t.max_sandboxes, "live sandboxes at once");
+  t.tenant_set->add_option("--max-memory-mb", t.max_memory_mb, "sum of memory_mb of live ones");
+  t.tenant_set->add_option("--max-disk-mb", t.max_disk_mb, "sum of disk_mb of live ones");
+  t.tenant_set->add_option("--creates-per-minute", t.creates_per_minute, "creates in any 60 s");
+  t.tenant_ls = t.tenants->add_subcommand("ls", "tenants, their quotas and usage");
+  for (CLI::App* c : {t.tenant_set, t.tenant_ls}) c->add_flag("--json", t.json, "print JSON");
 }
 
 namespace {
@@ -80,6 +91,44 @@ bool run_token_command(const TokenCommands& t, const std::function<Client()>& co
         std::printf("%-20s %-20s %-8s %-20s\n", j.value("id", "").c_str(),
                     j.value("tenant", "").c_str(), j.value("format", "").c_str(),
                     when(j["expires"]).c_str());
+    }
+    return true;
+  }
+  if (t.tenant_set->parsed() || t.tenant_ls->parsed()) {
+    json arr;
+    if (t.tenant_set->parsed()) {
+      json body = json::object();
+      auto put = [&](const char* k, const std::optional<int64_t>& v) {
+        if (v) body[k] = *v;
+      };
+      put("max_sandboxes", t.max_sandboxes);
+      put("max_memory_mb", t.max_memory_mb);
+      put("max_disk_mb", t.max_disk_mb);
+      put("creates_per_minute", t.creates_per_minute);
+      arr = json::array({connect().call("PUT", "/v1/tenants/" + t.quota_tenant, body)});
+    } else {
+      arr = connect().call("GET", "/v1/tenants");
+    }
+    if (t.json) {
+      std::cout << (t.tenant_set->parsed() ? arr[0] : arr).dump(2) << "\n";
+      return true;
+    }
+    auto limit = [](const json& q, const char* k) {
+      return q.contains(k) && q[k].is_number() ? std::to_string(q[k].get<int64_t>())
+                                               : std::string("-");
+    };
+    std::printf("%-20s %-12s %-16s %-16s %s\n", "TENANT", "SANDBOXES", "MEMORY_MB", "DISK_MB",
+                "CREATES/MIN");
+    for (const auto& j : arr) {
+      const json& q = j["quota"];
+      const json& u = j["usage"];
+      auto pair = [&](const char* used, const char* k) {
+        return std::to_string(u.value(used, int64_t{0})) + "/" + limit(q, k);
+      };
+      std::printf("%-20s %-12s %-16s %-16s %s\n", j.value("tenant", "").c_str(),
+                  pair("sandboxes", "max_sandboxes").c_str(),
+                  pair("memory_mb", "max_memory_mb").c_str(),
+                  pair("disk_mb", "max_disk_mb").c_str(), limit(q, "creates_per_minute").c_str());
     }
     return true;
   }

@@ -292,6 +292,19 @@ class QuotaTest(DaemonTestCase):
                             for r in records))
         self.assertTrue(any(r.get("tenant") == "rate" and r["outcome"] == "sandbox_created" for r in records))
 
+    def test_cli_sets_and_shows_quotas(self):
+        r = cli(self, "tenant", "set", "viacli", "--max-sandboxes", "0", "--max-memory-mb", "512")
+        self.assertIn("viacli", r.stdout)
+        c = TcpClient("127.0.0.1", self.port, self.api.call("POST", "/v1/tokens", {"tenant": "viacli"})["secret"])
+        e = self.refused(c)
+        self.assertEqual((e.code, e.field), ("quota_exceeded", "max_sandboxes"))
+        rows = [line.split() for line in cli(self, "tenant", "ls").stdout.splitlines()]
+        self.assertIn(["viacli", "0/0", "0/512", "0/-", "-"], rows)
+        got = json.loads(cli(self, "tenant", "ls", "--json").stdout)
+        self.assertIn({"tenant": "viacli", "usage": {"sandboxes": 0, "memory_mb": 0, "disk_mb": 0},
+                       "quota": {"max_sandboxes": 0, "max_memory_mb": 512, "max_disk_mb": None,
+                                 "creates_per_minute": None}}, got)
+
     def test_bad_quota_is_400(self):
         for body, field in [({"max_sandboxes": -1}, "max_sandboxes"), ({"max_sandboxes": "2"}, "max_sandboxes"),
                             ({"bogus": 1}, "bogus")]:
