@@ -115,6 +115,7 @@ Server::Server(std::filesystem::path socket_path, ServerLimits limits)
 nlohmann::json Server::counters() const { return impl_->counters.to_json(); }
 
 Server::~Server() {
+  if (impl_->auth && daemon_auth() == impl_->auth) set_daemon_auth(nullptr);
   if (impl_->lock_fd >= 0) ::close(impl_->lock_fd);
 }
 

@@ -4,6 +4,7 @@
 #include "daemon/server.h"
 
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -14,9 +15,11 @@
 #include <functional>
 #include <thread>
 
+#include "auth/auth.h"
 #include "cli/client.h"
 #include "common/error.h"
 #include "daemon/exchange.h"
+#include "daemon/listener.h"
 
 namespace airlock::daemon {
 namespace {
@@ -269,6 +272,67 @@ TEST_F(ServerTest, RepeatedExecStartIsIgnored) {
   std::string r = read_until_eof(fd);
   EXPECT_EQ(r.find("HTTP/1.1"), 0u);
   EXPECT_EQ(r.find("HTTP/1.1", 1), std::string::npos) << r;
+}
+
+}  // namespace
+}  // namespace airlock::daemon
+
+namespace airlock::daemon {
+namespace {
+
+// Over TCP the server computes the principal: a token's tenant (Bearer or
+// X-API-KEY), anonymous for an extension when there is none (a Basic
+// Authorization, E2B's run-as user, is not a credential), and a 401 for
+// native routes without a valid token.
+TEST_F(ServerTest, TcpPrincipals) {
+  char tmpl[] = "/tmp/airlock-auth-XXXXXX";
+  std::filesystem::path data = ::mkdtemp(tmpl);
+  auth::Auth auth(data);
+  std::string secret = auth.tokens().create("acme", 0, auth::TokenFormat::e2b).secret;
+  int port = 0;
+  start({.max_connections = 8, .idle_timeout = 5000ms}, [&](Server& s) {
+    s.set_auth(&auth);
+    s.listen(parse_listen("127.0.0.1:0"), nullptr);
+    port = s.tcp_ports().at(0);
+    s.add_extension("/ext/", [](engine::Engine&, Exchange& ex, const Principal& who) {
+      const char* kind = who.kind == Principal::Kind::tenant      ? "tenant"
+                         : who.kind == Principal::Kind::anonymous ? "anonymous"
+                                                                  : "operator";
+      ex.send_json(200, {{"kind", kind}, {"tenant", who.tenant}, {"token", who.token_id}});
+    });
+  });
+  auto get = [&](const std::string& path, const std::string& headers) {
+    int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+    fds_.push_back(fd);
+    send_all(fd,
+             "GET " + path + " HTTP/1.1\r\nHost: x\r\n" + headers + "Connection: close\r\n\r\n");
+    return read_until_eof(fd);
+  };
+  auto body = [](const std::string& r) { return json::parse(r.substr(r.find("\r\n\r\n") + 4)); };
+  std::string r = get("/ext/x", "Authorization: Bearer " + secret + "\r\n");
+  ASSERT_EQ(r.rfind("HTTP/1.1 200", 0), 0u) << r;
+  EXPECT_EQ(body(r)["kind"], "tenant");
+  EXPECT_EQ(body(r)["tenant"], "acme");
+  r = get("/ext/x", "X-API-KEY: " + secret + "\r\n");
+  EXPECT_EQ(body(r)["tenant"], "acme");
+  r = get("/ext/x", "Authorization: Basic dXNlcjo=\r\n");
+  EXPECT_EQ(body(r)["kind"], "anonymous");
+  r = get("/ext/x", "");
+  EXPECT_EQ(body(r)["kind"], "anonymous");
+  r = get("/v1/info", "Authorization: Basic dXNlcjo=\r\n");
+  ASSERT_EQ(r.rfind("HTTP/1.1 401", 0), 0u) << r;
+  EXPECT_EQ(body(r)["error"]["code"], "unauthenticated");
+  r = get("/v1/info", "Authorization: bearer " + secret + "\r\n");  // the scheme is case-blind
+  EXPECT_EQ(r.rfind("HTTP/1.1 200", 0), 0u) << r;
+  server_->stop();
+  thread_.join();
+  server_.reset();
+  std::filesystem::remove_all(data);
 }
 
 }  // namespace
