@@ -83,6 +83,10 @@ class TokenTest(DaemonTestCase):
         self.assertRegex(tok["secret"], r"^e2b_[0-9a-f]{40}$")
         self.assertEqual(tok["format"], "e2b")
         self.assertEqual(self.tcp(tok["secret"]).call("GET", "/v1/sandboxes"), [])
+        self.assertIsNone(self.api.call("DELETE", f"/v1/tokens/{tok['id']}"))  # 204 over the API
+        with self.assertRaises(ApiError) as e:
+            self.tcp(tok["secret"]).call("GET", "/v1/sandboxes")
+        self.assertEqual(e.exception.status, 401)
 
     def test_token_routes_are_operator_only(self):
         tok = self.new_token("acme")
