@@ -107,10 +107,12 @@ void Exchange::write(Response& res) {
   if (ec) close_ = true;
 }
 
-void Exchange::send_json(int status, const nlohmann::json& body) {
+void Exchange::send_json(int status, const nlohmann::json& body, std::string_view header,
+                         std::string_view value) {
   status_ = status;
   http::response<http::string_body> res{static_cast<http::status>(status), 11};
   res.set(http::field::content_type, "application/json");
+  if (!header.empty()) res.set(std::string(header), std::string(value));
   res.body() = body.dump() + "\n";
   write(res);
 }

@@ -44,7 +44,10 @@ class Exchange {
   // without waiting for `max` of them: for input a person types.
   std::optional<std::string> read_some(size_t max);
 
-  void send_json(int status, const nlohmann::json& body);
+  // `header` (if not empty): one extra response header, e.g. a pagination
+  // token (the E2B list's x-next-token).
+  void send_json(int status, const nlohmann::json& body, std::string_view header = {},
+                 std::string_view value = {});
   void send_empty(int status);
   // A non-JSON body (GET /metrics: the Prometheus text format).
   void send_text(int status, std::string_view content_type, std::string body);

@@ -13,6 +13,7 @@
 #include "daemon/listener.h"
 #include "daemon/paths.h"
 #include "daemon/server.h"
+#include "e2b/api.h"
 #include "engine/engine.h"
 
 int main(int argc, char** argv) {
@@ -134,6 +135,12 @@ int main(int argc, char** argv) {
       config.pool[p.substr(0, eq)] = n;
     }
     auto eng = std::make_unique<engine::Engine>(config);
+    // E2B's control plane (docs/e2b.md); its access-token key lives beside
+    // the registry.
+    auto e2b_tokens = std::make_shared<const e2b::AccessTokens>(data / "e2b-access.key");
+    server.add_extension("/e2b/api/", [api = e2b::Api(e2b_tokens)](
+                                          engine::Engine& e, daemon::Exchange& ex,
+                                          const daemon::Principal& who) { api.serve(e, ex, who); });
     spdlog::info("data dir {}, images {}", data.string(), config.image_dir.string());
     if (!server.run(*eng)) {
       // A connection thread is still inside the engine (e.g. a boot): do not

@@ -75,6 +75,8 @@ int hex(char c) {
   return -1;
 }
 
+}  // namespace
+
 std::string percent_decode(std::string_view s) {
   std::string out;
   out.reserve(s.size());
@@ -93,8 +95,6 @@ std::string percent_decode(std::string_view s) {
   }
   return out;
 }
-
-}  // namespace
 
 json parse_object(std::string_view body) {
   if (body.find_first_not_of(" \t\r\n") == std::string_view::npos) return json::object();
@@ -134,7 +134,19 @@ engine::SandboxSpec parse_create(std::string_view body) {
   if (j.contains("idle_timeout"))
     spec.idle_timeout_s = int(get_int(j["idle_timeout"], "idle_timeout", 0, 604800));
   if (j.contains("env")) spec.env = get_string_map(j["env"], "env", true);
-  if (j.contains("metadata")) spec.metadata = get_string_map(j["metadata"], "metadata", false);
+  if (j.contains("metadata")) {
+    spec.metadata = get_string_map(j["metadata"], "metadata", false);
+    // "e2b." keys are the E2B surface's own facts (its template name, whether
+    // envd wants an access token: src/e2b/model.h): a native create must not
+    // forge them.
+    for (const auto& [key, value] : spec.metadata)
+      if (key.rfind("e2b.", 0) == 0)
+        throw Error(Errc::invalid_argument,
+                    "metadata key '" + key +
+                        "' is reserved: keys starting with 'e2b.' belong to "
+                        "the E2B-compatible API",
+                    "metadata." + key);
+  }
   if (j.contains("network")) spec.network = parse_network(j["network"]);
   return spec;
 }

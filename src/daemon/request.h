@@ -76,6 +76,9 @@ using Query = std::map<std::string, std::string>;
 // Splits and percent-decodes a query string ("a=1&b=%2F"); '+' is a space.
 // Throws Error(invalid_argument) for a bad %-escape.
 Query parse_query(std::string_view query);
+// One level of %-escapes ('+' is a space); Error(invalid_argument, "query")
+// for a bad escape.
+std::string percent_decode(std::string_view s);
 
 // Rejects parameters not in `allowed` (a trailing '.' in an allowed entry
 // accepts every key with that prefix, e.g. "metadata.").

@@ -65,6 +65,9 @@ TEST(ParseCreate, TypeErrorsNameTheField) {
   expect_bad([] { parse_create(R"({"env":["A=1"]})"); }, "env", "must be an object");
   expect_bad([] { parse_create(R"({"env":{"A":1}})"); }, "env.A", "env.A must be a string");
   expect_bad([] { parse_create(R"({"metadata":{"k":{}}})"); }, "metadata.k", "must be a string");
+  // The E2B surface's reserved prefix (src/e2b) is refused, naming the key.
+  expect_bad([] { parse_create(R"({"metadata":{"e2b.template":"x"}})"); }, "metadata.e2b.template",
+             "reserved");
 }
 
 TEST(ParseCreate, Bounds) {
