@@ -7,6 +7,7 @@
 
 #include "common/error.h"
 #include "daemon/request.h"
+#include "daemon/tenancy.h"
 #include "e2b/model.h"
 
 namespace airlock::e2b {
@@ -31,23 +32,20 @@ std::vector<std::string> split(std::string_view s, char sep) {
   throw Error(Errc::not_found, "sandbox \"" + id + "\" not found");
 }
 
-// The sandbox if this principal may see it and it is alive (E2B knows only
-// running and paused sandboxes); 404 otherwise, the same for every reason.
+// The sandbox if this principal may see it (daemon/tenancy.h, the same
+// check as the native routes) and it is alive (E2B knows only running and
+// paused sandboxes); 404 otherwise, the same for every reason.
 engine::SandboxInfo visible(engine::Engine& engine, const daemon::Principal& who,
                             const std::string& id) {
-  try {
-    daemon::check_id(id, "sandboxID");
-  } catch (const Error&) {
-    not_found(id.substr(0, 64));
-  }
   engine::SandboxInfo info;
   try {
-    info = engine.get(id);
+    daemon::check_id(id, "sandboxID");
+    info = daemon::visible_sandbox(engine, who, id);
   } catch (const Error& e) {
-    if (e.code() == Errc::not_found) not_found(id);
+    if (e.code() == Errc::not_found || e.code() == Errc::invalid_argument)
+      not_found(id.substr(0, 64));
     throw;
   }
-  if (!who.can_see(info.spec.tenant)) not_found(id);
   if (info.state != engine::State::running && info.state != engine::State::paused) not_found(id);
   return info;
 }
@@ -94,8 +92,7 @@ void list(engine::Engine& engine, daemon::Exchange& ex, const daemon::Principal&
     throw Error(Errc::invalid_argument, "order must be asc or desc", "order");
 
   std::vector<engine::SandboxInfo> all;
-  for (auto& info : engine.list(filter)) {
-    if (!who.can_see(info.spec.tenant)) continue;
+  for (auto& info : daemon::visible_sandboxes(engine, who, filter)) {
     if (info.state != engine::State::running && info.state != engine::State::paused) continue;
     if (!states.count(info.state == engine::State::paused ? "paused" : "running")) continue;
     all.push_back(std::move(info));
@@ -169,8 +166,8 @@ void Api::route(engine::Engine& engine, daemon::Exchange& ex, const daemon::Prin
 
   if (seg.size() == 1 && method == "POST") {
     CreateRequest req = parse_create(ex.read_body(kMaxBody), v2);
-    req.spec.tenant = who.owner();
-    engine::SandboxInfo info = engine.create(req.spec);
+    // Owner, quota and audit exactly as a native create (tenancy.h).
+    engine::SandboxInfo info = daemon::create_sandbox_as(engine, who, req.spec, "e2b");
     ex.send_json(201, sandbox_json(info, req.secure ? tokens_->token_for(info.id) : ""));
     return;
   }

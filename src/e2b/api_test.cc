@@ -14,7 +14,9 @@
 #include <cstring>
 #include <thread>
 
+#include "auth/auth.h"
 #include "daemon/server.h"
+#include "daemon/tenancy.h"
 
 namespace airlock::e2b {
 namespace {
@@ -216,6 +218,23 @@ TEST_F(E2bApiTest, BadCreatesNameTheFieldAndCreateNothing) {
   ASSERT_EQ(r.status, 201);
   EXPECT_FALSE(r.body.contains("envdAccessToken"));
   EXPECT_EQ(call("GET", "/nope", "", "t1").status, 404);
+}
+
+// An E2B create is a tenant's create like any other: its quota holds (429
+// in E2B's shape, which the SDK raises as RateLimitError) and nothing is
+// half-created.
+TEST_F(E2bApiTest, TheTenantsQuotaHoldsOnTheE2bSurfaceToo) {
+  auth::Auth auth(dir_);
+  auth.quotas().set("t1", auth::Quota{.max_sandboxes = 1});
+  daemon::set_daemon_auth(&auth);
+  create("t1");
+  Reply r = call("POST", "/v2/sandboxes", R"({"templateID":"minimal"})", "t1");
+  daemon::set_daemon_auth(nullptr);
+  EXPECT_EQ(r.status, 429) << r.body.dump();
+  EXPECT_EQ(r.body["code"], 429);
+  EXPECT_NE(r.body["message"].get<std::string>().find("max_sandboxes"), std::string::npos)
+      << r.body.dump();
+  EXPECT_EQ(engine_->list().size(), 1u);
 }
 
 }  // namespace
