@@ -213,7 +213,7 @@ class LifecycleTest(DaemonTestCase):
     def wait_not_running(self, sid, limit=60):
         deadline = time.time() + limit
         sb = self.api.call("GET", f"/v1/sandboxes/{sid}")
-        while sb["state"] == "running" and time.time() < deadline:
+        while sb["state"] in ("running", "stopping") and time.time() < deadline:
             time.sleep(0.5)
             sb = self.api.call("GET", f"/v1/sandboxes/{sid}")
         return sb
