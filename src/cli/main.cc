@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "cli/args.h"
+#include "cli/attach.h"
 #include "cli/client.h"
 #include "cli/probe.h"
 #include "cli/pty_client.h"
@@ -112,14 +113,29 @@ int run_exec(const Client& c, const std::string& id, const ExecOptions& opts,
       if (p) p->stop();
     }
   } pump_stop{pump};
-  json exit = c.exec(id, body, [&](const json& ev) {
-    std::string type = ev.value("type", "");
-    if (type == "start" && pump) pump->start(ev.value("exec_id", ""));
-    if (type != "stdout" && type != "stderr") return;
-    auto bytes = daemon::base64_decode(ev.value("data", ""));
-    if (!bytes) throw Error(Errc::internal, "airlockd sent invalid base64 output");
-    write_all(type == "stdout" ? 1 : 2, *bytes);
-  });
+  // Counted as printed: if the connection to airlockd breaks mid-exec (the
+  // daemon was restarted), the rest is fetched from exactly this offset.
+  AttachState resume{id, "", 0, 0};
+  json exit;
+  try {
+    exit = c.exec(id, body, [&](const json& ev) {
+      std::string type = ev.value("type", "");
+      if (type == "start") {
+        resume.exec_id = ev.value("exec_id", "");
+        if (pump) pump->start(resume.exec_id);
+      }
+      if (type != "stdout" && type != "stderr") return;
+      auto bytes = daemon::base64_decode(ev.value("data", ""));
+      if (!bytes) throw Error(Errc::internal, "airlockd sent invalid base64 output");
+      write_all(type == "stdout" ? 1 : 2, *bytes);
+      resume.offset += bytes->size();
+    });
+  } catch (const ConnectionLost&) {
+    auto patience = reattach_patience();
+    if (resume.exec_id.empty() || patience.count() == 0) throw;
+    if (pump) pump->stop();  // the guest closes a detached exec's stdin
+    exit = reattach(c, resume, write_all, patience);
+  }
   if (exit.value("timed_out", false))
     std::fprintf(stderr, "airlock: command timed out after %.3g s\n",
                  exit.value("duration_ms", 0) / 1000.0);
@@ -131,6 +147,15 @@ int run_exec(const Client& c, const std::string& id, const ExecOptions& opts,
     std::fprintf(stderr, "airlock: output truncated (%llu stdout + %llu stderr bytes dropped)\n",
                  static_cast<unsigned long long>(exit.value("stdout_dropped", uint64_t{0})),
                  static_cast<unsigned long long>(exit.value("stderr_dropped", uint64_t{0})));
+  return exit_code_of(exit);
+}
+
+// airlock attach ID EXEC_ID [--offset N]: the output of an exec whose client
+// is gone, from byte N, then its exit status as exec's.
+int run_attach(const Client& c, const std::string& id, const std::string& exec_id,
+               uint64_t offset) {
+  AttachState st{id, exec_id, offset, 0};
+  json exit = reattach(c, st, write_all, reattach_patience());
   return exit_code_of(exit);
 }
 
@@ -237,6 +262,15 @@ int main_impl(int argc, char** argv) {
   exec->add_flag("-t,--tty", tty, "run it on a terminal (a pty in the sandbox), like ssh -t");
   exec->add_option("id", id, "sandbox id")->required();
   exec->add_option("argv", argv_rest, "command and arguments (after --)");
+
+  std::string attach_exec_id;
+  uint64_t attach_offset = 0;
+  auto* attach = app.add_subcommand(
+      "attach", "the output of an exec whose client is gone (daemon restart): attach ID EXEC_ID");
+  attach->add_option("--offset", attach_offset,
+                     "first byte wanted (stdout and stderr counted together; default 0)");
+  attach->add_option("id", id, "sandbox id")->required();
+  attach->add_option("exec_id", attach_exec_id, "exec id (from exec's start event)")->required();
 
   PtyOptions shell_opts;
   auto* shell = app.add_subcommand("shell", "an interactive shell in a sandbox: shell ID");
@@ -411,6 +445,10 @@ int main_impl(int argc, char** argv) {
     parse_kvs(shell_opts.env, "--env");  // usage errors before a daemon is started
     Client c = connect(g);
     return run_pty(c.socket(), id, shell_opts);
+  }
+  if (attach->parsed()) {
+    Client c = connect(g);
+    return run_attach(c, id, attach_exec_id, attach_offset);
   }
   if (exec->parsed() && tty) {
     if (eopts.background || exec_timeout || eopts.pids || eopts.memory_limit_mb ||

@@ -415,6 +415,12 @@ void dispatch(engine::Engine& engine, Exchange& ex, const Caller& caller) {
       return;
     }
     case Route::get_exec: {
+      if (auto off = q.find("offset"); off != q.end()) {
+        check_query_keys(q, {"offset"});
+        expect_no_body(ex);
+        handle_attach_exec(engine, ex, id, m.exec_id, off->second);
+        return;
+      }
       check_query_keys(q, {"wait"});
       double wait = 0;
       if (auto it = q.find("wait"); it != q.end()) {

@@ -41,4 +41,9 @@ void handle(engine::Engine& engine, Exchange& ex, const Caller& caller);
 void handle_auth_route(engine::Engine& engine, Exchange& ex, const Caller& caller,
                        const RouteMatch& m);
 
+// GET .../exec/{exec_id}?offset=N (handlers_attach.cc): attach to an exec
+// that outlived its client and stream its output from byte N.
+void handle_attach_exec(engine::Engine& engine, Exchange& ex, const std::string& id,
+                        const std::string& exec_id, const std::string& offset);
+
 }  // namespace airlock::daemon

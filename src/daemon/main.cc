@@ -59,6 +59,12 @@ int main(int argc, char** argv) {
                  "audit journal cap per sandbox in MiB: past it guest-driven records are "
                  "dropped and counted, lifecycle records kept (0: no cap)")
       ->check(CLI::Range(0, 1 << 20));
+  uint64_t exec_buffer_bytes = 1 << 20;
+  app.add_option("--exec-buffer-bytes", exec_buffer_bytes,
+                 "output each foreground exec keeps in the guest so a client can attach again "
+                 "after a daemon restart; beyond it the oldest bytes are dropped, counted "
+                 "(default 1048576)")
+      ->check(CLI::Range(uint64_t{65536}, uint64_t{1} << 30));
   std::string jail_ids;
   app.add_option("--jail-ids", jail_ids,
                  "BASE:COUNT: uids/gids for QEMU jails, checked against /etc/subuid, /etc/subgid, "
@@ -119,6 +125,7 @@ int main(int argc, char** argv) {
       }
     }
     config.journal_max_bytes = static_cast<uint64_t>(journal_max_mb) << 20;
+    config.exec_buffer_bytes = exec_buffer_bytes;
     // The lifecycle reserve: 1 MiB, or a quarter of a smaller cap.
     config.journal_reserve_bytes = std::min<uint64_t>(1u << 20, config.journal_max_bytes / 4);
     if (!template_ram_dir.empty())

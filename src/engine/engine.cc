@@ -191,6 +191,7 @@ void Engine::Impl::finish_stop(Live& sb, State state, const std::string& reason,
   // Close first: every call waiting on the guest fails at once instead of
   // noticing the dead socket later.
   if (sb.channel) sb.channel->close("sandbox " + id + " is being stopped: " + reason);
+  close_detached_execs(sb, reason);
   // The helper before the VM: it runs in the VM's cgroup, which the VM's
   // kill removes (and cannot while a process is in it).
   pid_t net_pid;
@@ -281,12 +282,12 @@ void Engine::Impl::reaper_loop() {
   }
 }
 
-void Engine::Impl::close_interrupted_execs(const std::string& id) {
+std::map<std::string, nlohmann::json> Engine::Impl::open_execs(const std::string& id) {
   std::vector<nlohmann::json> recs;
   try {
     recs = journal.read(id);
   } catch (const std::exception&) {
-    return;  // no journal yet
+    return {};  // no journal yet
   }
   std::map<std::string, nlohmann::json> open;  // exec_id -> its start record
   for (const auto& r : recs) {
@@ -297,7 +298,11 @@ void Engine::Impl::close_interrupted_execs(const std::string& id) {
     else if (ev == "exec")
       open.erase(r["exec_id"].get<std::string>());
   }
-  for (const auto& [exec_id, start] : open) {
+  return open;
+}
+
+void Engine::Impl::close_interrupted_execs(const std::string& id) {
+  for (const auto& [exec_id, start] : open_execs(id)) {
     nlohmann::json end{
         {"exec_id", exec_id},
         {"argv", start.value("argv", nlohmann::json::array())},
@@ -312,9 +317,33 @@ void Engine::Impl::close_interrupted_execs(const std::string& id) {
   }
 }
 
+void Engine::Impl::close_detached_execs(Live& sb, const std::string& why) {
+  std::map<std::string, nlohmann::json> left;
+  {
+    std::lock_guard lock(sb.mu);
+    left.swap(sb.detached_execs);
+  }
+  for (const auto& [exec_id, start] : left) {
+    nlohmann::json end{{"exec_id", exec_id},
+                       {"argv", start.value("argv", nlohmann::json::array())},
+                       {"reason", "interrupted"},
+                       {"interrupted", true},
+                       {"error", "it outlived a daemon restart and no client collected its "
+                                 "result before the sandbox ended (" + why + ")"}};
+    try {
+      journal.append(sb.id(), "exec", end, Durability::sync);
+    } catch (const std::exception& e) {
+      spdlog::error("sandbox {}: audit: {}", sb.id(), e.what());
+    }
+  }
+}
+
 void Engine::Impl::recover_one(SandboxRecord rec) {
   const std::string id = rec.info.id;
-  close_interrupted_execs(id);
+  // Execs in flight when the previous daemon died: if the sandbox is
+  // re-adopted they keep running in the guest, waiting for a client to
+  // attach (attach_exec); otherwise they are closed as interrupted below.
+  std::map<std::string, nlohmann::json> in_flight = open_execs(id);
   auto img = images.find(rec.info.spec.image);
   vmm::VmConfig vc;
   vc.id = id;
@@ -383,6 +412,8 @@ void Engine::Impl::recover_one(SandboxRecord rec) {
       // Deadlines continue on the steady clock from what is left of the life.
       sb->expires_steady_ms =
           steady_ms() + std::max<int64_t>(rec.info.expires_at_ms - wall_ms(), 0);
+      if (!in_flight.empty()) adopted["detached_execs"] = in_flight.size();
+      sb->detached_execs = std::move(in_flight);
       journal.append(id, "adopted", adopted, Durability::sync);
       spdlog::info("sandbox {}: re-adopted (pid {})", id, sb->vm->pid());
       {
@@ -400,6 +431,7 @@ void Engine::Impl::recover_one(SandboxRecord rec) {
     }
   }
   spdlog::warn("sandbox {}: cleaning up: {}", id, reason);
+  close_interrupted_execs(id);
   clean(State::failed, reason, "failed", failure);
 }
 

@@ -75,6 +75,10 @@ struct Config {
   // and counted; the reserve is for lifecycle records. 0 = no cap.
   uint64_t journal_max_bytes = 64ull << 20;
   uint64_t journal_reserve_bytes = 1ull << 20;
+  // Per foreground exec, the output the guest keeps so a client can attach
+  // again after a daemon restart (airlockd --exec-buffer-bytes; 64 KiB ..
+  // 1 GiB). Beyond it the oldest bytes go, counted (engine_attach.cc).
+  uint64_t exec_buffer_bytes = 1ull << 20;
 };
 
 // The sandbox state machine (docs/design.md, "State and lifecycle";
@@ -201,6 +205,20 @@ struct ExecCallbacks {
   std::function<bool(int channel, std::string_view bytes)> on_output;
 };
 
+// attach_exec(): a foreground exec resumed from an offset of its output.
+struct AttachCallbacks {
+  // Before any output: {"offset": the first byte that follows (>= the one
+  // asked for), "dropped": bytes between the two the guest no longer holds,
+  // "end": bytes produced so far, "running", "lost": bytes the guest
+  // evicted before anyone read them, "pid"?}.
+  std::function<void(const nlohmann::json& attached)> on_attached;
+  // Output from that offset, stdout (1) and stderr (2) in the order
+  // produced. Returning false detaches: the exec keeps running.
+  std::function<bool(int channel, std::string_view bytes)> on_output;
+  // Asked about every 500 ms while nothing arrives; true detaches.
+  std::function<bool()> cancelled;
+};
+
 // What Engine::write_stdin() sent.
 struct StdinWrite {
   uint64_t bytes = 0;   // by this call
@@ -280,6 +298,16 @@ class Engine {
   StdinWrite write_stdin(const std::string& id, const std::string& exec_id,
                          const ChunkSource& source, bool eof,
                          const std::function<bool()>& cancelled = {});
+  // Attaches to a foreground exec that outlived its client (the daemon was
+  // restarted, or the client detached) from byte `offset` of its output
+  // (stdout and stderr as one sequence, counted from 0; engine_attach.cc).
+  // Returns the result once it ended (its journal record is written then,
+  // once), nullopt if the caller detached again. Errors: not_found (no such
+  // exec waiting for a client: unknown, finished and collected, or still
+  // streaming to its first client: conflict), invalid_argument field
+  // "offset" (beyond what it produced), conflict (not running).
+  std::optional<ExecResult> attach_exec(const std::string& id, const std::string& exec_id,
+                                        uint64_t offset, const AttachCallbacks& callbacks);
   // Sends `signal` to a running exec's process (tree); for a background
   // exec, 9 kills its whole tree even after its main process ended.
   void kill_exec(const std::string& id, const std::string& exec_id, int signal = 9);

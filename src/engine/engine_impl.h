@@ -39,6 +39,12 @@ std::string random_id(const std::string& prefix);
 
 // Marks a call on `sb` in flight for idle_timeout: the sandbox is active
 // from construction to destruction (the end of the call counts too).
+// engine_ops.cc, shared with engine_attach.cc: the exit fields and drop
+// counts of a guest exec response; a guest failure rethrown as what it means
+// for the sandbox (stopped, failed).
+void read_exec_outcome(const nlohmann::json& r, ExecResult& res);
+[[noreturn]] void rethrow_exec_error(Live& sb, const Error& e);
+
 class ActivityGuard {
  public:
   explicit ActivityGuard(Live& sb) : sb_(sb) {
@@ -199,6 +205,10 @@ struct Engine::Impl {
   // Ends every exec that has an exec_start but no end record in `id`'s
   // journal as `interrupted` (the daemon died while it ran).
   void close_interrupted_execs(const std::string& id);
+  // The exec_start records of `id`'s journal without an end record.
+  std::map<std::string, nlohmann::json> open_execs(const std::string& id);
+  // Journals `sb`'s detached execs nobody collected as `interrupted`.
+  void close_detached_execs(Live& sb, const std::string& why);
   // Re-adopts running sandboxes and cleans up dead ones (construction).
   void recover();
   // One boot attempt (engine_lifecycle.cc): fresh overlay, QEMU, agent

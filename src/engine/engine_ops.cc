@@ -102,6 +102,19 @@ void validate_exec_extras(const ExecRequest& r) {
                 "output_limit_bytes");
 }
 
+}  // namespace
+
+void read_exec_outcome(const nlohmann::json& r, ExecResult& res) {
+  read_outcome(r, res);
+  res.stdout_dropped = count_field(r, "stdout_dropped");
+  res.stderr_dropped = count_field(r, "stderr_dropped");
+  res.truncated = res.stdout_dropped > 0 || res.stderr_dropped > 0;
+}
+
+[[noreturn]] void rethrow_exec_error(Live& sb, const Error& e) { rethrow_for(sb, e); }
+
+namespace {
+
 // The guest exec request for `request` (argv, env, cwd, user, timeout, limits).
 nlohmann::json guest_exec_request(const Live& sb, const ExecRequest& request) {
   std::vector<std::string> argv =
@@ -214,6 +227,12 @@ ExecResult Engine::exec_counted(const std::string& id, const ExecRequest& reques
 
   ExecResult result;
   result.exec_id = random_id("ex-");
+  // Named in the guest too: if this daemon dies, the exec runs on there,
+  // detached, keeping its last exec_buffer_bytes of output for attach_exec.
+  if (!request.pty) {
+    req["exec_id"] = result.exec_id;
+    req["output_buffer_bytes"] = impl.cfg.exec_buffer_bytes;
+  }
   uint32_t stream = sb->channel->open_stream();
   {
     std::lock_guard lock(sb->mu);
@@ -275,8 +294,9 @@ ExecResult Engine::exec_counted(const std::string& id, const ExecRequest& reques
     }
   };
   // The start is on record before the guest runs anything: a daemon killed
-  // mid-exec leaves exec_start without an end, which the next daemon's
-  // recover() closes as `interrupted`.
+  // mid-exec leaves exec_start without an end; the next daemon's recover()
+  // marks it detached (attach_exec writes the end) or, if the sandbox is
+  // gone, closes it as `interrupted`.
   try {
     impl.journal.append(id, "exec_start", audit);  // write(2) survives a daemon kill
   } catch (...) {

@@ -135,6 +135,10 @@ class Sandbox {
   // not "unknown") until kMaxEndedStdinPipes newer ones ended.
   std::map<std::string, std::shared_ptr<StdinPipe>> stdin_pipes;
   static constexpr size_t kMaxEndedStdinPipes = 64;
+  // Foreground execs of a previous daemon still running in the guest
+  // (exec_id -> their exec_start record): the one attach_exec() that sees
+  // one end writes its journal record; teardown closes the rest.
+  std::map<std::string, nlohmann::json> detached_execs;
   pid_t net_pid = 0;  // the airlock-net helper (0 = none: mode "none")
   // Reads, checks and journals the helper's events (attach_net_events);
   // reset it after kill_net_helper (it drains what the helper wrote).

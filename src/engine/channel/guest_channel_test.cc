@@ -164,7 +164,7 @@ class FakeGuest {
         hello_ = protocol::parse_json(f);
       }
       put(protocol::json_frame(Type::hello, 0,
-                               {{"version", 1}, {"agent_version", "fake"}, {"kernel", "k"}}));
+                               {{"version", protocol::kVersion}, {"agent_version", "fake"}, {"kernel", "k"}}));
       return;
     }
     if (f.type == Type::request) return request(f.stream, protocol::parse_json(f));
@@ -273,7 +273,7 @@ TEST(GuestChannelFake, HelloSendsTimeHostnameAndEntropy) {
   auto reply = p.host->hello({.hostname = "sb-0123456789ab", .resync = true}, in(5s));
   EXPECT_EQ(reply["agent_version"], "fake");
   auto h = p.guest->hello_seen();
-  EXPECT_EQ(h["version"], 1);
+  EXPECT_EQ(h["version"], protocol::kVersion);
   EXPECT_EQ(h["hostname"], "sb-0123456789ab");
   EXPECT_EQ(h["entropy"].get<std::string>().size(), 128u);
   auto now_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -496,7 +496,7 @@ TEST(GuestChannelFake, ConnectTimesOutOnMissingSocket) {
 
 #ifdef AIRLOCK_GUEST_BIN
 TEST_F(RealAgent, HelloAndExec) {
-  EXPECT_EQ(hello_["version"], 1);
+  EXPECT_EQ(hello_["version"], protocol::kVersion);
   EXPECT_TRUE(hello_.contains("agent_version"));
   std::string out, err;
   auto r = run({"sh", "-c", "printf hi; printf oops >&2; exit 3"}, &out, &err);
