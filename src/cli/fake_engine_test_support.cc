@@ -455,6 +455,10 @@ std::vector<ExecStatus> Engine::list_execs(const std::string&) { unsupported("ba
 ExecStatus Engine::wait_exec(const std::string&, const std::string&, double) {
   unsupported("background execs");
 }
+std::optional<ExecResult> Engine::attach_exec(const std::string&, const std::string&, uint64_t,
+                                              const AttachCallbacks&) {
+  unsupported("attaching to execs");
+}
 nlohmann::json Engine::posture(const std::string&) { unsupported("jail"); }
 nlohmann::json Engine::add_port(const std::string&, int, int) { unsupported("port forwards"); }
 nlohmann::json Engine::list_ports(const std::string&) { unsupported("port forwards"); }

@@ -367,7 +367,7 @@ void Server::handle(Frame& f) {
       std::string bad = "signal frame must be {\"signal\": 1..64} or {\"resize\": {cols, rows}}";
       try {
         json j = protocol::parse_json(f);
-        if (j.value("detach", false) == true) {
+        if (auto d = j.find("detach"); d != j.end() && *d == true) {
           // The host lets go of the exec without ending it (§5, detach).
           if (s.detach_key().empty()) {
             s.abort();
