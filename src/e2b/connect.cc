@@ -203,8 +203,8 @@ std::string encode_bytes(std::string_view bytes) { return daemon::base64_encode(
 uint32_t get_uint32(const json& msg, std::string_view field, uint32_t fallback) {
   auto it = msg.find(std::string(field));
   if (it == msg.end() || it->is_null()) return fallback;
-  if (it->is_number_unsigned() && it->get<uint64_t>() <= UINT32_MAX)
-    return static_cast<uint32_t>(it->get<uint64_t>());
+  if (it->is_number_integer() && it->get<int64_t>() >= 0 && it->get<int64_t>() <= UINT32_MAX)
+    return static_cast<uint32_t>(it->get<int64_t>());
   if (it->is_string()) {
     const std::string& s = it->get_ref<const std::string&>();
     if (!s.empty() && s.size() <= 10 && s.find_first_not_of("0123456789") == std::string::npos) {

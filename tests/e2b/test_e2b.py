@@ -92,12 +92,13 @@ class E2bTestCase(DaemonTestCase):
 
 
 class EnvdProtocolTest(E2bTestCase):
-    """The Connect protocol by hand, on a cheap `minimal` sandbox."""
+    """The Connect protocol by hand, on one `base` sandbox (the image the SDK test needs anyway)."""
 
     @classmethod
     def setUpClass(cls):
         super().setUpClass()
-        status, sb = cls.e2b_api("POST", "/sandboxes", {"templateID": "minimal", "timeout": 600})
+        cls.airlock("image", "build", "debian", timeout=1800)
+        status, sb = cls.e2b_api("POST", "/sandboxes", {"templateID": "base", "timeout": 600})
         assert status == 201, sb
         cls.sb = sb
 
@@ -178,7 +179,7 @@ class EnvdProtocolTest(E2bTestCase):
             self.assertEqual(status, 502, kw)
             self.assertEqual(json.loads(data)["message"], "The sandbox was not found", kw)
         # A native sandbox (not made through E2B) is not reachable without a key.
-        native = self.api.create(image="minimal")
+        native = self.api.create(image="debian")
         try:
             status, _, _ = self.envd("/process.Process/List", b"{}", sid=native["id"], token="")
             self.assertEqual(status, 502)
