@@ -213,11 +213,13 @@ class SdkTest(E2bTestCase):
         self.assertEqual(len(made), 2, out)
         first = made[0]
         # Everything done through envd is on the sandbox's journal like a
-        # native exec: commands, the kill of the background one.
+        # native exec: commands, the background one killed after its stdin.
         logs = self.api.call("GET", f"/v1/sandboxes/{first}/logs")
         argvs = [e.get("argv", []) for e in logs if e["event"] == "exec"]
         self.assertTrue(any("echo hello; echo oops >&2" in a for a in argvs), argvs)
-        self.assertTrue(any(e["event"] == "exec_kill" for e in logs), logs)
+        killed = [e for e in logs if e["event"] == "exec" and e.get("argv", [])[-1:] == ["cat"]]
+        self.assertEqual([(e["reason"], e["signal"], e["stdin_bytes"]) for e in killed],
+                         [("killed", 9, len("ping\npong\n"))], logs)
         self.assertEqual(self.api.call("GET", f"/v1/sandboxes/{first}")["state"], "timed_out")
         for sid in made:
             self.assertNothingLeft(sid)
