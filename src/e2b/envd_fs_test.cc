@@ -101,7 +101,9 @@ class EnvdFilesTest : public ::testing::Test {
                            });
     engine_ = std::make_unique<engine::Engine>(engine::Config{});
     thread_ = std::thread([this] { server_->run(*engine_); });
-    id_ = engine_->create({.image = "minimal"}).id;
+    engine::SandboxSpec spec;
+    spec.image = "minimal";
+    id_ = engine_->create(spec).id;
   }
   void TearDown() override {
     server_->stop();
