@@ -28,6 +28,11 @@
 
 namespace airlock::e2b {
 
+class Envd;
+// Registers filesystem.Filesystem and GET/POST /files on `envd`
+// (envd_fs_service.cc).
+void register_filesystem(Envd& envd);
+
 // A Connect error of the filesystem service: `code` is its wire name
 // ("not_found", "already_exists", "invalid_argument", ...).
 class FsError : public std::runtime_error {
