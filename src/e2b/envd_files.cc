@@ -34,7 +34,14 @@ std::string basename_of(const std::string& p) { return p.substr(p.find_last_of('
 // Writes one upload to `path` as `user`: the entry envd answers with.
 json write_one(engine::Engine& engine, const std::string& sandbox, const std::string& path,
                const std::string& user, const engine::ChunkSource& source) {
-  engine.write_file_as(sandbox, path, 0644, source, user == "root" ? "" : user);
+  try {
+    engine.write_file_as(sandbox, path, 0644, source, user == "root" ? "" : user);
+  } catch (const Error& e) {
+    // The guest's "no user X": an unknown user, 401 as envd answers it.
+    if (e.code() == Errc::not_found && std::string(e.what()).find("no user ") != std::string::npos)
+      throw Error(Errc::not_found, "no user " + user + " in the sandbox", "user");
+    throw;
+  }
   return {{"name", basename_of(path)}, {"type", "file"}, {"path", path}};
 }
 

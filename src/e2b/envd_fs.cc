@@ -157,6 +157,17 @@ json entry_info(const json& e) {
   return out;
 }
 
+// The guest's write_file writes "<dir>/.<name>.airlock-<digits>" and renames
+// it over the target (atomic replace): envd writes in place, so the SDK
+// never sees such a name.
+bool write_temp(const std::string& path) {
+  std::string base = path.substr(path.find_last_of('/') + 1);
+  size_t at = base.rfind(".airlock-");
+  if (base.empty() || base[0] != '.' || at == std::string::npos || at + 9 >= base.size())
+    return false;
+  return base.find_first_not_of("0123456789", at + 9) == std::string::npos;
+}
+
 std::vector<json> fs_events(const json& ev, const std::string& root) {
   auto rel = [&](const std::string& p) {
     if (p.size() > root.size() && p.compare(0, root.size(), root) == 0 &&
@@ -169,6 +180,9 @@ std::vector<json> fs_events(const json& ev, const std::string& root) {
   auto one = [&](const std::string& p, const char* t) {
     return json{{"name", rel(p)}, {"type", t}};
   };
+  if (write_temp(path)) return {};
+  if (type == "renamed" && write_temp(ev.value("old_path", "")))
+    return {one(path, "EVENT_TYPE_CREATE")};  // a file written through /files
   if (type == "created") return {one(path, "EVENT_TYPE_CREATE")};
   if (type == "modified") return {one(path, "EVENT_TYPE_WRITE")};
   if (type == "deleted") return {one(path, "EVENT_TYPE_REMOVE")};

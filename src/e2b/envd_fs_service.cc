@@ -7,8 +7,8 @@
 namespace airlock::e2b {
 namespace {
 
-using nlohmann::json;
 using connect::Code;
+using nlohmann::json;
 
 connect::RpcError rpc_of(const FsError& e) {
   static const std::pair<const char*, Code> codes[] = {
@@ -51,8 +51,7 @@ void register_filesystem(Envd& envd) {
     try {
       fs->watch_dir(
           fs_call(c), req, [&](const json& m) { return out.send(m); },
-          std::chrono::milliseconds(c.timeout_ms.value_or(0)),
-          std::chrono::seconds(c.keepalive_s));
+          std::chrono::milliseconds(c.timeout_ms.value_or(0)), std::chrono::seconds(c.keepalive_s));
     } catch (const FsError& e) {
       throw rpc_of(e);
     }

@@ -71,6 +71,12 @@ TEST(EnvdFs, WatchEventsAreRelativeToTheWatchedDirectory) {
   EXPECT_EQ(ev[1]["type"], "EVENT_TYPE_CREATE");
   EXPECT_EQ(fs_events({{"type", "modified"}, {"path", "/x"}}, "/")[0]["name"], "x");
   EXPECT_TRUE(fs_events({{"type", "overflow"}, {"dropped", 3}}, "/w").empty());
+  // The guest's temp file of an upload is not shown; its rename is a create.
+  EXPECT_TRUE(fs_events({{"type", "created"}, {"path", "/w/.a.txt.airlock-123"}}, "/w").empty());
+  ev = fs_events({{"type", "renamed"}, {"path", "/w/a.txt"}, {"old_path", "/w/.a.txt.airlock-9"}},
+                 "/w");
+  ASSERT_EQ(ev.size(), 1u);
+  EXPECT_EQ(ev[0], json::parse(R"({"name":"a.txt","type":"EVENT_TYPE_CREATE"})"));
 }
 
 TEST(EnvdFs, ErrorsMapToEnvdsCodes) {
