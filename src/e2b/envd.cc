@@ -96,6 +96,16 @@ engine::SandboxInfo Envd::resolve(engine::Engine& engine, daemon::Exchange& ex,
     return it == req.end() ? std::string() : std::string(it->value());
   };
   std::string id = h("E2b-Sandbox-Id");
+  std::string token = h("X-Access-Token");
+  if (id.empty() && token.size() == 64) {
+    // e2b 2.10's HTTP client (/health, /files) sends the access token but
+    // no E2b-Sandbox-Id: the token names its sandbox (an HMAC of the id).
+    for (const auto& sb : engine.list({{std::string(kMetaSecure), "true"}}))
+      if (tokens_->check(sb.id, token)) {
+        id = sb.id;
+        break;
+      }
+  }
   if (id.empty() || id.size() > 64) throw NotFound{id.substr(0, 64)};
   engine::SandboxInfo info;
   try {
@@ -109,7 +119,6 @@ engine::SandboxInfo Envd::resolve(engine::Engine& engine, daemon::Exchange& ex,
   bool via_e2b = meta.count(kMetaTemplate) > 0;
   auto sec = meta.find(kMetaSecure);
   bool secure = sec != meta.end() && sec->second == "true";
-  std::string token = h("X-Access-Token");
   if (who.kind == daemon::Principal::Kind::anonymous) {
     // No airlock credential: only an E2B sandbox, by its access token if
     // it has one.

@@ -9,14 +9,14 @@
 //   Authorization: Basic b64(user:)   the user to run as (envd >= 0.4.0: only
 //                                     when the caller names one)
 //
-// and no API key. So a call is authorised by the sandbox's access token (a
-// secure sandbox; E2B's default) or by nothing at all (secure: false, open to
-// anyone who knows the id, as on E2B); a caller that does present an airlock
-// token (a tenant) must also own the sandbox. Every refusal (unknown id,
-// another tenant's sandbox, a missing or wrong access token, a sandbox that
-// is not running) is the same answer E2B's proxy gives for a sandbox that
-// does not exist: 502 {"code": 502, "message", "sandboxId"}, so a caller
-// learns nothing about ids it may not use.
+// and no API key (e2b 2.10's plain-HTTP client, for /health and /files,
+// sends only the access token: then the token alone names the sandbox). So a call is authorised by
+// the sandbox's access token (a secure sandbox; E2B's default) or by nothing at all (secure: false,
+// open to anyone who knows the id, as on E2B); a caller that does present an airlock token (a
+// tenant) must also own the sandbox. Every refusal (unknown id, another tenant's sandbox, a missing
+// or wrong access token, a sandbox that is not running) is the same answer E2B's proxy gives for a
+// sandbox that does not exist: 502 {"code": 502, "message", "sandboxId"}, so a caller learns
+// nothing about ids it may not use.
 //
 // The routing table: one registration per method. A service lives in its
 // own file and registers itself (process.cc: process.Process; the

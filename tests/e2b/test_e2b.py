@@ -98,7 +98,7 @@ class EnvdProtocolTest(E2bTestCase):
     def setUpClass(cls):
         super().setUpClass()
         cls.airlock("image", "build", "debian", timeout=1800)
-        status, sb = cls.e2b_api("POST", "/sandboxes", {"templateID": "base", "timeout": 600})
+        status, sb = cls.e2b_api("POST", "/sandboxes", {"templateID": "base", "timeout": 600, "secure": True})
         assert status == 201, sb
         cls.sb = sb
 
