@@ -359,6 +359,26 @@ nlohmann::json Engine::stat_file(const std::string& id, const std::string& path)
   return {{"type", "file"}, {"size", it->second.size()}};
 }
 void Engine::make_dir(const std::string& id, const std::string&, bool) { get(id); }
+uint64_t Engine::write_file_as(const std::string& id, const std::string& path, uint32_t mode,
+                               const ChunkSource& source, const std::string&) {
+  return write_file(id, path, mode, source);
+}
+nlohmann::json Engine::list_files(const std::string& id, const std::string& path, int) {
+  return list_files(id, path);
+}
+nlohmann::json Engine::move_file(const std::string& id, const std::string& from,
+                                 const std::string& to, const std::string&) {
+  get(id);
+  std::lock_guard lock(impl_->mu);
+  auto it = impl_->files.find(id + from);
+  if (it == impl_->files.end()) throw Error(Errc::not_found, "no file " + from, "path");
+  impl_->files[id + to] = it->second;
+  impl_->files.erase(id + from);
+  return {{"name", to.substr(to.rfind('/') + 1)}, {"path", to}, {"type", "file"}};
+}
+void Engine::make_dir_as(const std::string& id, const std::string&, const std::string&) {
+  get(id);
+}
 void Engine::remove_file(const std::string& id, const std::string& path, bool) {
   get(id);
   std::lock_guard lock(impl_->mu);

@@ -66,6 +66,7 @@ const std::vector<RouteSpec>& routes() {
       {"GET", "/v1/sandboxes/{id}/files/list", Route::list_files},
       {"GET", "/v1/sandboxes/{id}/files/stat", Route::stat_file},
       {"POST", "/v1/sandboxes/{id}/files/mkdir", Route::make_dir},
+      {"POST", "/v1/sandboxes/{id}/files/move", Route::move_file},
       {"GET", "/v1/sandboxes/{id}/files/watch", Route::watch_files},
       {"GET", "/v1/sandboxes/{id}/logs", Route::logs},
       {"GET", "/v1/sandboxes/{id}/info", Route::guest_info},

@@ -32,6 +32,7 @@ enum class Route {
   list_files,
   stat_file,
   make_dir,
+  move_file,  // rename in the guest (POST .../files/move)
   watch_files,  // NDJSON stream of changes under a directory
   logs,
   guest_info,

@@ -418,13 +418,21 @@ ExecStatus Engine::wait_exec(const std::string& id, const std::string& exec_id, 
 
 uint64_t Engine::write_file(const std::string& id, const std::string& path, uint32_t mode,
                             const ChunkSource& source) {
+  return write_file_as(id, path, mode, source, {});
+}
+
+uint64_t Engine::write_file_as(const std::string& id, const std::string& path, uint32_t mode,
+                               const ChunkSource& source, const std::string& owner) {
   auto sb = impl_->running(id);
   ActivityGuard active(*sb);
   validate_guest_path(path);
   if (mode > 07777) throw Error(Errc::invalid_argument, "mode must be at most 07777", "mode");
+  if (owner.size() > 64 || owner.find('\0') != std::string::npos)
+    throw Error(Errc::invalid_argument, "user must be a name or uid of at most 64 bytes", "user");
   uint64_t n;
   try {
-    n = sb->channel->write_file(path, mode, /*parents=*/true, source, transfer_deadline(*sb));
+    n = sb->channel->write_file(path, mode, /*parents=*/true, source, transfer_deadline(*sb),
+                                owner);
   } catch (const Error& e) {
     impl_->journal.append(id, "file", {{"op", "write"}, {"path", path}, {"error", e.what()}});
     rethrow_for(*sb, e);
@@ -469,14 +477,7 @@ nlohmann::json Engine::Impl::json_op(const std::string& id, nlohmann::json req, 
 }
 
 nlohmann::json Engine::list_files(const std::string& id, const std::string& path) {
-  auto r = impl_->json_op(id, {{"op", "list"}, {"path", path}}, false);
-  if (!r.contains("entries") || !r["entries"].is_array())
-    throw Error(Errc::guest_error, "guest list response has no entries array");
-  return {{"entries", r["entries"]}};
-}
-
-nlohmann::json Engine::stat_file(const std::string& id, const std::string& path) {
-  return impl_->json_op(id, {{"op", "stat"}, {"path", path}}, false);
+  return list_files(id, path, 1);
 }
 
 void Engine::make_dir(const std::string& id, const std::string& path, bool parents) {

@@ -452,6 +452,8 @@ void Server::handle_request(Frame& f) {
         result = op_list(req);
       else if (op == "stat")
         result = op_stat(req);
+      else if (op == "move")
+        result = op_move(req);
       else if (op == "mkdir")
         result = op_mkdir(req);
       else if (op == "remove")

@@ -7,6 +7,7 @@
 // Prints "ok: <what>" per check and "SANDBOX <id>" for every sandbox made;
 // any failure throws and exits 1.
 import assert from "node:assert/strict";
+import { files as filesSection } from "./files_section.mjs";
 
 const pkg = process.argv[2] ?? "e2b";
 const e2b = await import(pkg);
@@ -180,7 +181,8 @@ async function lifetime(ctx) {
 
 // --- run -------------------------------------------------------------------
 
-const sections = { create, commands, background, pty, listing, tenants, errors, lifetime };
+const files = (ctx) => filesSection(ctx, { e2b, ok, rejects, until });
+const sections = { create, commands, background, pty, listing, tenants, errors, files, lifetime };
 const only = process.env.E2B_SECTIONS ? process.env.E2B_SECTIONS.split(",") : Object.keys(sections);
 const ctx = {};
 for (const name of ["create", ...only.filter((n) => n !== "create" && n !== "lifetime"), "lifetime"]) {

@@ -190,6 +190,61 @@ class EnvdProtocolTest(E2bTestCase):
                                           "X-Access-Token": self.sb["envdAccessToken"]})
         self.assertEqual(status, 204)
 
+    def test_files_hostile_uploads_and_filesystem_errors(self):
+        sid, tok = self.sb["sandboxID"], self.sb["envdAccessToken"]
+        hdr = {"E2b-Sandbox-Id": sid, "X-Access-Token": tok}
+
+        def post(query, body, ctype):
+            return self.http("POST", "/e2b/envd/files" + query, body, dict(hdr, **{"Content-Type": ctype}))
+
+        part = (b'--B\r\nContent-Disposition: form-data; name="file"; filename="/tmp/up/%s"\r\n\r\n%s\r\n')
+        status, _, data = post("?username=root", part % (b"a", b"1") + part % (b"b", b"22") + b"--B--\r\n",
+                               "multipart/form-data; boundary=B")
+        self.assertEqual(status, 200, data)
+        self.assertEqual([e["path"] for e in json.loads(data)], ["/tmp/up/a", "/tmp/up/b"])
+        status, _, data = self.http("GET", "/e2b/envd/files?path=%2Ftmp%2Fup%2Fb&username=root", headers=hdr)
+        self.assertEqual((status, data), (200, b"22"))
+        for body, ctype, words in ((b"garbage", "multipart/form-data; boundary=B", "no boundary"),
+                                   (b"--B\r\n" + b"h" * 20000 + b"\r\n\r\nx\r\n--B--", "multipart/form-data; boundary=B", "16 KiB"),
+                                   (part % (b"c", b"cut"), "multipart/form-data; boundary=B", "ends inside a part"),
+                                   (b"x", "text/plain", "unsupported content type")):
+            status, _, data = post("", body, ctype)
+            self.assertEqual(status, 400, data)
+            self.assertEqual(json.loads(data)["code"], 400)
+            self.assertIn(words, json.loads(data)["message"])
+        status, _, data = self.http("GET", "/e2b/envd/files?path=%2Fno%2Fsuch", headers=hdr)
+        self.assertEqual((status, json.loads(data)["code"]), (404, 404))
+        # The Connect service: not found, already exists, a file is not a directory.
+        status, _, data = self.envd("/filesystem.Filesystem/Stat", b'{"path": "/no/such"}')
+        self.assertEqual((status, json.loads(data)["code"]), (404, "not_found"))
+        status, _, data = self.envd("/filesystem.Filesystem/MakeDir", b'{"path": "/tmp"}')
+        self.assertEqual((status, json.loads(data)["code"]), (409, "already_exists"))
+        status, _, data = self.envd("/filesystem.Filesystem/ListDir", b'{"path": "/tmp/up/a"}')
+        self.assertEqual((status, json.loads(data)["code"]), (400, "invalid_argument"))
+        status, _, data = self.envd("/filesystem.Filesystem/ListDir", b'{"path": "/tmp/up", "depth": 1}')
+        self.assertEqual(status, 200, data)
+        self.assertEqual([e["name"] for e in json.loads(data)["entries"]], ["a", "b"])
+        self.assertEqual(json.loads(data)["entries"][1]["size"], "2")
+        # The watcher trio: events buffered between polls, then removed.
+        status, _, data = self.envd("/filesystem.Filesystem/CreateWatcher", b'{"path": "/tmp/up"}')
+        self.assertEqual(status, 200, data)
+        wid = json.loads(data)["watcherId"]
+        self.envd("/filesystem.Filesystem/Remove", b'{"path": "/tmp/up/a"}')
+        events = []
+        for _ in range(100):
+            status, _, data = self.envd("/filesystem.Filesystem/GetWatcherEvents",
+                                        json.dumps({"watcherId": wid}).encode())
+            self.assertEqual(status, 200, data)
+            events += json.loads(data)["events"]
+            if {"name": "a", "type": "EVENT_TYPE_REMOVE"} in events:
+                break
+        self.assertIn({"name": "a", "type": "EVENT_TYPE_REMOVE"}, events)
+        self.assertEqual(self.envd("/filesystem.Filesystem/RemoveWatcher",
+                                   json.dumps({"watcherId": wid}).encode())[0], 200)
+        status, _, data = self.envd("/filesystem.Filesystem/GetWatcherEvents",
+                                    json.dumps({"watcherId": wid}).encode())
+        self.assertEqual((status, json.loads(data)["code"]), (404, "not_found"))
+
 
 class SdkTest(E2bTestCase):
     """Both pinned SDK releases, end to end on template `base` (debian)."""

@@ -597,10 +597,11 @@ void GuestChannel::resize(uint32_t stream, int cols, int rows) {
 }
 
 uint64_t GuestChannel::write_file(const std::string& path, uint32_t mode, bool parents,
-                                  const ChunkSource& source, Deadline deadline) {
-  auto [j, done] =
-      upload({{"op", "write_file"}, {"path", path}, {"mode", mode}, {"parents", parents}}, source,
-             deadline);
+                                  const ChunkSource& source, Deadline deadline,
+                                  const std::string& owner) {
+  nlohmann::json req = {{"op", "write_file"}, {"path", path}, {"mode", mode}, {"parents", parents}};
+  if (!owner.empty()) req["owner"] = owner;
+  auto [j, done] = upload(req, source, deadline);
   if (!done) throw Error(Errc::guest_error, "guest answered write_file before the end of data");
   auto size = j.value("size", nlohmann::json());
   if (!size.is_number_unsigned())
