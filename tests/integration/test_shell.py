@@ -121,7 +121,14 @@ class ShellTest(DaemonTestCase):
         # A full-screen program: vi draws its status line on the last row,
         # and redraws there when the window shrinks under it.
         self.keys(name, "clear; vi /tmp/typed.txt", "Enter")
-        self.wait_screen(name, "/tmp/typed.txt")
+        # The typed command line shows the name too, before clear and vi run:
+        # wait for the status line on the last row itself.
+        deadline = time.time() + 15
+        while time.time() < deadline:
+            lines = self.screen(name).splitlines()
+            if len(lines) > 39 and "/tmp/typed.txt" in lines[39]:
+                break
+            time.sleep(0.2)
         self.assertIn("/tmp/typed.txt", self.screen(name).splitlines()[39])
         self.keys(name, "ihello from vi", "Escape")
         self.wait_screen(name, "hello from vi")
