@@ -489,8 +489,8 @@ std::unique_ptr<RecordFollower> Engine::follow_journal(const std::string& id) {
     size_t seen = 0;
     std::vector<nlohmann::json> next() override {
       auto all = engine->audit(id);
-      std::vector<nlohmann::json> out(all.begin() + static_cast<std::ptrdiff_t>(std::min(seen, all.size())),
-                                      all.end());
+      std::vector<nlohmann::json> out(
+          all.begin() + static_cast<std::ptrdiff_t>(std::min(seen, all.size())), all.end());
       seen = all.size();
       return out;
     }
@@ -509,8 +509,7 @@ std::unique_ptr<RecordFollower> Engine::follow_journal(const std::string& id) {
   return f;
 }
 nlohmann::json Engine::changes(const std::string& id, const std::string& since, bool) {
-  if (since != "start")
-    throw Error(Errc::invalid_argument, "since must be \"start\"", "since");
+  if (since != "start") throw Error(Errc::invalid_argument, "since must be \"start\"", "since");
   get(id);
   throw Error(Errc::unavailable, "the fake engine has no disk layers");
 }

@@ -11,7 +11,8 @@ using nlohmann::json;
 
 void add_journal_commands(CLI::App& app, JournalCommands& j) {
   j.diff = app.add_subcommand(
-      "diff", "files added, modified and deleted in a sandbox since it started (read from its disk)");
+      "diff",
+      "files added, modified and deleted in a sandbox since it started (read from its disk)");
   j.diff->add_option("id", j.id)->required();
   j.diff->add_option("--since", j.since, "start (snapshots: not yet)");
   j.diff->add_flag("--content", j.content, "unified diffs of text files (size-capped)");
@@ -20,8 +21,8 @@ void add_journal_commands(CLI::App& app, JournalCommands& j) {
 
 int run_journal_command(const JournalCommands& j, const std::function<Client()>& connect) {
   if (!j.diff->parsed()) return -1;
-  json r = connect().call("GET", "/v1/sandboxes/" + j.id + "/changes?since=" +
-                                     url_encode(j.since) + (j.content ? "&content=true" : ""));
+  json r = connect().call("GET", "/v1/sandboxes/" + j.id + "/changes?since=" + url_encode(j.since) +
+                                     (j.content ? "&content=true" : ""));
   std::cout << (j.json ? r.dump(2) + "\n" : format_changes(r));
   return 0;
 }
@@ -69,7 +70,8 @@ std::string format_changes(const json& r) {
     if (c.contains("what")) {
       o << " (";
       bool first = true;
-      for (const auto& w : c["what"]) o << (first ? "" : ",") << w.get<std::string>(), first = false;
+      for (const auto& w : c["what"])
+        o << (first ? "" : ",") << w.get<std::string>(), first = false;
       o << ")";
     }
     if (c.value("binary", false)) o << " [binary]";

@@ -16,11 +16,11 @@
 
 #include "cli/args.h"
 #include "cli/client.h"
+#include "cli/journal_cmd.h"
 #include "cli/probe.h"
 #include "cli/pty_client.h"
 #include "cli/spawn.h"
 #include "cli/stdin_pump.h"
-#include "cli/journal_cmd.h"
 #include "cli/token_cmd.h"
 #include "common/error.h"
 #include "daemon/base64.h"
@@ -268,7 +268,8 @@ int main_impl(int argc, char** argv) {
   logs->add_flag("--network", net_logs, "only network events, one line each");
   logs->add_flag("-f,--follow", follow, "keep printing new records as they are appended");
   bool verify = false;
-  logs->add_flag("--verify", verify, "check the journal's hash chain; exit 1 naming the first break");
+  logs->add_flag("--verify", verify,
+                 "check the journal's hash chain; exit 1 naming the first break");
 
   std::string watch_path;
   bool watch_recursive = false;

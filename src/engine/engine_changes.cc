@@ -17,7 +17,8 @@ nlohmann::json Engine::changes(const std::string& id, const std::string& since, 
   if (since != "start")
     throw Error(Errc::invalid_argument,
                 "since must be \"start\" (diffs since a snapshot need snapshots, not available "
-                "yet), got '" + since + "'",
+                "yet), got '" +
+                    since + "'",
                 "since");
   auto sb = impl_->running(id);
   ActivityGuard active(*sb);
@@ -29,14 +30,15 @@ nlohmann::json Engine::changes(const std::string& id, const std::string& since, 
     sb->channel->call({{"op", "sync"}}, channel::Clock::now() + std::chrono::seconds(30));
   } catch (const Error&) {
   }
-  int64_t sync_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
-                        std::chrono::steady_clock::now() - t0)
-                        .count();
+  int64_t sync_ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0)
+          .count();
   fs::path disk = sb->run_dir() / "disk.qcow2";
   // The overlay's backing file is the sandbox's start (the image, or its
   // template's disk); the host wrote that header, the guest cannot.
-  auto r = run_command({"qemu-img", "info", "-U", "--output=json", disk.string()},
-                       {.timeout = std::chrono::seconds(30)});
+  SubprocessOptions o;
+  o.timeout = std::chrono::seconds(30);
+  auto r = run_command({"qemu-img", "info", "-U", "--output=json", disk.string()}, o);
   if (!r.ok()) throw Error(Errc::internal, "cannot read the sandbox's disk: " + r.describe());
   auto info = nlohmann::json::parse(r.out, nullptr, false);
   std::string backing = info.is_object() ? info.value("full-backing-filename", "") : "";

@@ -311,9 +311,9 @@ VerifyReport verify_journal(const std::filesystem::path& path, const std::string
     int64_t max_seq = first_line_of.empty() ? 0 : first_line_of.rbegin()->first;
     if (aseq > max_seq)
       brk(n + (torn ? 0 : 1), aseq, "truncated",
-          "the file ends at seq " + std::to_string(max_seq) + " but the registry's anchor names seq " +
-              std::to_string(aseq) + ": the last " + std::to_string(aseq - max_seq) +
-              " record(s) were removed");
+          "the file ends at seq " + std::to_string(max_seq) +
+              " but the registry's anchor names seq " + std::to_string(aseq) + ": the last " +
+              std::to_string(aseq - max_seq) + " record(s) were removed");
     else if (it != first_line_of.end())
       brk(it->second, aseq, "edited",
           "line " + std::to_string(it->second) + " (seq " + std::to_string(aseq) +
@@ -327,8 +327,8 @@ VerifyReport verify_journal(const std::filesystem::path& path, const std::string
   if (!anchor->signature.empty()) {
     rep.signed_anchor = true;
     if (key) {
-      rep.signature_ok = key->verify_hex(head_message(sandbox, anchor->seq, anchor->hash),
-                                         anchor->signature);
+      rep.signature_ok =
+          key->verify_hex(head_message(sandbox, anchor->seq, anchor->hash), anchor->signature);
       if (!rep.signature_ok)
         brk(0, aseq, "bad_signature",
             "the anchored head's signature does not verify with the host key");

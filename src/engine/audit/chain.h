@@ -56,9 +56,9 @@ std::string genesis_hash(const std::string& sandbox);
 // The chain's head as anchored in the registry.
 struct JournalHead {
   uint64_t seq = 0;
-  std::string hash;        // of the line of record `seq`
-  uint64_t bytes = 0;      // file offset just past that line's newline
-  std::string signature;   // hex Ed25519 over head_message(), or "" (unsigned)
+  std::string hash;       // of the line of record `seq`
+  uint64_t bytes = 0;     // file offset just past that line's newline
+  std::string signature;  // hex Ed25519 over head_message(), or "" (unsigned)
 };
 
 // Where heads are anchored (the registry implements it; tests keep them in
@@ -115,7 +115,7 @@ struct VerifyReport {
   // anchoring them (the next append anchors them again). Not a break as long
   // as the anchored record itself is intact.
   uint64_t unanchored = 0;
-  std::string public_key;         // hex, when verified with a key
+  std::string public_key;          // hex, when verified with a key
   std::vector<ChainBreak> breaks;  // in file order, at most kMaxBreaks
   static constexpr size_t kMaxBreaks = 100;
   nlohmann::json to_json() const;

@@ -4,13 +4,13 @@
 #include "engine/audit/chain.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <fstream>
 #include <functional>
 #include <iostream>
-#include <sys/stat.h>
 #include <map>
 
 #include "common/error.h"
@@ -126,9 +126,8 @@ TEST_F(ChainTest, Inserted) {
   auto b = tampered([](auto& ls) { ls.insert(ls.begin() + 6, ls[2]); });
   EXPECT_EQ(b["kind"], "inserted");
   EXPECT_EQ(b["line"], 7);
-  auto c = tampered([](auto& ls) {
-    ls.insert(ls.begin() + 2, R"({"ts":"x","sandbox":"sb-1","event":"exec"})");
-  });
+  auto c = tampered(
+      [](auto& ls) { ls.insert(ls.begin() + 2, R"({"ts":"x","sandbox":"sb-1","event":"exec"})"); });
   EXPECT_EQ(c["kind"], "inserted");
   EXPECT_EQ(c["line"], 3);
 }
@@ -235,7 +234,11 @@ TEST_F(ChainTest, AnchorMismatchIsNotedBeforeAppending) {
 
 TEST_F(ChainTest, LegacyJournalStartsAChainAfterIt) {
   fs::create_directories(dir_ / "audit");
-  { std::ofstream(dir_ / "audit" / "sb-1.jsonl") << R"({"ts":"t","sandbox":"sb-1","event":"created"})" "\n"; }
+  {
+    std::ofstream(dir_ / "audit" / "sb-1.jsonl")
+        << R"({"ts":"t","sandbox":"sb-1","event":"created"})"
+           "\n";
+  }
   auto j = journal();
   j.append("sb-1", "exec");
   auto r = j.verify("sb-1");
@@ -271,10 +274,13 @@ TEST_F(ChainTest, HostKeyIsPrivateAndReloads) {
 TEST_F(ChainTest, TenThousandRecordsVerifyTiming) {
   auto j = journal();
   for (int i = 0; i < 10000; ++i)
-    j.append("sb-1", "exec", {{"argv", {"sh", "-c", "echo " + std::to_string(i)}}, {"exit_code", 0}});
+    j.append("sb-1", "exec",
+             {{"argv", {"sh", "-c", "echo " + std::to_string(i)}}, {"exit_code", 0}});
   auto t0 = std::chrono::steady_clock::now();
   auto r = j.verify("sb-1");
-  auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
+  auto ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0)
+          .count();
   EXPECT_TRUE(r.ok);
   EXPECT_EQ(r.head.seq, 10000u);
   std::cout << "verify of 10000 records: " << ms << " ms\n";

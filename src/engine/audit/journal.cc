@@ -152,8 +152,10 @@ bool AuditJournal::is_terminal(const std::string& event) {
 
 bool AuditJournal::is_lifecycle(const std::string& event) {
   static const std::set<std::string, std::less<>> kLifecycle = {
-      "created", "boot_failed",     "clone_failed",     "retry", "pooled", "adopted",
-      "file",    "network_changed", "journal_truncated"};
+      "created", "boot_failed", "clone_failed", "retry", "pooled", "adopted", "file",
+      "network_changed", "journal_truncated",
+      // What the state-keeping work (snapshots, forks, pause/resume) records.
+      "snapshot", "snapshot_deleted", "fork", "forked", "restored", "paused", "resumed"};
   // exec, exec_kill and the start/end records of an exec.
   return is_terminal(event) || kLifecycle.count(event) > 0 || event.rfind("exec", 0) == 0;
 }
@@ -202,7 +204,8 @@ void AuditJournal::load_chain(int fd, const std::string& sandbox, Chain& c, uint
       end = size - torn.size();
       if (::ftruncate(fd, static_cast<off_t>(end)) != 0)
         throw_errno("cut torn tail of audit journal " + path.string());
-      notes.push_back({"journal_torn_tail", {{"bytes", torn.size()}, {"sha256", sha256_hex(torn)}}});
+      notes.push_back(
+          {"journal_torn_tail", {{"bytes", torn.size()}, {"sha256", sha256_hex(torn)}}});
     }
   }
   c.bytes = end;

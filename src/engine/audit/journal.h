@@ -133,7 +133,8 @@ class AuditJournal {
   // `anchor` (may be null: no anchoring) receives the chain's head after
   // every append, signed with `key` when given (chain.h).
   explicit AuditJournal(std::filesystem::path dir, JournalLimits limits = {},
-                        JournalAnchor* anchor = nullptr, std::shared_ptr<const HostKey> key = nullptr);
+                        JournalAnchor* anchor = nullptr,
+                        std::shared_ptr<const HostKey> key = nullptr);
 
   // Appends one record. `fields` must be a JSON object (or null); its keys
   // ts/sandbox/event are overwritten. Throws Error(invalid_argument) for an

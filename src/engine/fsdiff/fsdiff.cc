@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <set>
@@ -86,7 +87,8 @@ class Fs {
     std::vector<Item> stack{{EXT2_ROOT_INO, "/", 0}};
     std::set<ext2_ino_t> seen_dirs{EXT2_ROOT_INO};
     Node root;
-    if (!stat(EXT2_ROOT_INO, root)) throw Error(Errc::unavailable, "the " + what_ + " disk has no root");
+    if (!stat(EXT2_ROOT_INO, root))
+      throw Error(Errc::unavailable, "the " + what_ + " disk has no root");
     out["/"] = root;
     struct Ctx {
       Fs* self;
@@ -187,8 +189,8 @@ class Fs {
     }
     if (ext2fs_is_fast_symlink(&inode)) {
       const char* p = reinterpret_cast<const char*>(inode.i_block);
-      return std::string(p, strnlen(p, std::min<size_t>(sizeof inode.i_block,
-                                                        EXT2_I_SIZE(&inode))));
+      return std::string(p,
+                         strnlen(p, std::min<size_t>(sizeof inode.i_block, EXT2_I_SIZE(&inode))));
     }
     std::string out;
     read(ino, 0, std::min<uint64_t>(EXT2_I_SIZE(&inode), kMax), out);
@@ -281,7 +283,7 @@ void add_content_diff(nlohmann::json& c, const std::string& path, const std::str
 }
 
 nlohmann::json describe(const std::string& path, const char* change, const Node& n) {
-  nlohmann::json j{{"path", path}, {"change", change}, {"type", type_name(n.type)},
+  nlohmann::json j{{"path", path},   {"change", change},      {"type", type_name(n.type)},
                    {"size", n.size}, {"mode", octal(n.mode)}, {"uid", n.uid},
                    {"gid", n.gid}};
   if (n.type == 'l') j["target"] = n.target;
@@ -355,8 +357,10 @@ nlohmann::json diff_raw(const fs::path& before, const fs::path& after, const fs:
       if (content) what.push_back("content");
       if (!what.empty()) {
         auto c = describe(ib->first, "modified", y);
-        nlohmann::json before{{"type", type_name(x.type)}, {"size", x.size},
-                              {"mode", octal(x.mode)},     {"uid", x.uid},
+        nlohmann::json before{{"type", type_name(x.type)},
+                              {"size", x.size},
+                              {"mode", octal(x.mode)},
+                              {"uid", x.uid},
                               {"gid", x.gid}};
         if (x.type == 'l') before["target"] = x.target;
         c["before"] = before;
@@ -403,9 +407,11 @@ struct RawView {
     path = tmpl;
     temp = true;
     // -U: QEMU holds the running sandbox's disk locked; we only read it.
+    SubprocessOptions o;
+    o.timeout = std::chrono::minutes(10);
     auto r = run_command({"qemu-img", "convert", "-U", "-f", "qcow2", "-O", "raw",
                           chain.top.string(), path.string()},
-                         {.timeout = std::chrono::minutes(10)});
+                         o);
     if (!r.ok()) {
       std::error_code ec;
       fs::remove(path, ec);
@@ -440,17 +446,28 @@ nlohmann::json diff(const LayerChain& before, const LayerChain& after, const fs:
   }
   if (pid == 0) {
     ::close(p[0]);
-    rlimit as{opt.limits.child_memory_bytes, opt.limits.child_memory_bytes};
+    // The limit is on top of what the daemon's image already maps (thread
+    // stacks, libraries), which the child inherits.
+    uint64_t mapped = 0;
+    if (FILE* f = std::fopen("/proc/self/statm", "re")) {
+      unsigned long pages = 0;
+      if (std::fscanf(f, "%lu", &pages) == 1)
+        mapped = static_cast<uint64_t>(pages) * static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+      std::fclose(f);
+    }
+    rlim_t cap = static_cast<rlim_t>(mapped + opt.limits.child_memory_bytes);
+    rlimit as{cap, cap};
     rlimit cpu{static_cast<rlim_t>(opt.limits.child_cpu_seconds),
                static_cast<rlim_t>(opt.limits.child_cpu_seconds)};
     ::setrlimit(RLIMIT_AS, &as);
     ::setrlimit(RLIMIT_CPU, &cpu);
     std::string out;
     try {
-      out = diff_raw(a.path, b.path, tmp_dir, opt).dump(-1, ' ', false,
-                                                       nlohmann::json::error_handler_t::replace);
+      out = diff_raw(a.path, b.path, tmp_dir, opt)
+                .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
     } catch (const Error& e) {
-      out = nlohmann::json{{"error", {{"code", std::string(to_string(e.code()))}, {"message", e.what()}}}}
+      out = nlohmann::json{{"error",
+                            {{"code", std::string(to_string(e.code()))}, {"message", e.what()}}}}
                 .dump();
     } catch (const std::exception& e) {
       out = nlohmann::json{{"error", {{"code", "internal"}, {"message", e.what()}}}}.dump();

@@ -8,7 +8,8 @@
 // compared: paths added, deleted, and modified (type, size, mode, owner,
 // symlink target, or content, compared byte for byte).
 //
-//   auto r = fsdiff::diff({sandbox_base, "raw"}, {disk_qcow2, "qcow2"}, tmp_dir, {.content = true});
+//   auto r = fsdiff::diff({sandbox_base, "raw"}, {disk_qcow2, "qcow2"}, tmp_dir, {.content =
+//   true});
 //   // {"changes": [{"path": "/root/a", "change": "added", "type": "file", "size": 3,
 //   //               "mode": "0644", "diff": "--- /dev/null\n+++ b/root/a\n..."}], ...}
 //
@@ -38,7 +39,7 @@ struct Limits {
   uint64_t max_content_bytes = 256 * 1024;     // a file larger is not diffed
   uint64_t max_diff_bytes = 64 * 1024;         // one file's diff text
   uint64_t max_total_diff_bytes = 4ull << 20;  // all diffs together
-  uint64_t child_memory_bytes = 2ull << 30;    // RLIMIT_AS of the walker
+  uint64_t child_memory_bytes = 2ull << 30;    // RLIMIT_AS of the walker, above what it inherits
   int child_cpu_seconds = 300;
 };
 
