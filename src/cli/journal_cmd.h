@@ -25,7 +25,7 @@ int run_journal_command(const JournalCommands& j, const std::function<Client()>&
 // `logs ID --verify`: prints the report; 0 if the chain holds, 1 if not.
 int verify_journal(Client& c, const std::string& id, bool json);
 
-// Human forms (tested in journal_cmd_test.cc).
+// Human forms of the two answers (exercised by tests/integration/test_journal.py).
 std::string format_verify(const nlohmann::json& report);
 std::string format_changes(const nlohmann::json& changes);
 
