@@ -516,6 +516,11 @@ void dispatch(engine::Engine& engine, Exchange& ex, const Caller& caller) {
       ex.send_json(200, arr);
       return;
     }
+    case Route::journal_verify:
+    case Route::events:
+    case Route::changes:
+      handle_journal_route(engine, ex, m.route, id, q);
+      return;
     case Route::guest_info:
       check_query_keys(q, {});
       expect_no_body(ex);

@@ -35,6 +35,9 @@ enum class Route {
   move_file,  // rename in the guest (POST .../files/move)
   watch_files,  // NDJSON stream of changes under a directory
   logs,
+  journal_verify,  // the journal's hash chain checked (handlers_journal.cc)
+  events,          // the whole journal, JSON or a live NDJSON stream
+  changes,         // filesystem diff since the sandbox started
   guest_info,
   posture,  // the QEMU jail read back from /proc
   set_network,

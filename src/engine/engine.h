@@ -350,6 +350,19 @@ class Engine {
   // Its size and what the cap dropped (counted since this engine started;
   // the sandbox's end record carries the final count as "journal_dropped").
   JournalStats journal_stats(const std::string& id);
+  // The journal's hash chain checked against the head anchored in the
+  // registry and its signature (audit/chain.h; VerifyReport::to_json):
+  // {"ok", "records", "head", "anchor", "unanchored", "breaks", "first_break",
+  // ...}. Error(not_found) if the sandbox has no journal (engine_journal.cc).
+  nlohmann::json verify_journal(const std::string& id);
+  // A follower of every record of the journal from the first (GET
+  // .../events); not_found like follow_network_events.
+  std::unique_ptr<RecordFollower> follow_journal(const std::string& id);
+  // Paths added, modified and deleted in the sandbox's disk since `since`
+  // ("start": its base image or template), read on the host from the disk
+  // layers (storage/fsdiff.h; engine_changes.cc). `content`: unified diffs
+  // of text files. Error(invalid_argument, field since) for anything else.
+  nlohmann::json changes(const std::string& id, const std::string& since, bool content);
 
   // Replaces a running sandbox's egress policy; flows no longer allowed are
   // cut. Returns {"policy": <normalised>, "flows_cut": N}. A sandbox created

@@ -432,6 +432,13 @@ json op_remove(const json& req) {
   return json::object();
 }
 
+// Flushes every filesystem to its disk, so the host's read of the disk
+// layers (airlock diff) sees what the guest wrote.
+json op_sync(const json&) {
+  ::sync();
+  return json::object();
+}
+
 json op_info(const json&) {
   utsname u{};
   uname(&u);

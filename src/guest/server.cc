@@ -460,6 +460,8 @@ void Server::handle_request(Frame& f) {
         result = op_remove(req);
       else if (op == "info")
         result = op_info(req);
+      else if (op == "sync")
+        result = op_sync(req);
       else if (op == "jobs")
         result = jobs_->list();
       else if (op == "kill_job")
