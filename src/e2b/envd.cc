@@ -32,6 +32,20 @@ bool has_content_type(const std::string& value, std::string_view want) {
   return v == want;
 }
 
+// The request body through `parse`, read up to `cap` bytes; a longer body is
+// Connect's resource_exhausted (unary calls and streams alike).
+template <class Parse>
+json read_request(daemon::Exchange& ex, size_t cap, Parse parse) {
+  try {
+    return parse(ex.read_body(cap));
+  } catch (const Error& e) {
+    if (e.code() != Errc::payload_too_large) throw;
+    throw RpcError(
+        Code::resource_exhausted,
+        "request message exceeds " + std::to_string(connect::kMaxRequestMessage) + " bytes");
+  }
+}
+
 void send_rpc_error(daemon::Exchange& ex, const RpcError& e) {
   ex.send_json(connect::http_status(e.code()), connect::error_json(e));
 }
@@ -194,16 +208,8 @@ void Envd::serve_rpc(Call& c, const std::string& path) const {
       return;
     }
     try {
-      json req;
-      try {
-        req = connect::parse_unary_request(ex.read_body(connect::kMaxRequestMessage));
-      } catch (const Error& e) {
-        if (e.code() == Errc::payload_too_large)
-          throw RpcError(
-              Code::resource_exhausted,
-              "request message exceeds " + std::to_string(connect::kMaxRequestMessage) + " bytes");
-        throw;
-      }
+      json req = read_request(ex, connect::kMaxRequestMessage,
+                              [](std::string_view b) { return connect::parse_unary_request(b); });
       json resp = u->second(c, req);
       ex.send_json(200, resp);
     } catch (const RpcError& e) {
@@ -223,16 +229,9 @@ void Envd::serve_rpc(Call& c, const std::string& path) const {
   }
   StreamWriter out(ex);
   try {
-    json req;
-    try {
-      req = connect::parse_stream_request(ex.read_body(connect::kMaxRequestMessage + 5));
-    } catch (const Error& e) {
-      if (e.code() == Errc::payload_too_large)
-        throw RpcError(
-            Code::resource_exhausted,
-            "request message exceeds " + std::to_string(connect::kMaxRequestMessage) + " bytes");
-      throw;
-    }
+    // + 5: the envelope's flag byte and length.
+    json req = read_request(ex, connect::kMaxRequestMessage + 5,
+                            [](std::string_view b) { return connect::parse_stream_request(b); });
     s->second(c, req, out);
     out.finish();
   } catch (const RpcError& e) {
