@@ -44,11 +44,19 @@ bool plausible_exec_id(const std::string& s) {
 struct Delivered {
   bool attached = false;
   uint64_t from = 0, to = 0, dropped = 0, out_bytes = 0, err_bytes = 0;
+  uint64_t backlog = 0;  // bytes the guest held past `from` when this attach began
   Sha256 out, err;
   nlohmann::json record(const std::string& exec_id, const char* how) {
-    return {{"exec_id", exec_id},   {"offset", from},         {"end", to},
-            {"dropped", dropped},   {"stdout_bytes", out_bytes}, {"stderr_bytes", err_bytes},
-            {"stdout_sha256", out.hex()}, {"stderr_sha256", err.hex()}, {"ended_by", how}};
+    return {{"exec_id", exec_id},
+            {"offset", from},
+            {"end", to},
+            {"dropped", dropped},
+            {"backlog", backlog},
+            {"stdout_bytes", out_bytes},
+            {"stderr_bytes", err_bytes},
+            {"stdout_sha256", out.hex()},
+            {"stderr_sha256", err.hex()},
+            {"ended_by", how}};
   }
 };
 
@@ -88,6 +96,7 @@ std::optional<ExecResult> Engine::attach_exec(const std::string& id, const std::
     got.attached = true;
     got.from = got.to = a.value("offset", offset);
     got.dropped = a.value("dropped", uint64_t{0});
+    got.backlog = a.value("end", got.from) - got.from;
     if (callbacks.on_attached) callbacks.on_attached(a);
   };
   handlers.on_output = [&](int ch, std::string_view bytes) {

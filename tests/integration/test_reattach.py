@@ -6,6 +6,7 @@ Real daemon, real VMs (minimal image). About 2-4 minutes under TCG.
 """
 
 import base64
+import hashlib
 import json
 import os
 import signal
@@ -16,10 +17,20 @@ import unittest
 
 from harness import BIN, IMAGE_DIR, DaemonTestCase, observe
 
-# The counter every exec prints: one number every 100 ms, then exit 7.
-COUNT = 120
-COUNTER = ("i=0; while [ $i -lt %d ]; do echo $i; i=$((i+1)); sleep 0.1; done; exit 7" % COUNT)
-EXPECTED = "".join("%d\n" % i for i in range(COUNT)).encode()
+# The counter every exec prints: one number every 100 ms, at least COUNT of
+# them and until the test creates /tmp/stop (so none can end before the
+# daemon is killed, however slow the host), then exit 7.
+COUNT = 60
+COUNTER = ("i=0; while [ $i -lt %d ] || [ ! -e /tmp/stop ]; do echo $i; i=$((i+1)); sleep 0.1; done; exit 7"
+           % COUNT)
+
+
+def counted(n):
+    return "".join("%d\n" % i for i in range(n)).encode()
+def sha(b):
+    return hashlib.sha256(b).hexdigest()
+
+
 BUFFER = 65536  # --exec-buffer-bytes of this suite's daemon (the smallest allowed)
 
 
@@ -81,6 +92,10 @@ class ReattachTest(DaemonTestCase):
         return [r for r in self.api.call("GET", f"/v1/sandboxes/{sid}/logs")
                 if r.get("event") == "exec" and r.get("exec_id") == exec_id]
 
+    def journal_attaches(self, sid, exec_id):
+        return [r for r in self.api.call("GET", f"/v1/sandboxes/{sid}/logs")
+                if r.get("event") == "exec_attach" and r.get("exec_id") == exec_id]
+
     def attach(self, sid, exec_id, offset, until_bytes=None):
         """GET ?offset: (attach event, output bytes, exit event or None). With
         until_bytes, stops reading (and hangs up: detaches) after that many."""
@@ -140,10 +155,10 @@ class ReattachTest(DaemonTestCase):
             while any(o.get().count(b"\n") < 5 for o in outs):
                 self.assertLess(time.monotonic(), deadline, [o.get()[-50:] for o in outs])
                 time.sleep(0.1)
-            before = [o.get().count(b"\n") for o in outs]
-            self.assertTrue(all(b < COUNT for b in before), before)
             self.kill_daemon()
             self.restart_after(5)
+            for sid in sids:
+                self.api.exec(sid, argv=["touch", "/tmp/stop"])
             for p in clients:
                 p.wait(timeout=300)
         finally:
@@ -155,16 +170,30 @@ class ReattachTest(DaemonTestCase):
             outs[i].join(10)
             errs[i].join(10)
             # Contiguous and complete: each number exactly once, in order.
-            self.assertEqual(outs[i].get(), EXPECTED, errs[i].get())
+            n = outs[i].get().count(b"\n")
+            self.assertGreaterEqual(n, COUNT)
+            self.assertEqual(outs[i].get(), counted(n), errs[i].get())
             self.assertEqual(p.returncode, 7, errs[i].get())
             self.assertNotIn(b"lost", errs[i].get())
         # The daemon re-adopted every sandbox; each exec's end is in its
         # journal once, marked as reattached.
-        for sid in sids:
-            recs = [r for r in self.api.call("GET", f"/v1/sandboxes/{sid}/logs") if r.get("event") == "exec"]
+        for i, sid in enumerate(sids):
+            logs = self.api.call("GET", f"/v1/sandboxes/{sid}/logs")
+            self.assertEqual(sum(r["event"] == "adopted" for r in logs), 1)
+            recs = [r for r in logs if r.get("event") == "exec" and r["argv"][0] == "sh"]
             self.assertEqual(len(recs), 1, recs)
             self.assertEqual(recs[0]["exit_code"], 7)
             self.assertTrue(recs[0].get("reattached"), recs[0])
+            # The CLI resumed once, from what it had printed, with a backlog
+            # the guest kept while nobody read (the daemon was down); that
+            # attach's record hashes exactly the rest.
+            out = outs[i].get()
+            att = [r for r in logs if r.get("event") == "exec_attach"]
+            self.assertEqual(len(att), 1, att)
+            self.assertGreater(att[0]["offset"], 0)
+            self.assertGreater(att[0]["backlog"], 0)
+            self.assertEqual((att[0]["dropped"], att[0]["end"]), (0, len(out)))
+            self.assertEqual(att[0]["stdout_sha256"], sha(out[att[0]["offset"]:]))
             self.api.delete(sid)
             self.assertNothingLeft(sid)
 
@@ -177,7 +206,7 @@ class ReattachTest(DaemonTestCase):
         for name, cmd in (("a", "i=0; while [ $i -lt 40 ]; do echo $i; i=$((i+1)); done; "
                                 "while [ ! -e /tmp/go ]; do sleep 0.1; done; echo end"),
                           ("b", "while [ ! -e /tmp/go2 ]; do sleep 0.1; done; "
-                                "yes x | head -c 200000; touch /tmp/b-done")):
+                                "yes x 2>/dev/null | head -c 200000; touch /tmp/b-done")):
             s = Stream(self.api, "POST", f"/v1/sandboxes/{sid}/exec", {"cmd": cmd})
             self.assertEqual(s.resp.status, 200)
             start = s.next()
@@ -209,15 +238,16 @@ class ReattachTest(DaemonTestCase):
         first, out, _ = self.attach(sid, a, 17, until_bytes=len(full_a) - 17)
         self.assertEqual((first["offset"], first["dropped"]), (17, 0))
         self.assertEqual(out, full_a[17:])
-        # Beyond the end: 400 naming the field.
-        status, body = self.attach_error(sid, a, len(full_a) + 1)
-        self.assertEqual(status, 400, body)
-        self.assertEqual(body["error"]["field"], "offset")
-        status, body = self.attach_error(sid, a, "x")
-        self.assertEqual(status, 400, body)
-        # An unknown exec: 404.
+        # Beyond the end, negative, not a number: 400 naming the field.
+        for bad in (len(full_a) + 1, -1, "x", "1e3", ""):
+            status, body = self.attach_error(sid, a, bad)
+            self.assertEqual(status, 400, (bad, body))
+            self.assertEqual(body["error"]["field"], "offset", (bad, body))
+        # An unknown exec: 404 naming it.
         status, body = self.attach_error(sid, "ex-nosuch", 0)
         self.assertEqual(status, 404, body)
+        self.assertEqual(body["error"]["field"], "exec_id", body)
+        self.assertIn("ex-nosuch", body["error"]["message"])
         # From the end: what comes after, then the exit; the exec is then
         # collected (404) and its journal record written once.
         self.api.exec(sid, argv=["touch", "/tmp/go"])
@@ -228,6 +258,14 @@ class ReattachTest(DaemonTestCase):
         recs = self.journal_execs(sid, a)
         self.assertEqual(len(recs), 1, recs)
         self.assertTrue(recs[0]["reattached"])
+        # No daemon saw all of it: the end record has no output hash; each
+        # attach journaled the hash of exactly what it delivered.
+        self.assertNotIn("stdout_sha256", recs[0])
+        self.assertEqual([(r["offset"], r["end"], r["stdout_sha256"], r["ended_by"])
+                          for r in self.journal_attaches(sid, a)],
+                         [(0, len(full_a), sha(full_a), "detach"),
+                          (17, len(full_a), sha(full_a[17:]), "detach"),
+                          (len(full_a), len(full_a) + 4, sha(b"end\n"), "exit")])
 
         # B overflows its buffer while nobody reads: the oldest bytes go and
         # the client is told how many.
@@ -246,6 +284,8 @@ class ReattachTest(DaemonTestCase):
         self.assertEqual(out, (b"x\n" * 100000)[first["offset"]:])
         self.assertEqual(exit_ev["exit_code"], 0, exit_ev)
         self.assertEqual(self.journal_execs(sid, b)[0]["output_lost"], first["offset"])
+        self.assertEqual([(r["offset"], r["dropped"]) for r in self.journal_attaches(sid, b)],
+                         [(first["offset"], first["offset"])])
         self.api.delete(sid)
         self.assertNothingLeft(sid)
 
