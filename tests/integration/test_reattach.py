@@ -2,7 +2,8 @@
 while execs stream, and restarted on the same data dir; the execs keep running
 in their guests, which keep their output, and clients attach again by offset.
 
-Real daemon, real VMs (minimal image). About 2-4 minutes under TCG.
+Real daemon, real VMs (minimal image, 7 boots, three daemon kills): 24 s on a
+quiet 2-core TCG host, 55 s under load (measured 2026-12-04).
 """
 
 import base64
