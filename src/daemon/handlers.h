@@ -41,4 +41,11 @@ void handle(engine::Engine& engine, Exchange& ex, const Caller& caller);
 void handle_auth_route(engine::Engine& engine, Exchange& ex, const Caller& caller,
                        const RouteMatch& m);
 
+// Pause, resume, snapshots, fork (handlers_snapshots.cc).
+enum class Route;
+bool is_snapshot_route(Route route);
+// Snapshots and fork: operator only (a tenant gets the 404 of an unknown route).
+bool snapshot_route_operator_only(Route route);
+void handle_snapshot_route(engine::Engine& engine, Exchange& ex, const RouteMatch& m);
+
 }  // namespace airlock::daemon

@@ -33,6 +33,13 @@ channel::Deadline transfer_deadline(const Live& sb) {
 // within about a second and classifies it; the call waits for that (5 s at
 // most) so its error names the cause (vmm_died, guest_panic, ...).
 [[noreturn]] void rethrow_for(Live& sb, const Error& e) {
+  // Paused under the call (pause closes the channel): typed, and the process
+  // is not lost: it is frozen with the VM and continues after resume.
+  if (State now = sb.state(); now == State::pausing || now == State::paused)
+    throw Error(Errc::conflict, "sandbox " + sb.rec.info.id +
+                                    " was paused during the call; its process is frozen with the "
+                                    "VM and continues after resume, but this call's output ends "
+                                    "here");
   auto [st, failure, reason] =
       sb.wait_ended(sb.channel && sb.channel->closed() ? std::chrono::milliseconds(5000)
                                                        : std::chrono::milliseconds(0));
