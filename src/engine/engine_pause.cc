@@ -81,9 +81,9 @@ void Engine::Impl::pause_locked(Live& sb, const std::string& reason) {
       sb.transition(State::pausing, State::running,
                     {.event = "pause_failed", .details = {{"error", why}}});
     } catch (const std::exception& e2) {
-      teardown(sb, State::failed, "pause failed (" + why + ") and the VM could not continue: " +
-                                      e2.what(),
-               "failed", "agent_lost");
+      teardown(sb, State::failed,
+               "pause failed (" + why + ") and the VM could not continue: " + e2.what(), "failed",
+               "agent_lost");
     }
     throw Error(code == Errc::timeout ? Errc::timeout : code,
                 "pausing sandbox " + id + " failed: " + why);

@@ -41,8 +41,8 @@ void copy_or_throw(const fs::path& from, const fs::path& to) {
   if (ec == std::errc::no_space_on_device || ec == std::errc::file_too_large)
     throw Error(Errc::unavailable, "no space left on the host's disk writing " + to.string() +
                                        ": free some space and try again");
-  throw Error(Errc::internal, "cannot copy " + from.string() + " to " + to.string() + ": " +
-                                  ec.message());
+  throw Error(Errc::internal,
+              "cannot copy " + from.string() + " to " + to.string() + ": " + ec.message());
 }
 
 }  // namespace
@@ -112,9 +112,9 @@ snapshots::Snapshot Engine::Impl::take_snapshot(Live& sb, const std::string& nam
   const std::string id = sb.id();
   const State from = sb.state();
   if (from != State::running && from != State::paused)
-    throw Error(Errc::conflict,
-                "sandbox " + id + " is " + to_string(from) + "; only a running or paused one can "
-                "be snapshotted");
+    throw Error(Errc::conflict, "sandbox " + id + " is " + to_string(from) +
+                                    "; only a running or paused one can "
+                                    "be snapshotted");
   auto t0 = std::chrono::steady_clock::now();
   // The guest's page cache first, so what its programs wrote is on the disk.
   if (from == State::running && sb.channel) {
@@ -134,8 +134,8 @@ snapshots::Snapshot Engine::Impl::take_snapshot(Live& sb, const std::string& nam
   }
   snapshots::Staging st = snaps->stage(name);  // conflict if the name is taken
   ScopeGuard drop([&] { snaps->abandon(st); });
-  sb.transition(from, State::snapshotting, {.event = "snapshotting",
-                                            .details = {{"name", name}, {"memory", memory}}});
+  sb.transition(from, State::snapshotting,
+                {.event = "snapshotting", .details = {{"name", name}, {"memory", memory}}});
   bool stopped = false;
   auto back = [&] {
     if (stopped && sb.vm) {
@@ -217,9 +217,9 @@ snapshots::Snapshot Engine::Impl::take_snapshot(Live& sb, const std::string& nam
   snapshots::Snapshot done = snaps->commit(st, meta);  // removes the staging dir on error
   drop.dismiss();
   try {
-    journal.append(id, "snapshot",
-                   {{"name", name}, {"memory", memory}, {"bytes", done.bytes},
-                    {"took_ms", done.took_ms}});
+    journal.append(
+        id, "snapshot",
+        {{"name", name}, {"memory", memory}, {"bytes", done.bytes}, {"took_ms", done.took_ms}});
   } catch (const std::exception& e) {
     spdlog::error("sandbox {}: audit: {}", id, e.what());
   }
@@ -233,8 +233,7 @@ nlohmann::json Engine::snapshot(const std::string& id, const std::string& name, 
   std::lock_guard op(sb->op_mu);
   auto t0 = std::chrono::steady_clock::now();
   auto s = impl.take_snapshot(*sb, name, memory, false);
-  impl.metrics.snapshot_op(memory ? "snapshot_memory" : "snapshot_disk",
-                           ms_since(t0) / 1000.0);
+  impl.metrics.snapshot_op(memory ? "snapshot_memory" : "snapshot_disk", ms_since(t0) / 1000.0);
   return snapshots::to_json(s);
 }
 

@@ -5,10 +5,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <cerrno>
-#include <cstring>
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
+#include <cstring>
 #include <fstream>
 
 #include "common/error.h"
@@ -72,14 +72,22 @@ Snapshot from_json(const nlohmann::json& j, const fs::path& dir) {
 }  // namespace
 
 nlohmann::json to_json(const Snapshot& s) {
-  return {{"name", s.name},         {"source", s.source},
-          {"parent", s.parent},     {"image", s.image},
-          {"memory", s.memory},     {"internal", s.internal},
-          {"cpus", s.cpus},         {"memory_mb", s.memory_mb},
-          {"disk_mb", s.disk_mb},   {"ram_block", s.ram_block},
-          {"accel", s.accel},       {"networked", s.networked},
-          {"created_at_ms", s.created_at_ms}, {"took_ms", s.took_ms},
-          {"bytes", s.bytes},       {"files", s.files}};
+  return {{"name", s.name},
+          {"source", s.source},
+          {"parent", s.parent},
+          {"image", s.image},
+          {"memory", s.memory},
+          {"internal", s.internal},
+          {"cpus", s.cpus},
+          {"memory_mb", s.memory_mb},
+          {"disk_mb", s.disk_mb},
+          {"ram_block", s.ram_block},
+          {"accel", s.accel},
+          {"networked", s.networked},
+          {"created_at_ms", s.created_at_ms},
+          {"took_ms", s.took_ms},
+          {"bytes", s.bytes},
+          {"files", s.files}};
 }
 
 void check_name(const std::string& name, const std::string& field) {
