@@ -16,6 +16,7 @@
 
 #include "cli/args.h"
 #include "cli/client.h"
+#include "cli/journal_cmd.h"
 #include "cli/probe.h"
 #include "cli/pty_client.h"
 #include "cli/spawn.h"
@@ -269,7 +270,10 @@ int main_impl(int argc, char** argv) {
   logs->add_flag("--json", json_out, "print JSON");
   bool net_logs = false, follow = false;
   logs->add_flag("--network", net_logs, "only network events, one line each");
-  logs->add_flag("-f,--follow", follow, "with --network: keep printing new events");
+  logs->add_flag("-f,--follow", follow, "keep printing new records as they are appended");
+  bool verify = false;
+  logs->add_flag("--verify", verify,
+                 "check the journal's hash chain; exit 1 naming the first break");
 
   std::string watch_path;
   bool watch_recursive = false;
@@ -342,6 +346,8 @@ int main_impl(int argc, char** argv) {
 
   TokenCommands tokens;
   add_token_commands(app, tokens);
+  JournalCommands journal_cmds;
+  add_journal_commands(app, journal_cmds);
   SnapshotCommands snaps;
   add_snapshot_commands(app, snaps);
 
@@ -396,6 +402,7 @@ int main_impl(int argc, char** argv) {
     return mcp::serve(session, 0, 1);
   }
   if (run_token_command(tokens, [&] { return connect(g); })) return 0;
+  if (int rc = run_journal_command(journal_cmds, [&] { return connect(g); }); rc >= 0) return rc;
   if (run_snapshot_command(snaps, [&] { return connect(g); })) return 0;
   if (create->parsed()) {
     json body = create_body(copts);  // usage errors before a daemon is started
@@ -601,7 +608,16 @@ int main_impl(int argc, char** argv) {
     });
     return 0;
   }
-  if (logs->parsed() && follow) throw UsageError("logs --follow needs --network");
+  if (logs->parsed() && verify) {
+    Client c = connect(g);
+    return verify_journal(c, id, json_out);
+  }
+  if (logs->parsed() && follow) {  // every record, streamed (GET .../events?follow=true)
+    connect(g).stream_lines("/v1/sandboxes/" + id + "/events?follow=true", [&](const json& r) {
+      std::cout << (json_out ? r.dump() : format_audit_line(r)) << std::endl;
+    });
+    return 0;
+  }
   if (port->parsed()) {
     if (remove_port && (guest_port || host_port))
       throw UsageError("port --rm takes no GUEST_PORT or --host-port");
