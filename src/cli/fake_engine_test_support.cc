@@ -376,9 +376,7 @@ nlohmann::json Engine::move_file(const std::string& id, const std::string& from,
   impl_->files.erase(id + from);
   return {{"name", to.substr(to.rfind('/') + 1)}, {"path", to}, {"type", "file"}};
 }
-void Engine::make_dir_as(const std::string& id, const std::string&, const std::string&) {
-  get(id);
-}
+void Engine::make_dir_as(const std::string& id, const std::string&, const std::string&) { get(id); }
 void Engine::remove_file(const std::string& id, const std::string& path, bool) {
   get(id);
   std::lock_guard lock(impl_->mu);

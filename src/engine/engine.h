@@ -407,10 +407,11 @@ class Engine {
   // pause"). pause() saves the whole VM (RAM, devices; the disk stays) under
   // data_dir/paused/<id> and ends QEMU: `paused` holds no CPU and no RAM;
   // the `timeout` clock keeps running (a paused sandbox past its timeout is
-  // ended, timed_out). A streaming exec in flight ends with Error(conflict)
-  // ("paused during the call"); its process is frozen with the VM and
-  // continues after resume (a background exec's does too). resume()
-  // restores it with every process intact; works after a daemon restart.
+  // ended, timed_out). A foreground (streaming) exec in flight is killed
+  // before the save and its call ends with Error(conflict) ("paused during
+  // the call"); background execs are frozen with the VM and continue after
+  // resume. resume() restores it with every other process intact; works
+  // after a daemon restart.
   // conflict unless running (pause) / paused (resume); not_found.
   SandboxInfo pause(const std::string& id);
   SandboxInfo resume(const std::string& id);

@@ -35,6 +35,16 @@ int64_t now_ms();
 // Metadata key marking a warm-pool member (value: its image) until it is
 // handed out; never visible on a user's sandbox.
 inline constexpr const char* kPoolMarker = "airlock.pool";
+
+// Snapshots and pause write whole files on the host's disk
+// (engine_snapshots.cc): below this much free space a failed write is
+// reported as a full disk (Error unavailable) whatever errno it carried.
+inline constexpr uint64_t kLowSpaceBytes = 16ull << 20;
+uint64_t free_bytes(const std::filesystem::path& dir);
+// Throws Error(unavailable, "no space left ... writing `writing`") if the
+// filesystem of `dir` has less than max(wanted, kLowSpaceBytes) free.
+void rethrow_if_disk_full(const std::filesystem::path& dir, const std::string& writing,
+                          uint64_t wanted);
 // "<prefix>" + 12 lowercase hex digits from getrandom.
 std::string random_id(const std::string& prefix);
 
@@ -238,14 +248,16 @@ struct Engine::Impl {
   // snapshot) and the verified snapshot; Error(field "from").
   snapshots::Snapshot prepare_from(SandboxSpec& checked);
   // Takes snapshot `name` of sb (held op_mu; running or paused).
-  snapshots::Snapshot take_snapshot(Live& sb, const std::string& name, bool memory,
-                                    bool internal);
+  snapshots::Snapshot take_snapshot(Live& sb, const std::string& name, bool memory, bool internal);
   // Removes an internal (fork) snapshot once nothing uses it. Never throws.
   void release_internal_snapshot(const std::string& name, const std::string& except_id) noexcept;
   // A paused sandbox of the previous daemon: live again, still paused.
   void adopt_paused(const SandboxRecord& rec);
   // Pauses sb (held op_mu, running); the reaper's on_idle "pause" too.
   void pause_locked(Live& sb, const std::string& reason);
+  // SIGKILLs sb's foreground execs and waits (up to `wait`) for their calls
+  // to return: a pause ends them (engine_pause.cc).
+  void kill_foreground_execs(Live& sb, std::chrono::milliseconds wait);
 
   // Warm pool (engine_pool.cc).
   struct PoolSlot {

@@ -74,9 +74,11 @@ void move_net_helper_to_cgroup(Live& sb) {
 
 }  // namespace
 
-std::optional<Engine::Impl::BootFailure> Engine::Impl::boot_once(
-    Live& sb, const storage::Image& img, vmm::Accel accel, const templates::Template* tpl,
-    const snapshots::Snapshot* from) {
+std::optional<Engine::Impl::BootFailure> Engine::Impl::boot_once(Live& sb,
+                                                                 const storage::Image& img,
+                                                                 vmm::Accel accel,
+                                                                 const templates::Template* tpl,
+                                                                 const snapshots::Snapshot* from) {
   auto& impl = *this;
   const auto& info = sb.rec.info;
   const fs::path& dir = sb.run_dir();
@@ -243,14 +245,14 @@ SandboxInfo Engine::create_counted(const SandboxSpec& spec) {
       }
     } restoring{impl, snap.name};
     auto simg = impl.images.find(checked.image);
-    if (!simg) throw Error(Errc::unavailable, "image " + checked.image + " of snapshot " +
-                                                  snap.name + " is gone", "from");
+    if (!simg)
+      throw Error(Errc::unavailable,
+                  "image " + checked.image + " of snapshot " + snap.name + " is gone", "from");
     vmm::AccelVerdict accel = impl.resolve_accel(*simg);
     auto t0 = std::chrono::steady_clock::now();
     SandboxInfo made = impl.launch(checked, *simg, accel, false, &snap)->info();
     impl.metrics.snapshot_op(
-        "restore",
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+        "restore", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     return made;
   }
   // The image: a built one, or a built-in recipe built now (a no-op when its
@@ -439,7 +441,10 @@ std::shared_ptr<Live> Engine::Impl::launch(const SandboxSpec& checked, const sto
                               {"pid", done.pid}},
                   .journal_required = true,
                   .pid = done.pid,
-                  .boot_ms = done.boot_ms});
+                  .boot_ms = done.boot_ms,
+                  // The registry row was inserted before the start was
+                  // known (clone, snapshot): GET reads it from there.
+                  .write_record = true});
   {
     std::lock_guard lock(impl.mu);
     impl.live[id] = sb;

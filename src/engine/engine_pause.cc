@@ -7,7 +7,9 @@
 #include <sys/stat.h>
 
 #include <chrono>
+#include <csignal>
 #include <fstream>
+#include <thread>
 
 #include "common/error.h"
 #include "engine/engine_impl.h"
@@ -38,6 +40,34 @@ std::shared_ptr<Live> Engine::Impl::live_sandbox(const std::string& id) {
   throw Error(Errc::conflict, "sandbox " + id + " is " + to_string(rec->info.state));
 }
 
+void Engine::Impl::kill_foreground_execs(Live& sb, std::chrono::milliseconds wait) {
+  std::vector<uint32_t> streams;
+  {
+    std::lock_guard lock(sb.mu);
+    for (const auto& [exec_id, stream] : sb.execs) streams.push_back(stream);
+  }
+  if (streams.empty() || !sb.channel) return;
+  for (uint32_t stream : streams) {
+    try {
+      sb.channel->signal(stream, SIGKILL);
+    } catch (const std::exception& e) {
+      spdlog::warn("sandbox {}: kill of an exec before pause: {}", sb.id(), e.what());
+    }
+  }
+  auto until = std::chrono::steady_clock::now() + wait;
+  while (std::chrono::steady_clock::now() < until) {
+    {
+      std::lock_guard lock(sb.mu);
+      if (sb.execs.empty()) return;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  // Not reported in time: closing the channel ends those calls (typed), and
+  // the guest kills their trees when the resumed VM hears the next hello.
+  spdlog::warn("sandbox {}: execs did not end within {} ms of SIGKILL before pause", sb.id(),
+               wait.count());
+}
+
 void Engine::Impl::pause_locked(Live& sb, const std::string& reason) {
   const std::string id = sb.id();
   auto t0 = std::chrono::steady_clock::now();
@@ -48,14 +78,25 @@ void Engine::Impl::pause_locked(Live& sb, const std::string& reason) {
   fs::create_directories(dir, ec);
   ::chmod(dir.parent_path().c_str(), 0700);
   ::chmod(dir.c_str(), 0700);
-  // Calls on the guest end now, typed (engine_ops.cc rethrow_for): their
-  // processes are frozen with the VM and continue after resume.
+  // A foreground exec does not survive a pause (docs/design.md): its
+  // stream cannot outlive this channel, and the guest ends a stream's
+  // process tree when a new host says hello. So it is ended here, before
+  // the save, where it is seen: SIGKILL, then wait for its call to return
+  // (exec() turns the result into the typed conflict "paused during the
+  // call"). Background execs are the guest's jobs: frozen and continued.
+  kill_foreground_execs(sb, std::chrono::seconds(10));
+  // Other calls on the guest end now, typed (engine_ops.cc rethrow_for).
   if (sb.channel) sb.channel->close("sandbox " + id + " is being paused");
   uint64_t bytes = 0;
   std::string sha;
   try {
     if (ec) throw Error(Errc::internal, "cannot create " + dir.string() + ": " + ec.message());
-    bytes = sb.vm->save_memory(dir / "mem.state", std::chrono::seconds(120));
+    try {
+      bytes = sb.vm->save_memory(dir / "mem.state", std::chrono::seconds(120));
+    } catch (const Error&) {
+      rethrow_if_disk_full(dir, (dir / "mem.state").string(), 0);
+      throw;
+    }
     sha = storage::sha256_file(dir / "mem.state");
     nlohmann::json meta{{"size", bytes},
                         {"sha256", sha},

@@ -6,6 +6,7 @@
 // identity (hostname, machine-id, MAC, RNG reseed, clock), as a clone does.
 // A fork is an internal memory snapshot restored `count` times.
 #include <spdlog/spdlog.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -30,17 +31,42 @@ int64_t ms_since(std::chrono::steady_clock::time_point t0) {
       .count();
 }
 
+}  // namespace
+
+// Free bytes of the filesystem holding `dir` (0 if it cannot be read).
+uint64_t free_bytes(const fs::path& dir) {
+  struct statvfs st {};
+  if (::statvfs(dir.c_str(), &st) != 0) return 0;
+  return static_cast<uint64_t>(st.f_bavail) * st.f_frsize;
+}
+
+// A write under `dir` failed: if its filesystem is (nearly) full, that is
+// the cause the caller should hear (unavailable: free space and retry),
+// whatever errno the copy or QEMU's migration reported (a full tmpfs may
+// surface as EIO from copy_file_range, QEMU says "Unable to write").
+void rethrow_if_disk_full(const fs::path& dir, const std::string& writing, uint64_t wanted) {
+  if (free_bytes(dir) < std::max<uint64_t>(wanted, kLowSpaceBytes))
+    throw Error(Errc::unavailable, "no space left on the host's disk writing " + writing + " (" +
+                                       std::to_string(free_bytes(dir) >> 20) +
+                                       " MiB free): free some space and try again");
+}
+
+namespace {
+
 // Copies `from` to `to` (new file); a full disk is Error(unavailable)
 // naming it, anything else Error(internal). The partial file is removed.
 void copy_or_throw(const fs::path& from, const fs::path& to) {
   std::error_code ec;
+  uint64_t size = fs::file_size(from, ec);
+  if (!ec && free_bytes(to.parent_path()) < size)
+    rethrow_if_disk_full(to.parent_path(), to.string(), size);
   fs::copy_file(from, to, fs::copy_options::none, ec);
   if (!ec) return;
   std::error_code e2;
   fs::remove(to, e2);
   if (ec == std::errc::no_space_on_device || ec == std::errc::file_too_large)
-    throw Error(Errc::unavailable, "no space left on the host's disk writing " + to.string() +
-                                       ": free some space and try again");
+    rethrow_if_disk_full(to.parent_path(), to.string(), UINT64_MAX);
+  rethrow_if_disk_full(to.parent_path(), to.string(), 0);
   throw Error(Errc::internal,
               "cannot copy " + from.string() + " to " + to.string() + ": " + ec.message());
 }
@@ -153,7 +179,12 @@ snapshots::Snapshot Engine::Impl::take_snapshot(Live& sb, const std::string& nam
     if (from == State::running) {
       if (memory) {
         stopped = true;
-        sb.vm->save_memory(st.dir / "mem.state", std::chrono::seconds(120));
+        try {
+          sb.vm->save_memory(st.dir / "mem.state", std::chrono::seconds(120));
+        } catch (const Error&) {
+          rethrow_if_disk_full(st.dir, (st.dir / "mem.state").string(), 0);
+          throw;
+        }
         meta.ram_block = sb.vm->ram_block();
       } else {
         stopped = true;
