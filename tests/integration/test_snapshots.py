@@ -161,6 +161,18 @@ class SnapshotTest(DaemonTestCase):
         new = self.api.create(**{"from": "env1"})
         self.assertEqual(new["from"], "env1")
         self.assertEqual(self.api.get_file(new["id"], "/root/installed"), b"custom environment\n")
+        # changes?since=SNAPSHOT: read from the layers, only what changed after it.
+        self.api.put_file(new["id"], "/root/after-snap", b"new\n")
+        self.api.put_file(new["id"], "/root/installed", b"changed environment\n")
+        diff = self.api.call("GET", f"/v1/sandboxes/{new['id']}/changes?since=env1")
+        by_path = {c["path"]: c["change"] for c in diff["changes"]}
+        self.assertEqual(by_path.get("/root/after-snap"), "added", by_path)
+        self.assertEqual(by_path.get("/root/installed"), "modified", by_path)
+        self.assertEqual(diff["since"], "env1")
+        for bad, status in [("no-such", 400), ("a/b", 400)]:
+            with self.assertRaises(ApiError) as ctx:
+                self.api.call("GET", f"/v1/sandboxes/{new['id']}/changes?since={bad}")
+            self.assertEqual((ctx.exception.status, ctx.exception.field), (status, "since"))
         # A disk snapshot has no processes: the counter does not run there.
         out, _, _ = self.api.exec(new["id"], cmd="pgrep -f '[c]ounts' || echo none")
         self.assertEqual(out.strip(), b"none")
@@ -217,6 +229,9 @@ class SnapshotTest(DaemonTestCase):
             out, _, _ = self.api.exec(sid, cmd="hostname; cat /etc/machine-id")
             ident[sid] = out
         self.assertEqual(len(set(ident.values())), 3)
+        # RNG reseeded: two restores of one memory image draw different bytes.
+        draws = {self.api.exec(sid, cmd="head -c 16 /dev/urandom | od -An -tx1")[0] for sid in (a, b)}
+        self.assertEqual(len(draws), 2)
         self.assertTrue(ident[a].startswith(a.encode()))
         # Independent: a file written in one is seen in no other.
         self.api.put_file(a, "/root/only-a", b"a")
