@@ -139,6 +139,21 @@ class PauseResumeTest(DaemonTestCase):
         self.assertNothingLeft(sid)
 
 
+    def test_d_on_idle_pause(self):
+        """idle_timeout with on_idle "pause": the reaper pauses instead of destroying."""
+        sid = self.api.create(timeout=900, idle_timeout=2, on_idle="pause")["id"]
+        self.api.put_file(sid, "/root/kept", b"kept\n")
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            if self.api.call("GET", f"/v1/sandboxes/{sid}")["state"] == "paused":
+                break
+            time.sleep(0.5)
+        self.assertEqual(self.api.call("GET", f"/v1/sandboxes/{sid}")["state"], "paused")
+        self.api.call("POST", f"/v1/sandboxes/{sid}/resume")
+        self.assertEqual(self.api.get_file(sid, "/root/kept"), b"kept\n")
+        self.api.delete(sid)
+
+
 class SnapshotTest(DaemonTestCase):
     @classmethod
     def setUpClass(cls):
@@ -266,6 +281,10 @@ class SnapshotTest(DaemonTestCase):
             self.api.delete(sid)
         # The fork's own snapshot went with its last fork.
         self.assertEqual([x for x in self.api.call("GET", "/v1/snapshots") if x["internal"]], [])
+        # Removing it left the template's disk (its base.qcow2 is a hard link
+        # to it) readable: the source, a clone, still pauses and resumes.
+        self.api.call("POST", f"/v1/sandboxes/{self.src}/pause")
+        self.assertEqual(self.api.call("POST", f"/v1/sandboxes/{self.src}/resume")["state"], "running")
         with self.assertRaises(ApiError) as ctx:
             self.api.call("POST", f"/v1/sandboxes/{self.src}/fork", {"count": 0})
         self.assertEqual(ctx.exception.status, 400)

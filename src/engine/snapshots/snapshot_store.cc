@@ -260,12 +260,10 @@ void SnapshotStore::remove(const std::string& name) noexcept {
   std::error_code ec;
   fs::path dir = root_ / name;
   if (name.empty() || name[0] == '.') return;
+  // Only the directory's mode matters for unlinking. Never chmod the files:
+  // base.qcow2 may be a hard link to a template's disk (same inode), and a
+  // mode change there locked every clone of that template out of its disk.
   fs::permissions(dir, fs::perms::owner_all, ec);
-  for (auto it = fs::directory_iterator(dir, ec); !ec && it != fs::directory_iterator();
-       it.increment(ec)) {
-    std::error_code e2;
-    fs::permissions(it->path(), fs::perms::owner_read | fs::perms::owner_write, e2);
-  }
   fs::remove_all(dir, ec);
 }
 
