@@ -376,9 +376,7 @@ nlohmann::json Engine::move_file(const std::string& id, const std::string& from,
   impl_->files.erase(id + from);
   return {{"name", to.substr(to.rfind('/') + 1)}, {"path", to}, {"type", "file"}};
 }
-void Engine::make_dir_as(const std::string& id, const std::string&, const std::string&) {
-  get(id);
-}
+void Engine::make_dir_as(const std::string& id, const std::string&, const std::string&) { get(id); }
 void Engine::remove_file(const std::string& id, const std::string& path, bool) {
   get(id);
   std::lock_guard lock(impl_->mu);
@@ -487,6 +485,19 @@ nlohmann::json Engine::set_pool(const std::string&, int, const nlohmann::json&) 
   unsupported("warm pool");
 }
 nlohmann::json Engine::pool_info() { return nlohmann::json::array(); }
+// Pause, resume, snapshots and fork need a VM's state: tested against the
+// real engine (engine_snapshot_fake_test, tests/integration/test_snapshots.py).
+SandboxInfo Engine::pause(const std::string&) { unsupported("pause"); }
+SandboxInfo Engine::resume(const std::string&) { unsupported("resume"); }
+nlohmann::json Engine::snapshot(const std::string&, const std::string&, bool) {
+  unsupported("snapshots");
+}
+nlohmann::json Engine::list_snapshots() { return nlohmann::json::array(); }
+nlohmann::json Engine::get_snapshot(const std::string& name) {
+  throw Error(Errc::not_found, "no snapshot " + name, "name");
+}
+void Engine::delete_snapshot(const std::string& name) { get_snapshot(name); }
+std::vector<SandboxInfo> Engine::fork(const std::string&, int) { unsupported("fork"); }
 
 // The fake's sandboxes by state; the real families are tested against the
 // real engine (tests/integration/test_metrics.py).

@@ -12,9 +12,10 @@ using nlohmann::json;
 void add_journal_commands(CLI::App& app, JournalCommands& j) {
   j.diff = app.add_subcommand(
       "diff",
-      "files added, modified and deleted in a sandbox since it started (read from its disk)");
+      "files added, modified and deleted in a sandbox since it started or since a snapshot (read "
+      "from its disk)");
   j.diff->add_option("id", j.id)->required();
-  j.diff->add_option("--since", j.since, "start (snapshots: not yet)");
+  j.diff->add_option("--since", j.since, "start (default) or a snapshot's name");
   j.diff->add_flag("--content", j.content, "unified diffs of text files (size-capped)");
   j.diff->add_flag("--json", j.json, "print JSON");
 }

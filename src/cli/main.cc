@@ -22,6 +22,7 @@
 #include "cli/pty_client.h"
 #include "cli/spawn.h"
 #include "cli/stdin_pump.h"
+#include "cli/snapshot_cmd.h"
 #include "cli/token_cmd.h"
 #include "common/error.h"
 #include "daemon/base64.h"
@@ -176,7 +177,9 @@ void add_create_flags(CLI::App* app, CreateOptions& o) {
   app->add_option("--disk", o.disk_mb, "disk size in MiB");
   app->add_option("--lifetime", o.timeout_s, "seconds before the sandbox is destroyed");
   app->add_option("--idle-timeout", o.idle_timeout_s,
-                  "destroy it after this many seconds without an exec or call (0 = never)");
+                  "destroy (or pause, --on-idle) it after this many seconds without an exec or "
+                  "call (0 = never)");
+  app->add_option("--on-idle", o.on_idle, "what --idle-timeout does: destroy (default) or pause");
   add_network_flags(app, o.network, o.allow, o.deny);
 }
 
@@ -247,6 +250,7 @@ int main_impl(int argc, char** argv) {
   create->add_option("--env", copts.env, "KEY=VALUE default environment of every exec");
   create->add_option("--meta", copts.meta, "KEY=VALUE label");
   create->add_flag("--json", json_out, "print the sandbox as JSON");
+  create->add_option("--from", copts.from, "start from this snapshot (airlock snapshot)");
 
   auto* ls = app.add_subcommand("ls", "list sandboxes");
   ls->add_flag("--json", json_out, "print JSON");
@@ -378,6 +382,8 @@ int main_impl(int argc, char** argv) {
   add_token_commands(app, tokens);
   JournalCommands journal_cmds;
   add_journal_commands(app, journal_cmds);
+  SnapshotCommands snaps;
+  add_snapshot_commands(app, snaps);
 
   auto* image = app.add_subcommand("image", "guest images");
   image->require_subcommand(1);
@@ -431,6 +437,7 @@ int main_impl(int argc, char** argv) {
   }
   if (run_token_command(tokens, [&] { return connect(g); })) return 0;
   if (int rc = run_journal_command(journal_cmds, [&] { return connect(g); }); rc >= 0) return rc;
+  if (run_snapshot_command(snaps, [&] { return connect(g); })) return 0;
   if (create->parsed()) {
     json body = create_body(copts);  // usage errors before a daemon is started
     Client c = connect(g);

@@ -331,9 +331,19 @@ void dispatch(engine::Engine& engine, Exchange& ex, const Caller& caller) {
       }
       break;
     default:
+      if (is_snapshot_route(m.route) && snapshot_route_operator_only(m.route) &&
+          !caller.who.is_operator()) {
+        ex.send_error(404, "not_found",
+                      "no route for " + std::string(ex.method()) + " " + std::string(ex.path()));
+        return;
+      }
       // Every route with a sandbox id: another tenant's sandbox is answered
       // exactly like one that does not exist (404), before anything is read.
       if (!m.id.empty() && !caller.who.is_operator()) visible_sandbox(engine, caller.who, m.id);
+  }
+  if (is_snapshot_route(m.route)) {
+    handle_snapshot_route(engine, ex, m);
+    return;
   }
   Query q = parse_query(ex.query());
   const std::string& id = m.id;
@@ -636,6 +646,14 @@ void dispatch(engine::Engine& engine, Exchange& ex, const Caller& caller) {
       ex.send_empty(204);
       return;
     }
+    case Route::pause:  // handlers_snapshots.cc (answered above)
+    case Route::resume:
+    case Route::create_snapshot:
+    case Route::list_snapshots:
+    case Route::get_snapshot:
+    case Route::delete_snapshot:
+    case Route::fork:
+      return;
   }
   ex.send_error(500, "internal", "route without a handler");
 }

@@ -52,4 +52,11 @@ void handle_journal_route(engine::Engine& engine, Exchange& ex, Route route, con
 void handle_attach_exec(engine::Engine& engine, Exchange& ex, const std::string& id,
                         const std::string& exec_id, const std::string& offset);
 
+// Pause, resume, snapshots, fork (handlers_snapshots.cc).
+enum class Route;
+bool is_snapshot_route(Route route);
+// Snapshots and fork: operator only (a tenant gets the 404 of an unknown route).
+bool snapshot_route_operator_only(Route route);
+void handle_snapshot_route(engine::Engine& engine, Exchange& ex, const RouteMatch& m);
+
 }  // namespace airlock::daemon

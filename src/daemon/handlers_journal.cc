@@ -4,6 +4,7 @@
 #include "common/error.h"
 #include "daemon/handlers.h"
 #include "daemon/request.h"
+#include "engine/types_json.h"
 
 namespace airlock::daemon {
 namespace {
@@ -16,8 +17,7 @@ void no_body(Exchange& ex) {
 }
 
 bool live(engine::State s) {
-  return s == engine::State::starting || s == engine::State::running ||
-         s == engine::State::stopping;
+  return !engine::is_terminal(s);  // paused ones too: a resume appends more
 }
 
 // The whole journal: a JSON array, or with follow an NDJSON stream of every

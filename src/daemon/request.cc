@@ -115,7 +115,7 @@ json parse_object(std::string_view body) {
 engine::SandboxSpec parse_create(std::string_view body) {
   json j = parse_object(body);
   reject_unknown(j, {"image", "cpus", "memory_mb", "disk_mb", "timeout", "idle_timeout", "env",
-                     "metadata", "network"});
+                     "metadata", "network", "from", "on_idle"});
   engine::SandboxSpec spec;
   if (j.contains("image")) {
     spec.image = get_string(j["image"], "image");
@@ -148,6 +148,9 @@ engine::SandboxSpec parse_create(std::string_view body) {
                     "metadata." + key);
   }
   if (j.contains("network")) spec.network = parse_network(j["network"]);
+  // A snapshot to start from (checked by the engine: name, existence).
+  if (j.contains("from")) spec.from = get_string(j["from"], "from");
+  if (j.contains("on_idle")) spec.on_idle = get_string(j["on_idle"], "on_idle");
   return spec;
 }
 

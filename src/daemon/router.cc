@@ -81,6 +81,13 @@ const std::vector<RouteSpec>& routes() {
       {"GET", "/v1/sandboxes/{id}/ports", Route::list_ports},
       {"DELETE", "/v1/sandboxes/{id}/ports/{host_port}", Route::remove_port},
       {"GET", "/v1/sandboxes/{id}/pty", Route::pty},
+      {"POST", "/v1/sandboxes/{id}/pause", Route::pause},
+      {"POST", "/v1/sandboxes/{id}/resume", Route::resume},
+      {"POST", "/v1/sandboxes/{id}/snapshots", Route::create_snapshot},
+      {"POST", "/v1/sandboxes/{id}/fork", Route::fork},
+      {"GET", "/v1/snapshots", Route::list_snapshots},
+      {"GET", "/v1/snapshots/{id}", Route::get_snapshot},
+      {"DELETE", "/v1/snapshots/{id}", Route::delete_snapshot},
       // Unversioned, like every Prometheus target and probe endpoint.
       {"GET", "/metrics", Route::metrics},
       {"GET", "/healthz", Route::healthz},

@@ -56,6 +56,14 @@ enum class Route {
   delete_token,
   list_tenants,  // operator only: quotas and usage
   set_tenant,    // operator only: PUT a tenant's quota
+  // Pause, resume, snapshots, fork (handlers_snapshots.cc).
+  pause,
+  resume,
+  create_snapshot,  // POST /v1/sandboxes/{id}/snapshots
+  list_snapshots,
+  get_snapshot,  // {id} is the snapshot's name
+  delete_snapshot,
+  fork,
 };
 
 struct RouteSpec {

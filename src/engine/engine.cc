@@ -111,6 +111,7 @@ Engine::Impl::Impl(Config c)
               HostKey::load_or_create(cfg.data_dir / "journal-key.pem")),
       images(cfg.image_dir, cfg.share_dir / "images", cfg.guest_agent) {
   if (cfg.templates) templates.emplace(cfg.template_dir, cfg.template_ram_dir);
+  snaps.emplace(cfg.data_dir / "snapshots");
   if (!cfg.accel.empty()) {
     accel = vmm::AccelVerdict{cfg.accel == "kvm" ? vmm::Accel::kvm : vmm::Accel::tcg,
                               "configured (accel=" + cfg.accel + ")", false};
@@ -170,8 +171,11 @@ std::shared_ptr<Live> Engine::Impl::running(const std::string& id) {
 
 bool Engine::Impl::teardown(Live& sb, State state, const std::string& reason,
                             const std::string& event, const std::string& failure,
-                            const nlohmann::json& details) {
+                            const nlohmann::json& details, std::optional<State> only_from) {
   const std::string id = sb.id();
+  // Never under a running pause/resume/snapshot: wait for it to finish.
+  std::lock_guard op(sb.op_mu);
+  if (only_from && sb.state() != *only_from) return false;
   // The one owner of the stop: whoever moves the sandbox to `stopping`.
   // Everyone else (destroy racing the reaper, a pool drain) backs off.
   try {
@@ -214,6 +218,8 @@ void Engine::Impl::finish_stop(Live& sb, State state, const std::string& reason,
   fs::remove_all(sb.run_dir(), ec);
   if (ec)
     spdlog::error("sandbox {}: removing {} failed: {}", id, sb.run_dir().string(), ec.message());
+  fs::remove_all(paused_dir(id), ec);  // a paused sandbox's saved VM
+  if (!sb.rec.info.spec.from.empty()) release_internal_snapshot(sb.rec.info.spec.from, id);
   try {
     sb.transition(State::stopping, state,
                   {.reason = reason, .failure = failure, .event = event, .details = details});
@@ -251,6 +257,14 @@ void Engine::Impl::reaper_loop() {
     // QEMU gone, channel closed, network helper, agent ping.
     std::vector<std::pair<std::shared_ptr<Live>, Verdict>> victims;
     for (auto& sb : snapshot) {
+      // A paused sandbox's timeout clock keeps running (engine.h, pause()).
+      if (sb->state() == State::paused && now >= sb->expires_steady_ms.load()) {
+        victims.emplace_back(sb, Verdict{State::timed_out, "", "timeout reached while paused",
+                                         "timed_out", nlohmann::json::object()});
+        continue;
+      }
+      if (sb->state() == State::paused)
+        next = std::min<int64_t>(next, sb->expires_steady_ms.load());
       if (sb->state() != State::running) continue;
       std::optional<Verdict> v;
       try {
@@ -275,7 +289,20 @@ void Engine::Impl::reaper_loop() {
       }
       spdlog::info("sandbox {}: {}{}", sb->id(), v.failure.empty() ? "" : v.failure + ": ",
                    v.reason);
-      teardown(*sb, v.state, v.reason, v.event, v.failure, v.details);
+      if (v.details.value("pause", false)) {
+        // idle_timeout with on_idle "pause".
+        std::lock_guard op(sb->op_mu);
+        if (sb->state() != State::running) continue;
+        try {
+          pause_locked(*sb, v.reason);
+        } catch (const std::exception& e) {
+          spdlog::error("sandbox {}: idle pause failed: {}", sb->id(), e.what());
+        }
+        continue;
+      }
+      // Only if still in the state it was judged in (a pause may have begun).
+      State seen = v.reason == "timeout reached while paused" ? State::paused : State::running;
+      teardown(*sb, v.state, v.reason, v.event, v.failure, v.details, seen);
     }
     snapshot.clear();
     lock.lock();
@@ -377,6 +404,11 @@ void Engine::Impl::recover_one(SandboxRecord rec) {
     else
       teardown(*sb, state, why, event, fail, details);
   };
+  if (was == State::paused) {
+    // Its VM is saved on disk (pause): it stays paused, resumable.
+    adopt_paused(rec);
+    return;
+  }
   if (rec.info.spec.metadata.count(kPoolMarker)) {
     // An idle pool member of the previous daemon: nobody's sandbox.
     clean(State::deleted, "warm pool member dropped at daemon restart", "deleted", "");

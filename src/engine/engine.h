@@ -82,8 +82,8 @@ struct Config {
 };
 
 // The sandbox state machine (docs/design.md, "State and lifecycle";
-// transitions in sandbox.cc). pausing, paused and snapshotting are reserved
-// for pause, snapshot and fork: no sandbox enters them yet.
+// transitions in sandbox.cc). pausing/paused: pause() and resume();
+// snapshotting: snapshot() and fork() (engine_pause.cc, engine_snapshots.cc).
 enum class State {
   starting,
   running,
@@ -111,6 +111,13 @@ struct SandboxSpec {
   // Egress policy {"mode": "none"|"allowlist"|"open", "allow": [...], "deny": [...]},
   // grammar in src/engine/net/policy.h. "none" (the default): no NIC at all.
   nlohmann::json network = {{"mode", "none"}};
+  // A snapshot to start from (create --from; engine_snapshots.cc): its disk
+  // (and, for a memory snapshot, its running VM, cpus and memory_mb) instead
+  // of the image's; image is then the snapshot's. Persisted: a snapshot used
+  // by a live sandbox cannot be deleted.
+  std::string from;
+  // What idle_timeout does: "destroy" (timed_out) or "pause".
+  std::string on_idle = "destroy";
   // The tenant that owns it ("" = the operator's, created over the unix
   // socket); set by the daemon from the request's credentials, never by the
   // request body. Persisted; shown as "tenant" when not empty.
@@ -423,6 +430,33 @@ class Engine {
   // [{"image", "shape", "target", "ready", "members", "hits", "misses",
   //   "replaced", "shed"}, ...]
   nlohmann::json pool_info();
+
+  // Pause and resume (engine_pause.cc; docs/design.md "Snapshots, fork,
+  // pause"). pause() saves the whole VM (RAM, devices; the disk stays) under
+  // data_dir/paused/<id> and ends QEMU: `paused` holds no CPU and no RAM;
+  // the `timeout` clock keeps running (a paused sandbox past its timeout is
+  // ended, timed_out). A foreground (streaming) exec in flight is killed
+  // before the save and its call ends with Error(conflict) ("paused during
+  // the call"); background execs are frozen with the VM and continue after
+  // resume. resume() restores it with every other process intact; works
+  // after a daemon restart.
+  // conflict unless running (pause) / paused (resume); not_found.
+  SandboxInfo pause(const std::string& id);
+  SandboxInfo resume(const std::string& id);
+  // Snapshots (engine_snapshots.cc): the disk of a running or paused
+  // sandbox (with `memory`, its whole VM too) as a read-only snapshot
+  // `name`. invalid_argument field "name" (empty, '/', "..", NUL, ...);
+  // conflict (name taken, sandbox not running/paused); unavailable (host
+  // disk full: nothing of it is left). Returns the snapshot's JSON.
+  nlohmann::json snapshot(const std::string& id, const std::string& name, bool memory);
+  nlohmann::json list_snapshots();
+  nlohmann::json get_snapshot(const std::string& name);
+  // conflict naming the sandboxes and snapshots that use it.
+  void delete_snapshot(const std::string& name);
+  // `count` (1..16) new running sandboxes continuing from `id`'s memory and
+  // disk now (copy-on-write), each with its own identity; `id` keeps
+  // running after a short stop. All or nothing.
+  std::vector<SandboxInfo> fork(const std::string& id, int count);
 
   // version, accelerator + why, images, templates, pool.
   nlohmann::json info();

@@ -47,6 +47,10 @@ void EngineMetrics::net_event(const std::string& event, const nlohmann::json& fi
   }
 }
 
+void EngineMetrics::snapshot_op(const std::string& op, double seconds) {
+  snapshot_seconds_.observe({{"op", op}}, seconds);
+}
+
 void EngineMetrics::write(metrics::Writer& out) const {
   out.counter("airlock_creates_total",
               "Sandbox creates by start path (pool, clone, boot; none = refused before one was "
@@ -68,6 +72,10 @@ void EngineMetrics::write(metrics::Writer& out) const {
               flows_.values());
   out.counter("airlock_network_bytes_total", "Payload bytes of ended network flows, by direction",
               net_bytes_.values());
+  out.histogram("airlock_snapshot_duration_seconds",
+                "Time of successful pause, resume, snapshot_disk, snapshot_memory, restore and "
+                "fork operations, by op",
+                snapshot_seconds_.values());
 }
 
 namespace {

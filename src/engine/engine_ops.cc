@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <chrono>
+#include <csignal>
 
 #include "common/error.h"
 #include "engine/engine.h"
@@ -27,12 +28,24 @@ channel::Deadline transfer_deadline(const Live& sb) {
   return Clock::now() + std::chrono::milliseconds(std::min<int64_t>(left_ms, 3600 * 1000));
 }
 
+// A pause ends foreground execs (engine_pause.cc, kill_foreground_execs):
+// their callers get this, whether the kill's exit status or the channel's
+// close reached the call first.
+[[noreturn]] void throw_paused_during_call(Live& sb) {
+  throw Error(Errc::conflict, "sandbox " + sb.rec.info.id +
+                                  " was paused during the call: a pause ends foreground execs "
+                                  "(this one was killed); background execs survive it");
+}
+
 // A guest failure on a sandbox that was stopped meanwhile is reported as
 // what it is: the action no longer fits the sandbox's state. If the guest
 // went away under the call (QEMU died, agent lost), the reaper notices
 // within about a second and classifies it; the call waits for that (5 s at
 // most) so its error names the cause (vmm_died, guest_panic, ...).
 [[noreturn]] void rethrow_for(Live& sb, const Error& e) {
+  // Paused under the call (pause closes the channel): typed.
+  if (State now = sb.state(); now == State::pausing || now == State::paused)
+    throw_paused_during_call(sb);
   auto [st, failure, reason] =
       sb.wait_ended(sb.channel && sb.channel->closed() ? std::chrono::milliseconds(5000)
                                                        : std::chrono::milliseconds(0));
@@ -353,7 +366,12 @@ ExecResult Engine::exec_counted(const std::string& id, const ExecRequest& reques
   audit.update(to_json(result));
   audit["stdout_sha256"] = out_hash.hex();
   audit["stderr_sha256"] = err_hash.hex();
+  // Killed by a pause (kill_foreground_execs): on record as such, typed.
+  State now = sb->state();
+  bool paused = result.signal == SIGKILL && (now == State::pausing || now == State::paused);
+  if (paused) audit["ended_by"] = "pause";
   impl.journal.append(id, "exec", audit);
+  if (paused) throw_paused_during_call(*sb);
   return result;
 }
 

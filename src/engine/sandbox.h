@@ -22,6 +22,7 @@
 #include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "engine/audit/journal.h"
 #include "engine/channel/guest_channel.h"
@@ -144,6 +145,14 @@ class Sandbox {
   // reset it after kill_net_helper (it drains what the helper wrote).
   std::shared_ptr<NetEventReader> net_events;
   std::mutex net_mu;  // serialises policy changes
+  // Held by pause, resume, snapshot, fork and teardown for their whole
+  // run: one of them at a time, and a destroy waits for a pause to finish
+  // instead of killing the VM under it (recursive: a failing pause tears
+  // down).
+  std::recursive_mutex op_mu;
+  // Channels closed by a pause: kept until the sandbox goes, since an exec
+  // call may still be returning from one.
+  std::vector<std::unique_ptr<channel::GuestChannel>> old_channels;
 
   // Deadlines and activity, on steady_ms().
   std::atomic<int64_t> expires_steady_ms{0};

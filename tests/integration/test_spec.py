@@ -267,7 +267,8 @@ class SpecStatusesTest(DaemonTestCase):
                 "exec": {"argv": ["true"]}, "makeDir": {"path": "/tmp/x"},
                 "setNetwork": {"mode": "allowlist"}, "addPort": {"guest_port": 8080},
                 "setTimeout": {"timeout": 5},
-                "moveFile": {"from": "/tmp/a", "to": "/tmp/b"}}.get(op["operationId"])
+                "moveFile": {"from": "/tmp/a", "to": "/tmp/b"},
+                "createSnapshot": {"name": "probe"}}.get(op["operationId"])
 
     def test_bad_query_key_and_bad_id_are_400(self):
         for method, template, op in openapi_check.operations():
@@ -302,6 +303,8 @@ class SpecStatusesTest(DaemonTestCase):
         for method, template, op in openapi_check.operations():
             if "409" not in op["responses"] or (method, template) in PENDING:
                 continue
+            if template.startswith("/v1/snapshots/"):
+                continue  # {id} is a snapshot's name there (its 409: test_snapshots)
             path = probe_path(template, id=self.gone)
             if op["operationId"] == "writeFile":
                 self.assertEqual(self.put(path), (409, "conflict"))
