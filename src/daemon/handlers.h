@@ -41,4 +41,8 @@ void handle(engine::Engine& engine, Exchange& ex, const Caller& caller);
 void handle_auth_route(engine::Engine& engine, Exchange& ex, const Caller& caller,
                        const RouteMatch& m);
 
+// The image routes (handlers_images.cc): operator only, like the above.
+void handle_image_route(engine::Engine& engine, Exchange& ex, const Caller& caller,
+                        const RouteMatch& m);
+
 }  // namespace airlock::daemon

@@ -52,6 +52,14 @@ enum class Route {
   delete_token,
   list_tenants,  // operator only: quotas and usage
   set_tenant,    // operator only: PUT a tenant's quota
+  // Images (handlers_images.cc): operator only.
+  list_images,
+  get_image,
+  delete_image,
+  import_image,  // POST /v1/images/{id}/import, body: docker save / OCI layout tar
+  disk_usage,    // GET /v1/df
+  prune,         // POST /v1/prune
+  sandbox_stats,  // GET /v1/sandboxes/{id}/stats
 };
 
 struct RouteSpec {
