@@ -359,6 +359,26 @@ nlohmann::json Engine::stat_file(const std::string& id, const std::string& path)
   return {{"type", "file"}, {"size", it->second.size()}};
 }
 void Engine::make_dir(const std::string& id, const std::string&, bool) { get(id); }
+uint64_t Engine::write_file_as(const std::string& id, const std::string& path, uint32_t mode,
+                               const ChunkSource& source, const std::string&) {
+  return write_file(id, path, mode, source);
+}
+nlohmann::json Engine::list_files(const std::string& id, const std::string& path, int) {
+  return list_files(id, path);
+}
+nlohmann::json Engine::move_file(const std::string& id, const std::string& from,
+                                 const std::string& to, const std::string&) {
+  get(id);
+  std::lock_guard lock(impl_->mu);
+  auto it = impl_->files.find(id + from);
+  if (it == impl_->files.end()) throw Error(Errc::not_found, "no file " + from, "path");
+  impl_->files[id + to] = it->second;
+  impl_->files.erase(id + from);
+  return {{"name", to.substr(to.rfind('/') + 1)}, {"path", to}, {"type", "file"}};
+}
+void Engine::make_dir_as(const std::string& id, const std::string&, const std::string&) {
+  get(id);
+}
 void Engine::remove_file(const std::string& id, const std::string& path, bool) {
   get(id);
   std::lock_guard lock(impl_->mu);
@@ -497,6 +517,44 @@ void Engine::write_metrics(metrics::Writer& out) {
 }
 nlohmann::json Engine::readiness() {
   return {{"ready", true}, {"missing", nlohmann::json::array()}};
+}
+
+// The journal chain and the disk diff need real files: the fake has no
+// chain to check and no disk layers.
+nlohmann::json Engine::verify_journal(const std::string& id) {
+  audit(id);  // not_found for an unknown id
+  throw Error(Errc::unavailable, "the fake engine keeps no hash chain");
+}
+std::unique_ptr<RecordFollower> Engine::follow_journal(const std::string& id) {
+  struct Follower : RecordFollower {
+    Engine* engine;
+    std::string id;
+    size_t seen = 0;
+    std::vector<nlohmann::json> next() override {
+      auto all = engine->audit(id);
+      std::vector<nlohmann::json> out(
+          all.begin() + static_cast<std::ptrdiff_t>(std::min(seen, all.size())), all.end());
+      seen = all.size();
+      return out;
+    }
+    Wake wait(std::chrono::milliseconds timeout, int hangup_fd) override {
+      pollfd p{hangup_fd, 0, 0};
+      int ms = static_cast<int>(std::min<int64_t>(timeout.count(), 20));
+      if (::poll(&p, hangup_fd >= 0 ? 1 : 0, ms) > 0 && (p.revents & (POLLHUP | POLLERR)))
+        return Wake::hangup;
+      return Wake::grew;
+    }
+  };
+  audit(id);
+  auto f = std::make_unique<Follower>();
+  f->engine = this;
+  f->id = id;
+  return f;
+}
+nlohmann::json Engine::changes(const std::string& id, const std::string& since, bool) {
+  if (since != "start") throw Error(Errc::invalid_argument, "since must be \"start\"", "since");
+  get(id);
+  throw Error(Errc::unavailable, "the fake engine has no disk layers");
 }
 
 }  // namespace airlock::engine

@@ -16,6 +16,7 @@
 
 #include "cli/args.h"
 #include "cli/client.h"
+#include "cli/journal_cmd.h"
 #include "cli/probe.h"
 #include "cli/pty_client.h"
 #include "cli/spawn.h"
@@ -266,7 +267,10 @@ int main_impl(int argc, char** argv) {
   logs->add_flag("--json", json_out, "print JSON");
   bool net_logs = false, follow = false;
   logs->add_flag("--network", net_logs, "only network events, one line each");
-  logs->add_flag("-f,--follow", follow, "with --network: keep printing new events");
+  logs->add_flag("-f,--follow", follow, "keep printing new records as they are appended");
+  bool verify = false;
+  logs->add_flag("--verify", verify,
+                 "check the journal's hash chain; exit 1 naming the first break");
 
   std::string watch_path;
   bool watch_recursive = false;
@@ -339,6 +343,8 @@ int main_impl(int argc, char** argv) {
 
   TokenCommands tokens;
   add_token_commands(app, tokens);
+  JournalCommands journal_cmds;
+  add_journal_commands(app, journal_cmds);
 
   auto* image = app.add_subcommand("image", "guest images");
   image->require_subcommand(1);
@@ -393,6 +399,7 @@ int main_impl(int argc, char** argv) {
   }
   if (run_token_command(tokens, [&] { return connect(g); })) return 0;
   if (run_image_command(images, [&] { return connect(g); })) return 0;
+  if (int rc = run_journal_command(journal_cmds, [&] { return connect(g); }); rc >= 0) return rc;
   if (create->parsed()) {
     json body = create_body(copts);  // usage errors before a daemon is started
     Client c = connect(g);
@@ -597,7 +604,16 @@ int main_impl(int argc, char** argv) {
     });
     return 0;
   }
-  if (logs->parsed() && follow) throw UsageError("logs --follow needs --network");
+  if (logs->parsed() && verify) {
+    Client c = connect(g);
+    return verify_journal(c, id, json_out);
+  }
+  if (logs->parsed() && follow) {  // every record, streamed (GET .../events?follow=true)
+    connect(g).stream_lines("/v1/sandboxes/" + id + "/events?follow=true", [&](const json& r) {
+      std::cout << (json_out ? r.dump() : format_audit_line(r)) << std::endl;
+    });
+    return 0;
+  }
   if (port->parsed()) {
     if (remove_port && (guest_port || host_port))
       throw UsageError("port --rm takes no GUEST_PORT or --host-port");

@@ -489,11 +489,20 @@ void dispatch(engine::Engine& engine, Exchange& ex, const Caller& caller) {
       ex.send_empty(204);
       return;
     }
-    case Route::list_files:
-      check_query_keys(q, {"path"});
+    case Route::list_files: {
+      check_query_keys(q, {"path", "depth"});
+      int depth = 1;
+      if (q.count("depth")) {
+        const std::string& d = q["depth"];
+        if (d.empty() || d.size() > 2 || d.find_first_not_of("0123456789") != std::string::npos ||
+            std::stoi(d) < 1 || std::stoi(d) > 64)
+          throw Error(Errc::invalid_argument, "depth must be an integer from 1 to 64", "depth");
+        depth = std::stoi(d);
+      }
       expect_no_body(ex);
-      ex.send_json(200, engine.list_files(id, query_path(q)));
+      ex.send_json(200, engine.list_files(id, query_path(q), depth));
       return;
+    }
     case Route::stat_file:
       check_query_keys(q, {"path"});
       expect_no_body(ex);
@@ -514,6 +523,12 @@ void dispatch(engine::Engine& engine, Exchange& ex, const Caller& caller) {
       ex.send_json(201, {{"path", req.path}});
       return;
     }
+    case Route::move_file: {
+      check_query_keys(q, {});
+      MoveRequest req = parse_move(ex.read_body(kMaxJsonBody));
+      ex.send_json(200, engine.move_file(id, req.from, req.to));
+      return;
+    }
     case Route::logs: {
       check_query_keys(q, {});
       expect_no_body(ex);
@@ -522,6 +537,11 @@ void dispatch(engine::Engine& engine, Exchange& ex, const Caller& caller) {
       ex.send_json(200, arr);
       return;
     }
+    case Route::journal_verify:
+    case Route::events:
+    case Route::changes:
+      handle_journal_route(engine, ex, m.route, id, q);
+      return;
     case Route::guest_info:
       check_query_keys(q, {});
       expect_no_body(ex);

@@ -5,6 +5,7 @@
 
 #include "daemon/exchange.h"
 #include "daemon/principal.h"
+#include "daemon/router.h"
 #include "engine/engine.h"
 
 namespace airlock::auth {
@@ -44,5 +45,10 @@ void handle_auth_route(engine::Engine& engine, Exchange& ex, const Caller& calle
 // The image routes (handlers_images.cc): operator only, like the above.
 void handle_image_route(engine::Engine& engine, Exchange& ex, const Caller& caller,
                         const RouteMatch& m);
+
+// The journal and disk-diff routes (handlers_journal.cc): journal_verify,
+// events, changes. `query` is the request's parsed query string.
+void handle_journal_route(engine::Engine& engine, Exchange& ex, Route route, const std::string& id,
+                          const std::map<std::string, std::string>& query);
 
 }  // namespace airlock::daemon

@@ -14,6 +14,7 @@
 #include "daemon/paths.h"
 #include "daemon/server.h"
 #include "e2b/api.h"
+#include "e2b/envd.h"
 #include "engine/engine.h"
 
 int main(int argc, char** argv) {
@@ -141,6 +142,12 @@ int main(int argc, char** argv) {
     server.add_extension("/e2b/api/", [api = e2b::Api(e2b_tokens)](
                                           engine::Engine& e, daemon::Exchange& ex,
                                           const daemon::Principal& who) { api.serve(e, ex, who); });
+    // ... and its in-sandbox half, envd (process.Process, filesystem, /files).
+    auto envd = e2b::make_envd(e2b_tokens);
+    server.add_extension("/e2b/envd/", [envd](engine::Engine& e, daemon::Exchange& ex,
+                                              const daemon::Principal& who) {
+      envd->serve(e, ex, who);
+    });
     spdlog::info("data dir {}, images {}", data.string(), config.image_dir.string());
     if (!server.run(*eng)) {
       // A connection thread is still inside the engine (e.g. a boot): do not
@@ -148,6 +155,7 @@ int main(int argc, char** argv) {
       spdlog::default_logger()->flush();
       std::_Exit(0);
     }
+    envd->shutdown();  // its commands end before the engine goes
     eng.reset();
     spdlog::info("airlockd stopped");
     return 0;

@@ -315,6 +315,19 @@ MkdirRequest parse_mkdir(std::string_view body) {
   return req;
 }
 
+MoveRequest parse_move(std::string_view body) {
+  json j = parse_object(body);
+  reject_unknown(j, {"from", "to"});
+  MoveRequest req;
+  for (const char* f : {"from", "to"}) {
+    if (!j.contains(f)) bad(std::string(f) + " is required", f);
+    check_guest_path(get_string(j[f], f), f);
+  }
+  req.from = j["from"];
+  req.to = j["to"];
+  return req;
+}
+
 Query parse_query(std::string_view query) {
   Query out;
   while (!query.empty()) {

@@ -32,8 +32,12 @@ enum class Route {
   list_files,
   stat_file,
   make_dir,
+  move_file,  // rename in the guest (POST .../files/move)
   watch_files,  // NDJSON stream of changes under a directory
   logs,
+  journal_verify,  // the journal's hash chain checked (handlers_journal.cc)
+  events,          // the whole journal, JSON or a live NDJSON stream
+  changes,         // filesystem diff since the sandbox started
   guest_info,
   posture,  // the QEMU jail read back from /proc
   set_network,

@@ -105,7 +105,10 @@ Engine::Impl::Impl(Config c)
     : cfg(with_defaults(std::move(c))),
       launcher(cfg.launcher ? cfg.launcher : qemu_launcher()),
       registry(cfg.data_dir / "registry.db"),
-      journal(cfg.data_dir / "audit", {cfg.journal_max_bytes, cfg.journal_reserve_bytes}),
+      // Heads anchored in the registry, signed with the host's key (made on
+      // first start, 0600 like the data dir it is in).
+      journal(cfg.data_dir / "audit", {cfg.journal_max_bytes, cfg.journal_reserve_bytes}, &registry,
+              HostKey::load_or_create(cfg.data_dir / "journal-key.pem")),
       images(cfg.image_dir, cfg.share_dir / "images", cfg.guest_agent) {
   if (cfg.templates) templates.emplace(cfg.template_dir, cfg.template_ram_dir);
   if (!cfg.accel.empty()) {

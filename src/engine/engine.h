@@ -310,6 +310,24 @@ class Engine {
   void make_dir(const std::string& id, const std::string& path, bool parents);
   void remove_file(const std::string& id, const std::string& path, bool recursive);
   nlohmann::json guest_info(const std::string& id);  // kernel, uptime, memory, disk
+  // File operations as E2B's filesystem service needs them (engine_files.cc).
+  // Entries are checked and rebuilt by the host (file_entry.h) and carry
+  // "path", "owner", "group" and a symlink's "target". `owner` (a guest user
+  // name; empty = root): what the call creates (the file, missing parent
+  // directories) belongs to that user, as the files envd writes for the user
+  // a call runs as; an unknown user is not_found field "user".
+  uint64_t write_file_as(const std::string& id, const std::string& path, uint32_t mode,
+                         const ChunkSource& source, const std::string& owner);
+  // `depth` levels below `path` (1..64; 1 = its entries), depth first, each
+  // directory's entries by name; {"entries": [...], "truncated"?: true}
+  // (the guest answers in pages; "truncated" past 100000 entries).
+  nlohmann::json list_files(const std::string& id, const std::string& path, int depth);
+  // rename(2) `from` to `to` in the guest (missing parents of `to` made,
+  // owned by `owner`); the entry now at `to`. not_found (field "path") if
+  // `from` does not exist; conflict if `to` is a non-empty directory.
+  nlohmann::json move_file(const std::string& id, const std::string& from, const std::string& to,
+                           const std::string& owner = {});
+  void make_dir_as(const std::string& id, const std::string& path, const std::string& owner);
   // Streams changes under the guest directory `path` (inotify in the guest;
   // recursive: every directory below it too, new ones included) to
   // `callbacks` on this thread until a callback returns false, the watch
@@ -332,6 +350,19 @@ class Engine {
   // Its size and what the cap dropped (counted since this engine started;
   // the sandbox's end record carries the final count as "journal_dropped").
   JournalStats journal_stats(const std::string& id);
+  // The journal's hash chain checked against the head anchored in the
+  // registry and its signature (audit/chain.h; VerifyReport::to_json):
+  // {"ok", "records", "head", "anchor", "unanchored", "breaks", "first_break",
+  // ...}. Error(not_found) if the sandbox has no journal (engine_journal.cc).
+  nlohmann::json verify_journal(const std::string& id);
+  // A follower of every record of the journal from the first (GET
+  // .../events); not_found like follow_network_events.
+  std::unique_ptr<RecordFollower> follow_journal(const std::string& id);
+  // Paths added, modified and deleted in the sandbox's disk since `since`
+  // ("start": its base image or template), read on the host from the disk
+  // layers (storage/fsdiff.h; engine_changes.cc). `content`: unified diffs
+  // of text files. Error(invalid_argument, field since) for anything else.
+  nlohmann::json changes(const std::string& id, const std::string& since, bool content);
 
   // Replaces a running sandbox's egress policy; flows no longer allowed are
   // cut. Returns {"policy": <normalised>, "flows_cut": N}. A sandbox created

@@ -153,6 +153,14 @@ ExecStatus status_from_guest(const nlohmann::json& j) {
 
 namespace {
 
+// The names of the environment an exec was given, never the values (they
+// hold secrets), for the journal.
+nlohmann::json env_keys(const ExecRequest& request) {
+  nlohmann::json keys = nlohmann::json::array();
+  for (const auto& [k, v] : request.env) keys.push_back(k);
+  return keys;
+}
+
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -246,15 +254,20 @@ ExecResult Engine::exec_counted(const std::string& id, const ExecRequest& reques
   handlers.on_start = [&](int pid) {
     if (callbacks.on_start) callbacks.on_start(result.exec_id, pid);
   };
+  // The journal records the SHA-256 of exactly the bytes handed to the
+  // caller, hashed here on the host as they pass (never the guest's word).
+  Sha256 out_hash, err_hash;
   handlers.on_output = [&](int ch, std::string_view bytes) {
     (ch == 1 ? result.stdout_bytes : result.stderr_bytes) += bytes.size();
+    (ch == 1 ? out_hash : err_hash).update(bytes);
     return callbacks.on_output ? callbacks.on_output(ch, bytes) : true;
   };
 
   nlohmann::json audit{{"exec_id", result.exec_id},
                        {"argv", argv},
                        {"cwd", req.value("cwd", nlohmann::json("~"))},
-                       {"user", request.user.empty() ? "root" : request.user}};
+                       {"user", request.user.empty() ? "root" : request.user},
+                       {"env_keys", env_keys(request)}};
   if (request.pty) audit["pty"] = true;
   auto t0 = std::chrono::steady_clock::now();
   auto finish = [&] {
@@ -321,6 +334,8 @@ ExecResult Engine::exec_counted(const std::string& id, const ExecRequest& reques
   if (result.timed_out && (result.reason == "killed" || result.reason == "signaled"))
     result.reason = "timeout";
   audit.update(to_json(result));
+  audit["stdout_sha256"] = out_hash.hex();
+  audit["stderr_sha256"] = err_hash.hex();
   impl.journal.append(id, "exec", audit);
   return result;
 }
@@ -371,6 +386,7 @@ ExecStatus Engine::exec_background_counted(const std::string& id, const ExecRequ
                        {"argv", req["argv"]},
                        {"cwd", req["cwd"]},
                        {"user", request.user.empty() ? "root" : request.user},
+                       {"env_keys", env_keys(request)},
                        {"background", true}};
   nlohmann::json r;
   try {
@@ -421,18 +437,39 @@ ExecStatus Engine::wait_exec(const std::string& id, const std::string& exec_id, 
 
 uint64_t Engine::write_file(const std::string& id, const std::string& path, uint32_t mode,
                             const ChunkSource& source) {
+  return write_file_as(id, path, mode, source, {});
+}
+
+uint64_t Engine::write_file_as(const std::string& id, const std::string& path, uint32_t mode,
+                               const ChunkSource& source, const std::string& owner) {
   auto sb = impl_->running(id);
   ActivityGuard active(*sb);
   validate_guest_path(path);
   if (mode > 07777) throw Error(Errc::invalid_argument, "mode must be at most 07777", "mode");
+  if (owner.size() > 64 || owner.find('\0') != std::string::npos)
+    throw Error(Errc::invalid_argument, "user must be a name or uid of at most 64 bytes", "user");
   uint64_t n;
+  // Hashed as the bytes go to the guest: the journal names what was written.
+  Sha256 hash;
+  ChunkSource hashed = [&]() -> std::optional<std::string> {
+    auto chunk = source();
+    if (chunk) hash.update(*chunk);
+    return chunk;
+  };
   try {
-    n = sb->channel->write_file(path, mode, /*parents=*/true, source, transfer_deadline(*sb));
+    n = sb->channel->write_file(path, mode, /*parents=*/true, hashed, transfer_deadline(*sb),
+                                owner);
   } catch (const Error& e) {
     impl_->journal.append(id, "file", {{"op", "write"}, {"path", path}, {"error", e.what()}});
     rethrow_for(*sb, e);
   }
-  impl_->journal.append(id, "file", {{"op", "write"}, {"path", path}, {"bytes", n}});
+  impl_->journal.append(id, "file",
+                        {{"op", "write"},
+                         {"path", path},
+                         {"bytes", n},
+                         {"size", n},
+                         {"mode", mode},
+                         {"sha256", hash.hex()}});
   return n;
 }
 
@@ -472,14 +509,7 @@ nlohmann::json Engine::Impl::json_op(const std::string& id, nlohmann::json req, 
 }
 
 nlohmann::json Engine::list_files(const std::string& id, const std::string& path) {
-  auto r = impl_->json_op(id, {{"op", "list"}, {"path", path}}, false);
-  if (!r.contains("entries") || !r["entries"].is_array())
-    throw Error(Errc::guest_error, "guest list response has no entries array");
-  return {{"entries", r["entries"]}};
-}
-
-nlohmann::json Engine::stat_file(const std::string& id, const std::string& path) {
-  return impl_->json_op(id, {{"op", "stat"}, {"path", path}}, false);
+  return list_files(id, path, 1);
 }
 
 void Engine::make_dir(const std::string& id, const std::string& path, bool parents) {

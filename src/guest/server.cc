@@ -452,12 +452,16 @@ void Server::handle_request(Frame& f) {
         result = op_list(req);
       else if (op == "stat")
         result = op_stat(req);
+      else if (op == "move")
+        result = op_move(req);
       else if (op == "mkdir")
         result = op_mkdir(req);
       else if (op == "remove")
         result = op_remove(req);
       else if (op == "info")
         result = op_info(req);
+      else if (op == "sync")
+        result = op_sync(req);
       else if (op == "jobs")
         result = jobs_->list();
       else if (op == "kill_job")

@@ -101,8 +101,8 @@ class ShellTest(DaemonTestCase):
         name, code, stty = self.start(f"{AIRLOCK} shell {self.sid}")
         # Computed in the guest, so the typed command line cannot match.
         self.keys(name, "echo READY-$((6*7)); stty size", "Enter")
-        s = self.wait_screen(name, "READY-42")
-        self.assertIn("24 80", s)
+        self.wait_screen(name, "READY-42")
+        self.wait_screen(name, "24 80")  # stty's answer comes after the echo's
         # TERM is the local terminal's (tmux sets it in its panes).
         term = self.tmux("show-options", "-gv", "default-terminal").strip()
         self.keys(name, "echo TERM=$TERM", "Enter")
@@ -121,7 +121,14 @@ class ShellTest(DaemonTestCase):
         # A full-screen program: vi draws its status line on the last row,
         # and redraws there when the window shrinks under it.
         self.keys(name, "clear; vi /tmp/typed.txt", "Enter")
-        self.wait_screen(name, "/tmp/typed.txt")
+        # The typed command line shows the name too, before clear and vi run:
+        # wait for the status line on the last row itself.
+        deadline = time.time() + 15
+        while time.time() < deadline:
+            lines = self.screen(name).splitlines()
+            if len(lines) > 39 and "/tmp/typed.txt" in lines[39]:
+                break
+            time.sleep(0.2)
         self.assertIn("/tmp/typed.txt", self.screen(name).splitlines()[39])
         self.keys(name, "ihello from vi", "Escape")
         self.wait_screen(name, "hello from vi")
@@ -136,6 +143,14 @@ class ShellTest(DaemonTestCase):
         self.assertEqual(len(lines), 30)
         self.assertIn("/tmp/typed.txt", lines[29], "vi did not redraw at the new size")
         self.keys(name, ":wq", "Enter")
+        # Keys typed before vi has exited go to vi (seen under load): wait
+        # until it is gone from the guest.
+        deadline = time.time() + 15
+        while time.time() < deadline:
+            out, _, _ = self.api.exec(self.sid, argv=["sh", "-c", "pidof vi || true"])
+            if not out.strip():
+                break
+            time.sleep(0.2)
         self.keys(name, "clear; cat /tmp/typed.txt | tr a-z A-Z", "Enter")
         self.wait_screen(name, "HELLO FROM VI")
 

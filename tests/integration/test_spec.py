@@ -184,6 +184,8 @@ class SpecExamplesTest(NetnsDaemonTestCase):
                     ex = self.api.call("POST", f"/v1/sandboxes/{sb['id']}/exec",
                                        {"argv": ["cat"], "background": True, "stdin_stream": True})
                     values["exec_id"] = ex["exec_id"]
+                if op["operationId"] == "moveFile":  # the example moves a file that must exist
+                    self.api.put_file(sb["id"], value["from"], b"abc")
                 path = concrete(template, **values)
                 query = {p["name"]: p["schema"]["example"] for p in self.parameters(template, op)
                          if p["in"] == "query" and p.get("required")}
@@ -264,7 +266,8 @@ class SpecStatusesTest(DaemonTestCase):
         return {"createSandbox": {}, "setPool": {"image": "minimal", "size": 0},
                 "exec": {"argv": ["true"]}, "makeDir": {"path": "/tmp/x"},
                 "setNetwork": {"mode": "allowlist"}, "addPort": {"guest_port": 8080},
-                "setTimeout": {"timeout": 5}}.get(op["operationId"])
+                "setTimeout": {"timeout": 5},
+                "moveFile": {"from": "/tmp/a", "to": "/tmp/b"}}.get(op["operationId"])
 
     def test_bad_query_key_and_bad_id_are_400(self):
         for method, template, op in openapi_check.operations():

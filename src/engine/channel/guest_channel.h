@@ -161,8 +161,10 @@ class GuestChannel {
 
   // Streams `source` into the guest file `path` (atomic on the guest side).
   // Returns the guest's byte count.
+  // `owner` (a guest user; empty = root) owns the file and what `parents` made.
   uint64_t write_file(const std::string& path, uint32_t mode, bool parents,
-                      const ChunkSource& source, Deadline deadline);
+                      const ChunkSource& source, Deadline deadline,
+                      const std::string& owner = {});
   // Streams the guest file `path` into `sink`; returns the bytes delivered.
   // If `sink` returns false, nothing more is delivered: the guest is asked to
   // stop (signal frame) and the rest of the stream is drained and dropped.

@@ -620,6 +620,23 @@ TEST_F(RealAgent, FilesRoundTrip) {
   EXPECT_TRUE(ch_->call({{"op", "ping"}}, in(10s)).is_object());
 }
 
+TEST_F(RealAgent, UploadWhoseSourceFailsLeavesNothingInTheGuest) {
+  // The caller's source breaks off after some data (a client's body that
+  // ended early): the guest must drop its temp file, not keep it open.
+  std::string dir = dir_ + "/up";
+  std::filesystem::create_directory(dir);
+  int calls = 0;
+  auto source = [&]() -> std::optional<std::string> {
+    if (++calls > 2) throw Error(Errc::invalid_argument, "the body ended inside a part");
+    return std::string(64 * 1024, 'x');
+  };
+  EXPECT_THROW(ch_->write_file(dir + "/f", 0644, false, source, in(30s)), Error);
+  // Frames are handled in order, so the abort is done before this answers.
+  auto ls = ch_->call({{"op", "list"}, {"path", dir}}, in(10s));
+  EXPECT_TRUE(ls["entries"].empty()) << ls.dump();
+  EXPECT_TRUE(std::filesystem::is_empty(dir));
+}
+
 TEST_F(RealAgent, ConcurrentExecsAndAgentDeath) {
   std::vector<std::thread> ts;
   std::atomic<int> ok{0};
