@@ -8,10 +8,12 @@
 
 #include <algorithm>
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <ctime>
 #include <iostream>
 
+#include "cli/layout_tar.h"
 #include "common/error.h"
 
 namespace airlock::cli {
@@ -179,7 +181,9 @@ int run_top(const ImageCommands& c, const std::function<Client()>& connect) {
 void add_image_commands(CLI::App& app, CLI::App& image, ImageCommands& c) {
   c.import = image.add_subcommand("import", "import a docker save / OCI image archive as an image");
   c.import->add_option("name", c.name, "image name")->required();
-  c.import->add_option("archive", c.file, "docker save tarball or OCI layout tar")->required();
+  c.import
+      ->add_option("archive", c.file, "docker save tarball, OCI layout tar or OCI layout directory")
+      ->required();
   c.import->add_flag("--replace", c.replace, "replace an existing image of that name");
   c.ls = image.add_subcommand("ls", "list images: size, layers, created, used by");
   c.ls->add_flag("--json", c.json, "print JSON");
@@ -203,18 +207,32 @@ void add_image_commands(CLI::App& app, CLI::App& image, ImageCommands& c) {
 
 bool run_image_command(const ImageCommands& c, const std::function<Client()>& connect) {
   if (c.import->parsed()) {
-    int fd = ::open(c.file.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) throw Error(Errc::not_found, "cannot open " + c.file, "archive");
+    std::string target = "/v1/images/" + c.name + "/import" + (c.replace ? "?replace=true" : "");
     auto start = std::chrono::steady_clock::now();
     json j;
-    try {
-      j = connect().post_stream(
-          "/v1/images/" + c.name + "/import" + (c.replace ? "?replace=true" : ""), fd);
-    } catch (...) {
+    std::error_code ec;
+    if (std::filesystem::is_directory(c.file, ec)) {
+      // An OCI layout directory: streamed as a tar written on the fly.
+      ::signal(SIGPIPE, SIG_IGN);  // the daemon may answer (refuse) before the end
+      LayoutTar tar(c.file);
+      try {
+        j = connect().post_stream(target, tar.fd());
+      } catch (...) {
+        tar.finish();  // the layout's own error, if any, says more
+        throw;
+      }
+      tar.finish();
+    } else {
+      int fd = ::open(c.file.c_str(), O_RDONLY | O_CLOEXEC);
+      if (fd < 0) throw Error(Errc::not_found, "cannot open " + c.file, "archive");
+      try {
+        j = connect().post_stream(target, fd);
+      } catch (...) {
+        ::close(fd);
+        throw;
+      }
       ::close(fd);
-      throw;
     }
-    ::close(fd);
     double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     std::printf("%s: %d layers, %s, from %s, in %.1f s\n", j.value("name", "?").c_str(),
                 j.value("layers", 0), human_size(j.value("size_bytes", uint64_t(0))).c_str(),

@@ -5,6 +5,7 @@
 // reports (snapshots).
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <fstream>
 
 #include "common/error.h"
@@ -164,10 +165,24 @@ nlohmann::json Engine::prune(bool dry_run) {
   };
   for (const auto& sb : list({}, true))
     if (!is_terminal(sb.state)) note(impl.sandbox_dir(sb.id) / "disk.qcow2");
-  if (impl.templates)
-    for (const auto& t : impl.templates->list()) note(t.disk);
   nlohmann::json removed = nlohmann::json::array();
   uint64_t freed = 0;
+  // Templates no live sandbox was cloned from (a clone's overlay is backed
+  // by its template's disk) go: they are rebuilt on demand, and otherwise
+  // keep their image in use for ever (image rm names them).
+  if (impl.templates) {
+    for (const auto& t : impl.templates->list()) {
+      if (std::find(in_use.begin(), in_use.end(), t.dir) != in_use.end()) {
+        note(t.disk);
+        continue;
+      }
+      std::error_code ec;
+      uint64_t ram = fs::file_size(t.ram, ec);
+      freed += du(t.dir) + (ec ? 0 : ram);
+      removed.push_back("template:" + t.key);
+      if (!dry_run) impl.templates->remove(t.key);
+    }
+  }
   for (const auto& n : impl.images.names_on_disk()) {
     std::vector<fs::path> gone;
     freed += impl.images.prune_versions(n, in_use, dry_run, &gone);
