@@ -103,6 +103,15 @@ void validate_exec_extras(const ExecRequest& r) {
 }
 
 // The guest exec request for `request` (argv, env, cwd, user, timeout, limits).
+// An exec giving neither argv nor cmd (and no pty) runs the image's
+// Entrypoint + Cmd, as `docker run IMAGE` does; `copy` holds the result.
+const ExecRequest& with_image_command(const Live& sb, const ExecRequest& r, ExecRequest& copy) {
+  if (r.pty || !r.argv.empty() || !r.cmd.empty() || sb.image_argv.empty()) return r;
+  copy = r;
+  copy.argv = sb.image_argv;
+  return copy;
+}
+
 nlohmann::json guest_exec_request(const Live& sb, const ExecRequest& request) {
   std::vector<std::string> argv =
       request.cmd.empty() ? request.argv : std::vector<std::string>{"/bin/sh", "-c", request.cmd};
@@ -201,11 +210,13 @@ ExecStatus Engine::exec_background(const std::string& id, const ExecRequest& req
   }
 }
 
-ExecResult Engine::exec_counted(const std::string& id, const ExecRequest& request,
+ExecResult Engine::exec_counted(const std::string& id, const ExecRequest& given,
                                 const ExecCallbacks& callbacks) {
   auto& impl = *impl_;
   auto sb = impl.running(id);
   ActivityGuard active(*sb);
+  ExecRequest with_image;
+  const ExecRequest& request = with_image_command(*sb, given, with_image);
   validate_exec(request);
   validate_exec_extras(request);
   if (request.background)
@@ -368,10 +379,12 @@ void Engine::kill_exec(const std::string& id, const std::string& exec_id, int si
   impl_->journal.append(id, "exec_kill", {{"exec_id", exec_id}, {"signal", signal}});
 }
 
-ExecStatus Engine::exec_background_counted(const std::string& id, const ExecRequest& request) {
+ExecStatus Engine::exec_background_counted(const std::string& id, const ExecRequest& given) {
   auto& impl = *impl_;
   auto sb = impl.running(id);
   ActivityGuard active(*sb);
+  ExecRequest with_image;
+  const ExecRequest& request = with_image_command(*sb, given, with_image);
   validate_exec(request);
   validate_exec_extras(request);
   if (request.stdin_data)

@@ -155,6 +155,7 @@ class Sandbox {
   // create/recover; an exec's own env, cwd and user win, then the sandbox's env.
   std::map<std::string, std::string> image_env;
   std::string image_workdir, image_user;
+  std::vector<std::string> image_argv;  // Entrypoint + Cmd: an exec giving no command runs it
 
  private:
   void apply(State from, State to, const Change& change);  // under state_mu_

@@ -50,7 +50,8 @@ def good_layers():
 
 
 GOOD_CONFIG = ob.config(env=["PATH=/bin", "GREETING=hi from the image"], workdir="/app",
-                        user="1000", cmd=["/bin/sh"], labels={"org.example.test": "yes"})
+                        user="1000", entrypoint=["/bin/echo", "entry"], cmd=["from-cmd"],
+                        labels={"org.example.test": "yes"})
 
 
 class ImageTest(DaemonTestCase):
@@ -115,6 +116,9 @@ class ImageTest(DaemonTestCase):
             self.assertEqual(out.decode().split("\n")[:6],
                              ["new.txt", "replaced in layer 3", "hello from layer 2", "1000 640 2",
                               "no-devnode", ""])
+            # No command: the image's Entrypoint + Cmd.
+            out, _, ev = self.api.exec(sb)
+            self.assertEqual((ev["exit_code"], out), (0, b"entry from-cmd\n"))
             # An exec's own values win over the image's.
             out, _, _ = self.api.exec(sb, argv=["pwd"], cwd="/", user="root")
             self.assertEqual(out, b"/\n")
