@@ -291,6 +291,9 @@ class SpecStatusesTest(DaemonTestCase):
                 continue
             if "404" not in op["responses"]:
                 continue
+            # An import's {id} is the new image's name (its 404 is a tenant's: test_auth).
+            if op["operationId"] == "importImage":
+                continue
             path = probe_path(template, id="sb-nosuchsandbox")
             if op["operationId"] == "writeFile":
                 self.assertEqual(self.put(path), (404, "not_found"))
@@ -301,6 +304,9 @@ class SpecStatusesTest(DaemonTestCase):
     def test_deleted_sandbox_is_409_where_documented(self):
         for method, template, op in openapi_check.operations():
             if "409" not in op["responses"] or (method, template) in PENDING:
+                continue
+            # An image's 409 is "in use" or "exists" (test_images), not a deleted sandbox.
+            if template.startswith("/v1/images/"):
                 continue
             path = probe_path(template, id=self.gone)
             if op["operationId"] == "writeFile":
