@@ -58,7 +58,8 @@ def baseline(layers, work):
         with open(p, "wb") as f:
             f.write(l)
         subprocess.run(["tar", "-xzf", p, "-C", root], check=True)
-    subprocess.run(["mkfs.ext4", "-q", "-F", "-d", root, os.path.join(work, "b.ext4"), "512M"], check=True)
+    subprocess.run(["mkfs.ext4", "-q", "-F", "-d", root, os.path.join(work, "b.ext4"), "512M"], check=True,
+                   stdout=subprocess.DEVNULL)
     dt = time.monotonic() - t0
     shutil.rmtree(work)
     return dt
@@ -97,6 +98,8 @@ def main():
             base.append(baseline(layers, tempfile.mkdtemp(dir=tmp)))
             api.call("POST", "/v1/prune")
         size = img["size_bytes"]
+        with open(f"/proc/{d.pid}/status") as f:  # the upload is streamed to a file, never held
+            hwm = next(int(l.split()[1]) for l in f if l.startswith("VmHWM:")) * 1024
         mi, mb = statistics.median(imp), statistics.median(base)
         print(f"import (upload+verify+apply+mkfs+initramfs): median {mi:.2f} s over {a.runs} runs "
               f"({', '.join(f'{x:.2f}' for x in imp)})")
@@ -104,6 +107,8 @@ def main():
         print(f"ratio import/baseline: {mi / mb:.2f}")
         print(f"image on disk: {size / 2**20:.1f} MiB allocated (rootfs {img['rootfs_bytes'] / 2**20:.0f} MiB "
               f"sparse), compressed layers {unpacked / 2**20:.1f} MiB")
+        print(f"airlockd peak RSS (VmHWM) over all runs: {hwm / 2**20:.1f} MiB "
+              f"(archive {len(archive) / 2**20:.1f} MiB)")
     finally:
         d.terminate()
         d.wait(timeout=30)
