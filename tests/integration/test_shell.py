@@ -226,11 +226,19 @@ class ShellTest(DaemonTestCase):
         self.assertIn("connection to airlockd was lost", self.screen(name))
         type(self).start_daemon()
 
+    def top_order(self, name):
+        """The sandbox ids in top's rows, top to bottom."""
+        return [l.split()[0] for l in self.screen(name).splitlines() if l.startswith("sb-")]
+
     def test_top_lists_sorts_refreshes_and_quits(self):
         """`airlock top` in a real terminal: lists the running sandbox with
         its stats, re-sorts on a key, refreshes, quits on q and restores the
         terminal."""
+        time.sleep(1.1)  # a younger second sandbox: ages differ by at least a second
+        second = self.api.create()["id"]
+        self.addCleanup(self.api.delete, second)
         name, code, stty = self.start(f"{AIRLOCK} top --interval 0.5", cols=140, rows=20)
+        self.wait_screen(name, second)
         s = self.wait_screen(name, self.sid)
         self.assertIn("sort: cpu", s)
         for col in ("CPU%", "MEM", "DISK", "NET RX", "NET TX", "AGE"):
@@ -240,6 +248,12 @@ class ShellTest(DaemonTestCase):
         self.assertRegex(row, r"MiB")  # QEMU's resident memory
         self.keys(name, "m")
         self.wait_screen(name, "sort: mem")
+        self.keys(name, "a")
+        self.wait_screen(name, "sort: age")
+        self.assertEqual(self.top_order(name), [self.sid, second])  # oldest first
+        self.keys(name, "i")
+        self.wait_screen(name, "sort: id")
+        self.assertEqual(self.top_order(name), sorted([self.sid, second]))
         self.keys(name, "a")
         self.wait_screen(name, "sort: age")
         # It refreshes: the age column moves on by itself.
