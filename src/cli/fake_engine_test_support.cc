@@ -458,6 +458,29 @@ nlohmann::json Engine::info() { return {{"version", "fake"}, {"accel", "tcg"}}; 
 storage::ImageStore& Engine::images() {
   throw Error(Errc::internal, "the fake engine has no image store");
 }
+// Image management is tested against the real engine (test_images.py).
+nlohmann::json Engine::list_images() { return nlohmann::json::array(); }
+nlohmann::json Engine::inspect_image(const std::string& name) {
+  throw Error(Errc::not_found, "no image '" + name + "'", "name");
+}
+nlohmann::json Engine::import_image(const std::string&, const std::filesystem::path&, bool) {
+  throw Error(Errc::unavailable, "the fake engine cannot import images");
+}
+void Engine::remove_image(const std::string& name) {
+  throw Error(Errc::not_found, "no image '" + name + "'", "name");
+}
+nlohmann::json Engine::disk_usage() { return {{"bytes", nlohmann::json::object()}}; }
+nlohmann::json Engine::prune(bool dry_run) {
+  return {{"dry_run", dry_run}, {"freed_bytes", 0}, {"removed", nlohmann::json::array()}};
+}
+std::vector<std::string> Engine::image_users(const std::string&) { return {}; }
+void Engine::add_image_user_source(ImageUserSource) {}
+nlohmann::json Engine::stats(const std::string& id) {
+  auto info = get(id);
+  return {{"id", id},           {"state", to_string(info.state)}, {"cpu_seconds", 0.0},
+          {"memory_bytes", 0},  {"disk_bytes", 0},                {"net_rx_bytes", 0},
+          {"net_tx_bytes", 0},  {"age_s", 0}};
+}
 
 // Features the CLI's HTTP tests do not exercise: real errors, not stubs
 // pretending success (their behaviour is tested against the real engine).

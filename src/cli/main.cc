@@ -22,6 +22,7 @@
 #include "cli/pty_client.h"
 #include "cli/spawn.h"
 #include "cli/stdin_pump.h"
+#include "cli/image_cmd.h"
 #include "cli/snapshot_cmd.h"
 #include "cli/token_cmd.h"
 #include "common/error.h"
@@ -389,7 +390,8 @@ int main_impl(int argc, char** argv) {
   image->require_subcommand(1);
   auto* image_build = image->add_subcommand("build", "build an image (if its inputs changed)");
   image_build->add_option("name", image_name, "recipe: minimal, debian")->required();
-  auto* image_ls = image->add_subcommand("ls", "list built images");
+  ImageCommands images;
+  add_image_commands(app, *image, images);
 
   // Everything after the first "--" is the command of exec/run, verbatim
   // (CLI11 would otherwise read its "-c" as an option of ours).
@@ -436,6 +438,7 @@ int main_impl(int argc, char** argv) {
     return mcp::serve(session, 0, 1);
   }
   if (run_token_command(tokens, [&] { return connect(g); })) return 0;
+  if (run_image_command(images, [&] { return connect(g); })) return 0;
   if (int rc = run_journal_command(journal_cmds, [&] { return connect(g); }); rc >= 0) return rc;
   if (run_snapshot_command(snaps, [&] { return connect(g); })) return 0;
   if (create->parsed()) {
@@ -768,15 +771,6 @@ int main_impl(int argc, char** argv) {
     std::printf("%s %s (%s, kernel %s) in %.1f s: %s\n", img.name.c_str(), img.key.c_str(),
                 human_bytes(img.rootfs_bytes).c_str(), img.kernel_release.c_str(), s,
                 img.dir.c_str());
-    return 0;
-  }
-  if (image_ls->parsed()) {
-    auto store = image_store(g);
-    std::printf("%-10s %-16s %-26s %10s  %s\n", "NAME", "KEY", "KERNEL", "SIZE", "DIR");
-    for (const auto& img : store.list())
-      std::printf("%-10s %-16s %-26s %10s  %s\n", img.name.c_str(), img.key.substr(0, 16).c_str(),
-                  img.kernel_release.c_str(), human_bytes(img.rootfs_bytes).c_str(),
-                  img.dir.c_str());
     return 0;
   }
   return 2;

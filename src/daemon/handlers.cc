@@ -320,6 +320,14 @@ void dispatch(engine::Engine& engine, Exchange& ex, const Caller& caller) {
     case Route::set_tenant:
       handle_auth_route(engine, ex, caller, m);
       return;
+    case Route::list_images:
+    case Route::get_image:
+    case Route::delete_image:
+    case Route::import_image:
+    case Route::disk_usage:
+    case Route::prune:
+      handle_image_route(engine, ex, caller, m);
+      return;
     case Route::get_pool:
     case Route::set_pool:
     case Route::metrics:
@@ -383,15 +391,28 @@ void dispatch(engine::Engine& engine, Exchange& ex, const Caller& caller) {
       return;
     }
     case Route::list_sandboxes: {
-      check_query_keys(q, {"all", "metadata."});
+      check_query_keys(q, {"all", "metadata.", "stats"});
       expect_no_body(ex);
+      bool with_stats = query_bool(q, "stats", false);
       json arr = json::array();
       for (const auto& sb :
-           visible_sandboxes(engine, caller.who, metadata_filter(q), query_bool(q, "all", false)))
+           visible_sandboxes(engine, caller.who, metadata_filter(q), query_bool(q, "all", false))) {
         arr.push_back(sandbox_json(sb));
+        if (with_stats) {
+          try {
+            arr.back()["stats"] = engine.stats(sb.id);
+          } catch (const Error&) {  // deleted meanwhile: listed without stats
+          }
+        }
+      }
       ex.send_json(200, arr);
       return;
     }
+    case Route::sandbox_stats:  // tenant-scoped like every {id} route (see above)
+      check_query_keys(q, {});
+      expect_no_body(ex);
+      ex.send_json(200, engine.stats(id));
+      return;
     case Route::get_sandbox:
       check_query_keys(q, {});
       expect_no_body(ex);

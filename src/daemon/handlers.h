@@ -42,6 +42,10 @@ void handle(engine::Engine& engine, Exchange& ex, const Caller& caller);
 void handle_auth_route(engine::Engine& engine, Exchange& ex, const Caller& caller,
                        const RouteMatch& m);
 
+// The image routes (handlers_images.cc): operator only, like the above.
+void handle_image_route(engine::Engine& engine, Exchange& ex, const Caller& caller,
+                        const RouteMatch& m);
+
 // The journal and disk-diff routes (handlers_journal.cc): journal_verify,
 // events, changes. `query` is the request's parsed query string.
 void handle_journal_route(engine::Engine& engine, Exchange& ex, Route route, const std::string& id,

@@ -239,9 +239,7 @@ engine::ExecRequest parse_exec(std::string_view body) {
     req.cmd = get_string(j["cmd"], "cmd");
     if (req.cmd.empty()) bad("cmd must not be empty", "cmd");
     if (req.cmd.find('\0') != std::string::npos) bad("cmd must not contain NUL bytes", "cmd");
-  } else {
-    bad("argv or cmd is required", "argv");
-  }
+  }  // neither: the image's Entrypoint + Cmd (the engine refuses if it has none)
   if (j.contains("env")) req.env = get_string_map(j["env"], "env", true);
   if (j.contains("cwd")) {
     req.cwd = get_string(j["cwd"], "cwd");

@@ -88,6 +88,13 @@ const std::vector<RouteSpec>& routes() {
       {"GET", "/v1/snapshots", Route::list_snapshots},
       {"GET", "/v1/snapshots/{id}", Route::get_snapshot},
       {"DELETE", "/v1/snapshots/{id}", Route::delete_snapshot},
+      {"GET", "/v1/images", Route::list_images},
+      {"GET", "/v1/images/{id}", Route::get_image},
+      {"DELETE", "/v1/images/{id}", Route::delete_image},
+      {"POST", "/v1/images/{id}/import", Route::import_image},
+      {"GET", "/v1/df", Route::disk_usage},
+      {"POST", "/v1/prune", Route::prune},
+      {"GET", "/v1/sandboxes/{id}/stats", Route::sandbox_stats},
       // Unversioned, like every Prometheus target and probe endpoint.
       {"GET", "/metrics", Route::metrics},
       {"GET", "/healthz", Route::healthz},

@@ -64,6 +64,14 @@ enum class Route {
   get_snapshot,  // {id} is the snapshot's name
   delete_snapshot,
   fork,
+  // Images (handlers_images.cc): operator only.
+  list_images,
+  get_image,
+  delete_image,
+  import_image,  // POST /v1/images/{id}/import, body: docker save / OCI layout tar
+  disk_usage,    // GET /v1/df
+  prune,         // POST /v1/prune
+  sandbox_stats,  // GET /v1/sandboxes/{id}/stats
 };
 
 struct RouteSpec {

@@ -393,6 +393,13 @@ void Engine::Impl::recover_one(SandboxRecord rec) {
   }
   const State was = rec.info.state;
   auto sb = std::make_shared<Live>(rec, registry, journal);
+  if (img) {
+    sb->image_env = img->config.env;
+    sb->image_workdir = img->config.workdir;
+    sb->image_user = img->config.user;
+    sb->image_argv = img->config.entrypoint;
+    sb->image_argv.insert(sb->image_argv.end(), img->config.cmd.begin(), img->config.cmd.end());
+  }
   std::string reason, failure;
   nlohmann::json details = nlohmann::json::object();
   auto clean = [&](State state, const std::string& why, const std::string& event,

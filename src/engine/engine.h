@@ -470,6 +470,33 @@ class Engine {
   nlohmann::json readiness();
   storage::ImageStore& images();
 
+  // Images (engine_images.cc; docs/design.md, "Images: import and
+  // management"). The operator's business: the daemon serves them only over
+  // the unix socket. list_images/inspect_image: storage::to_json(Image) +
+  // "used_by" (["sandbox:ID", "pool:ID", "template:KEY", ...]).
+  nlohmann::json list_images();
+  nlohmann::json inspect_image(const std::string& name);  // + "versions"
+  // An OCI layout / docker save archive becomes image `name` (oci_import.h).
+  nlohmann::json import_image(const std::string& name, const std::filesystem::path& archive,
+                              bool replace);
+  // Error(conflict) naming every user while anything uses it.
+  void remove_image(const std::string& name);
+  // {"bytes": {"images", "layers", "snapshots", "templates", "overlays", "journals", "total"}}
+  nlohmann::json disk_usage();
+  // Frees what nothing uses: old image versions, orphaned cached layers,
+  // leftovers of interrupted imports. {"dry_run", "freed_bytes", "removed": [...]}
+  nlohmann::json prune(bool dry_run);
+  std::vector<std::string> image_users(const std::string& name);
+  // A sandbox's resource use now (engine_stats.cc): {"cpu_seconds" (QEMU's
+  // user+system time), "memory_bytes" (QEMU's resident set), "disk_bytes"
+  // (allocated bytes of its overlay), "net_rx_bytes", "net_tx_bytes" (its
+  // network flows), "age_s"}. Error(not_found) for an unknown id.
+  nlohmann::json stats(const std::string& id);
+  // Hook for other holders of images (snapshots): returns "snapshot:ID"-like
+  // names of what uses image `name`; remove_image refuses while any does.
+  using ImageUserSource = std::function<std::vector<std::string>(const std::string& image)>;
+  void add_image_user_source(ImageUserSource source);
+
  private:
   SandboxInfo create_counted(const SandboxSpec& spec);  // create() without the metrics
   ExecResult exec_counted(const std::string& id, const ExecRequest& request,

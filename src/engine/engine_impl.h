@@ -101,6 +101,9 @@ std::shared_ptr<NetEventReader> attach_net_events(AuditJournal& journal, const s
                                                   const std::filesystem::path& run_dir,
                                                   pid_t helper_pid,
                                                   EngineMetrics* metrics = nullptr);
+// Payload bytes of the sandbox's ended flows so far (for stats):
+// {guest -> peer, peer -> guest}.
+std::pair<uint64_t, uint64_t> net_flow_bytes(const NetEventReader& reader);
 // True if `pid` is alive and is the helper of `run_dir` (pid-reuse safe).
 bool is_our_net_helper(pid_t pid, const std::filesystem::path& run_dir);
 // run_dir/net.pid, 0 if none.
@@ -180,6 +183,9 @@ struct Engine::Impl {
   // Templates (engine_templates.cc). One build per key at a time: creates
   // of the same shape wait for it and then clone.
   std::optional<templates::TemplateStore> templates;
+  // Engine::add_image_user_source (engine_images.cc).
+  std::mutex image_users_mu;
+  std::vector<Engine::ImageUserSource> image_user_sources;
   std::mutex tpl_mu;
   std::map<std::string, std::shared_ptr<std::mutex>> tpl_building;
   // Sealed memfd copies of template RAM files that clones map (one per

@@ -340,6 +340,11 @@ std::shared_ptr<Live> Engine::Impl::launch(const SandboxSpec& checked, const sto
   }
   const std::string id = info.id;
   auto sb = std::make_shared<Live>(rec, registry, journal);
+  sb->image_env = img->config.env;
+  sb->image_workdir = img->config.workdir;
+  sb->image_user = img->config.user;
+  sb->image_argv = img->config.entrypoint;
+  sb->image_argv.insert(sb->image_argv.end(), img->config.cmd.begin(), img->config.cmd.end());
   // From here every resource (row, reservation, run dir, overlay, helper,
   // VM) is released by this guard on ANY exception, until the commit
   // point: `failed` with the reason, nothing else left.

@@ -129,19 +129,31 @@ void read_exec_outcome(const nlohmann::json& r, ExecResult& res) {
 namespace {
 
 // The guest exec request for `request` (argv, env, cwd, user, timeout, limits).
+// An exec giving neither argv nor cmd (and no pty) runs the image's
+// Entrypoint + Cmd, as `docker run IMAGE` does; `copy` holds the result.
+const ExecRequest& with_image_command(const Live& sb, const ExecRequest& r, ExecRequest& copy) {
+  if (r.pty || !r.argv.empty() || !r.cmd.empty() || sb.image_argv.empty()) return r;
+  copy = r;
+  copy.argv = sb.image_argv;
+  return copy;
+}
+
 nlohmann::json guest_exec_request(const Live& sb, const ExecRequest& request) {
   std::vector<std::string> argv =
       request.cmd.empty() ? request.argv : std::vector<std::string>{"/bin/sh", "-c", request.cmd};
-  // The sandbox's env is the default; the request's own entries win.
-  std::map<std::string, std::string> env = sb.rec.info.spec.env;
+  // The image's env, then the sandbox's, then the request's own entries win.
+  std::map<std::string, std::string> env = sb.image_env;
+  for (const auto& [k, v] : sb.rec.info.spec.env) env[k] = v;
   for (const auto& [k, v] : request.env) env[k] = v;
   nlohmann::json req{{"env", env}};
   // A pty exec without a command gets the user's login shell, in the
   // user's home (the guest's defaults).
   if (!argv.empty()) req["argv"] = argv;
-  if (!request.cwd.empty() || !request.pty) req["cwd"] = request.cwd.empty() ? "/" : request.cwd;
+  std::string cwd = request.cwd.empty() ? sb.image_workdir : request.cwd;
+  if (!cwd.empty() || !request.pty) req["cwd"] = cwd.empty() ? "/" : cwd;
   if (request.pty) req["pty"] = {{"cols", request.pty->cols}, {"rows", request.pty->rows}};
-  if (!request.user.empty()) req["user"] = request.user;
+  std::string user = request.user.empty() ? sb.image_user : request.user;
+  if (!user.empty()) req["user"] = user;
   if (request.timeout_s > 0) req["timeout_ms"] = static_cast<int64_t>(request.timeout_s * 1000);
   nlohmann::json limits = nlohmann::json::object();
   if (request.limits.pids) limits["pids"] = request.limits.pids;
@@ -224,11 +236,13 @@ ExecStatus Engine::exec_background(const std::string& id, const ExecRequest& req
   }
 }
 
-ExecResult Engine::exec_counted(const std::string& id, const ExecRequest& request,
+ExecResult Engine::exec_counted(const std::string& id, const ExecRequest& given,
                                 const ExecCallbacks& callbacks) {
   auto& impl = *impl_;
   auto sb = impl.running(id);
   ActivityGuard active(*sb);
+  ExecRequest with_image;
+  const ExecRequest& request = with_image_command(*sb, given, with_image);
   validate_exec(request);
   validate_exec_extras(request);
   if (request.background)
@@ -403,10 +417,12 @@ void Engine::kill_exec(const std::string& id, const std::string& exec_id, int si
   impl_->journal.append(id, "exec_kill", {{"exec_id", exec_id}, {"signal", signal}});
 }
 
-ExecStatus Engine::exec_background_counted(const std::string& id, const ExecRequest& request) {
+ExecStatus Engine::exec_background_counted(const std::string& id, const ExecRequest& given) {
   auto& impl = *impl_;
   auto sb = impl.running(id);
   ActivityGuard active(*sb);
+  ExecRequest with_image;
+  const ExecRequest& request = with_image_command(*sb, given, with_image);
   validate_exec(request);
   validate_exec_extras(request);
   if (request.stdin_data)

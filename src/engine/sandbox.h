@@ -164,6 +164,11 @@ class Sandbox {
   int64_t last_ping_ms = 0;
   int64_t closed_seen_ms = 0;
   std::string memory_cgroup;
+  // The image's exec defaults (ImageConfig env/workdir/user), set at
+  // create/recover; an exec's own env, cwd and user win, then the sandbox's env.
+  std::map<std::string, std::string> image_env;
+  std::string image_workdir, image_user;
+  std::vector<std::string> image_argv;  // Entrypoint + Cmd: an exec giving no command runs it
 
  private:
   void apply(State from, State to, const Change& change);  // under state_mu_

@@ -226,6 +226,51 @@ class ShellTest(DaemonTestCase):
         self.assertIn("connection to airlockd was lost", self.screen(name))
         type(self).start_daemon()
 
+    def top_order(self, name):
+        """The sandbox ids in top's rows, top to bottom."""
+        return [l.split()[0] for l in self.screen(name).splitlines() if l.startswith("sb-")]
+
+    def test_top_lists_sorts_refreshes_and_quits(self):
+        """`airlock top` in a real terminal: lists the running sandbox with
+        its stats, re-sorts on a key, refreshes, quits on q and restores the
+        terminal."""
+        time.sleep(1.1)  # a younger second sandbox: ages differ by at least a second
+        second = self.api.create()["id"]
+        self.addCleanup(self.api.delete, second)
+        name, code, stty = self.start(f"{AIRLOCK} top --interval 0.5", cols=140, rows=20)
+        self.wait_screen(name, second)
+        s = self.wait_screen(name, self.sid)
+        self.assertIn("sort: cpu", s)
+        for col in ("CPU%", "MEM", "DISK", "NET RX", "NET TX", "AGE"):
+            self.assertIn(col, s)
+        row = next(l for l in s.splitlines() if l.startswith(self.sid))
+        self.assertIn("running", row)
+        self.assertRegex(row, r"MiB")  # QEMU's resident memory
+        self.keys(name, "m")
+        self.wait_screen(name, "sort: mem")
+        self.keys(name, "a")
+        self.wait_screen(name, "sort: age")
+        self.assertEqual(self.top_order(name), [self.sid, second])  # oldest first
+        self.keys(name, "i")
+        self.wait_screen(name, "sort: id")
+        self.assertEqual(self.top_order(name), sorted([self.sid, second]))
+        self.keys(name, "a")
+        self.wait_screen(name, "sort: age")
+        # It refreshes: the age column moves on by itself.
+        first = next(l for l in self.screen(name).splitlines() if l.startswith(self.sid)).split()[-1]
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            now = next((l for l in self.screen(name).splitlines() if l.startswith(self.sid)), "").split()
+            if now and now[-1] != first:
+                break
+            time.sleep(0.3)
+        else:
+            self.fail(f"top did not refresh the age {first}:\n{self.screen(name)}")
+        self.keys(name, "q")
+        self.assertEqual(self.wait_file(code).strip(), "CODE=0")
+        self.assertIn(" icanon", self.wait_file(stty))  # the terminal mode is restored
+        self.assertIn(" echo", self.wait_file(stty))
+
     def test_unknown_sandbox_is_a_clear_error(self):
         r = subprocess.run([AIRLOCK, "shell", "sb-000000000000"], env=self.env, capture_output=True,
                            text=True, timeout=60)
@@ -235,3 +280,4 @@ class ShellTest(DaemonTestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
