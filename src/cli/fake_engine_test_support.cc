@@ -474,7 +474,6 @@ nlohmann::json Engine::prune(bool dry_run) {
   return {{"dry_run", dry_run}, {"freed_bytes", 0}, {"removed", nlohmann::json::array()}};
 }
 std::vector<std::string> Engine::image_users(const std::string&) { return {}; }
-void Engine::add_image_user_source(ImageUserSource) {}
 nlohmann::json Engine::stats(const std::string& id) {
   auto info = get(id);
   return {{"id", id},           {"state", to_string(info.state)}, {"cpu_seconds", 0.0},

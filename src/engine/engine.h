@@ -492,10 +492,6 @@ class Engine {
   // (allocated bytes of its overlay), "net_rx_bytes", "net_tx_bytes" (its
   // network flows), "age_s"}. Error(not_found) for an unknown id.
   nlohmann::json stats(const std::string& id);
-  // Hook for other holders of images (snapshots): returns "snapshot:ID"-like
-  // names of what uses image `name`; remove_image refuses while any does.
-  using ImageUserSource = std::function<std::vector<std::string>(const std::string& image)>;
-  void add_image_user_source(ImageUserSource source);
 
  private:
   SandboxInfo create_counted(const SandboxSpec& spec);  // create() without the metrics

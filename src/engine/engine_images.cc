@@ -1,8 +1,8 @@
 // Image management (docs/design.md, "Images: import and management"):
 // list with users, inspect, import (OCI / docker save), remove (refused while
 // used), disk usage, prune. Who uses an image: live sandboxes (pool members
-// show as "pool:<id>"), templates, and whatever add_image_user_source()
-// reports (snapshots).
+// show as "pool:<id>"), templates and snapshots (a snapshot's layer chain
+// ends on the image's root filesystem or on a template disk of it).
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -52,11 +52,6 @@ std::string qcow2_backing(const fs::path& disk) {
 
 }  // namespace
 
-void Engine::add_image_user_source(ImageUserSource source) {
-  std::lock_guard lock(impl_->image_users_mu);
-  impl_->image_user_sources.push_back(std::move(source));
-}
-
 std::vector<std::string> Engine::image_users(const std::string& name) {
   std::vector<std::string> who;
   for (const auto& sb : list({}, true)) {
@@ -68,13 +63,10 @@ std::vector<std::string> Engine::image_users(const std::string& name) {
     for (const auto& t : impl_->templates->list())
       if (t.image == name) who.push_back("template:" + t.key);
   }
-  std::vector<ImageUserSource> sources;
-  {
-    std::lock_guard lock(impl_->image_users_mu);
-    sources = impl_->image_user_sources;
+  if (impl_->snaps) {
+    for (const auto& s : impl_->snaps->list())
+      if (s.image == name) who.push_back("snapshot:" + s.name);
   }
-  for (const auto& s : sources)
-    for (auto& w : s(name)) who.push_back(std::move(w));
   return who;
 }
 
@@ -165,6 +157,10 @@ nlohmann::json Engine::prune(bool dry_run) {
   };
   for (const auto& sb : list({}, true))
     if (!is_terminal(sb.state)) note(impl.sandbox_dir(sb.id) / "disk.qcow2");
+  // A snapshot's layer is backed by its parent's layer, its own base.qcow2
+  // (a clone's frozen template disk) or an image version: that version stays.
+  if (impl.snaps)
+    for (const auto& s : impl.snaps->list()) note(s.layer());
   nlohmann::json removed = nlohmann::json::array();
   uint64_t freed = 0;
   // Templates no live sandbox was cloned from (a clone's overlay is backed

@@ -183,9 +183,6 @@ struct Engine::Impl {
   // Templates (engine_templates.cc). One build per key at a time: creates
   // of the same shape wait for it and then clone.
   std::optional<templates::TemplateStore> templates;
-  // Engine::add_image_user_source (engine_images.cc).
-  std::mutex image_users_mu;
-  std::vector<Engine::ImageUserSource> image_user_sources;
   std::mutex tpl_mu;
   std::map<std::string, std::shared_ptr<std::mutex>> tpl_building;
   // Sealed memfd copies of template RAM files that clones map (one per

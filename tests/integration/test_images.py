@@ -171,6 +171,24 @@ class ImageTest(DaemonTestCase):
         df = self.api.call("GET", "/v1/df")["bytes"]
         self.assertGreater(df["images"], 0)
         self.assertEqual(df["total"], sum(v for k, v in df.items() if k != "total"))
+
+        # A snapshot's layers end on the image: it holds the image after its
+        # sandbox is gone (rm names it, prune keeps the version it is backed by).
+        sb = self.api.create(image="app")["id"]
+        try:
+            self.api.call("POST", f"/v1/sandboxes/{sb}/snapshots", {"name": "app-base"})
+        finally:
+            self.api.delete(sb)
+        try:
+            with self.assertRaises(ApiError) as e:
+                self.api.call("DELETE", "/v1/images/app")
+            self.assertEqual(e.exception.status, 409)
+            self.assertIn("snapshot:app-base", e.exception.body["error"]["message"])
+            self.assertIn("snapshot:app-base", self.api.call("GET", "/v1/images/app")["used_by"])
+            removed = self.api.call("POST", "/v1/prune")["removed"]
+            self.assertEqual([r for r in removed if r.startswith("image:")], [], removed)
+        finally:
+            self.api.call("DELETE", "/v1/snapshots/app-base")
         self.api.call("DELETE", "/v1/images/app")
         with self.assertRaises(ApiError) as e:
             self.api.call("GET", "/v1/images/app")
