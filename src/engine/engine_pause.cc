@@ -62,8 +62,9 @@ void Engine::Impl::kill_foreground_execs(Live& sb, std::chrono::milliseconds wai
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  // Not reported in time: closing the channel ends those calls (typed), and
-  // the guest kills their trees when the resumed VM hears the next hello.
+  // Not reported in time: closing the channel ends those calls (typed). A
+  // detachable exec the SIGKILL did not end is parked by the guest (not
+  // killed) and continues after resume, re-attachable by its exec_id.
   spdlog::warn("sandbox {}: execs did not end within {} ms of SIGKILL before pause", sb.id(),
                wait.count());
 }
@@ -79,8 +80,8 @@ void Engine::Impl::pause_locked(Live& sb, const std::string& reason) {
   ::chmod(dir.parent_path().c_str(), 0700);
   ::chmod(dir.c_str(), 0700);
   // A foreground exec does not survive a pause (docs/design.md): its
-  // stream cannot outlive this channel, and the guest ends a stream's
-  // process tree when a new host says hello. So it is ended here, before
+  // stream cannot outlive this channel (the guest aborts a pty exec, and
+  // parks a detachable one, when the host goes). So it is ended here, before
   // the save, where it is seen: SIGKILL, then wait for its call to return
   // (exec() turns the result into the typed conflict "paused during the
   // call"). Background execs are the guest's jobs: frozen and continued.
