@@ -519,6 +519,9 @@ nlohmann::json Engine::get_snapshot(const std::string& name) {
   throw Error(Errc::not_found, "no snapshot " + name, "name");
 }
 void Engine::delete_snapshot(const std::string& name) { get_snapshot(name); }
+nlohmann::json Engine::save_snapshot_image(const std::string& snapshot, const std::string&) {
+  return get_snapshot(snapshot);
+}
 std::vector<SandboxInfo> Engine::fork(const std::string&, int) { unsupported("fork"); }
 
 // The fake's sandboxes by state; the real families are tested against the

@@ -185,6 +185,10 @@ void add_image_commands(CLI::App& app, CLI::App& image, ImageCommands& c) {
       ->add_option("archive", c.file, "docker save tarball, OCI layout tar or OCI layout directory")
       ->required();
   c.import->add_flag("--replace", c.replace, "replace an existing image of that name");
+  c.save = image.add_subcommand(
+      "save", "make a snapshot's disk an image (install in a sandbox, snapshot, save)");
+  c.save->add_option("snapshot", c.snapshot, "snapshot name")->required();
+  c.save->add_option("name", c.name, "new image name")->required();
   c.ls = image.add_subcommand("ls", "list images: size, layers, created, used by");
   c.ls->add_flag("--json", c.json, "print JSON");
   c.rm = image.add_subcommand("rm", "remove an image nothing uses");
@@ -236,6 +240,16 @@ bool run_image_command(const ImageCommands& c, const std::function<Client()>& co
     double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     std::printf("%s: %d layers, %s, from %s, in %.1f s\n", j.value("name", "?").c_str(),
                 j.value("layers", 0), human_size(j.value("size_bytes", uint64_t(0))).c_str(),
+                j.value("source", "?").c_str(), s);
+    return true;
+  }
+  if (c.save->parsed()) {
+    auto start = std::chrono::steady_clock::now();
+    json j =
+        connect().call("POST", "/v1/snapshots/" + c.snapshot + "/image", json{{"name", c.name}});
+    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    std::printf("%s: %s, from %s, in %.1f s\n", j.value("name", "?").c_str(),
+                human_size(j.value("size_bytes", uint64_t(0))).c_str(),
                 j.value("source", "?").c_str(), s);
     return true;
   }

@@ -1,4 +1,4 @@
-// `airlock image import|ls|rm|inspect`, `airlock df`, `airlock prune` (the
+// `airlock image import|save|ls|rm|inspect`, `airlock df`, `airlock prune` (the
 // image routes of airlockd, unix socket) and `airlock top` (a live view of
 // the sandboxes with their stats, GET /v1/sandboxes?stats=true).
 #pragma once
@@ -13,13 +13,14 @@ namespace airlock::cli {
 
 struct ImageCommands {
   CLI::App* import = nullptr;
+  CLI::App* save = nullptr;  // image save SNAPSHOT NAME
   CLI::App* ls = nullptr;
   CLI::App* rm = nullptr;
   CLI::App* inspect = nullptr;
   CLI::App* df = nullptr;
   CLI::App* prune = nullptr;
   CLI::App* top = nullptr;
-  std::string name, file, sort = "cpu";
+  std::string name, file, snapshot, sort = "cpu";
   bool replace = false, dry_run = false, json = false, once = false;
   double interval = 2.0;
 };

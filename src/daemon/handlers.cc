@@ -673,6 +673,7 @@ void dispatch(engine::Engine& engine, Exchange& ex, const Caller& caller) {
     case Route::list_snapshots:
     case Route::get_snapshot:
     case Route::delete_snapshot:
+    case Route::save_snapshot_image:
     case Route::fork:
       return;
   }

@@ -1,6 +1,7 @@
 // Pause, resume, snapshots and fork (issue 12): POST
 // /v1/sandboxes/{id}/pause|resume|snapshots|fork, GET /v1/snapshots,
-// GET|DELETE /v1/snapshots/{id}. Snapshots are the host's (operator) business
+// GET|DELETE /v1/snapshots/{id}, POST /v1/snapshots/{id}/image (image
+// save). Snapshots are the host's (operator) business
 // like the pool: a tenant sees those routes as absent; pause and resume of
 // its own sandboxes it may use.
 #include "daemon/handlers.h"
@@ -29,7 +30,7 @@ json sandbox_view(const engine::SandboxInfo& info) {
 bool is_snapshot_route(Route r) {
   return r == Route::pause || r == Route::resume || r == Route::create_snapshot ||
          r == Route::list_snapshots || r == Route::get_snapshot || r == Route::delete_snapshot ||
-         r == Route::fork;
+         r == Route::fork || r == Route::save_snapshot_image;
 }
 
 bool snapshot_route_operator_only(Route r) { return r != Route::pause && r != Route::resume; }
@@ -75,6 +76,15 @@ void handle_snapshot_route(engine::Engine& engine, Exchange& ex, const RouteMatc
       engine.delete_snapshot(m.id);
       ex.send_empty(204);
       return;
+    case Route::save_snapshot_image: {
+      json req = parse_object(ex.read_body(kMaxJsonBody));
+      for (auto& [k, v] : req.items())
+        if (k != "name") throw Error(Errc::invalid_argument, "unknown field '" + k + "'", k);
+      if (!req.contains("name") || !req["name"].is_string())
+        throw Error(Errc::invalid_argument, "name is required (the new image's name)", "name");
+      ex.send_json(201, engine.save_snapshot_image(m.id, req["name"].get<std::string>()));
+      return;
+    }
     case Route::fork: {
       json req = parse_object(ex.read_body(kMaxJsonBody));
       for (auto& [k, v] : req.items())

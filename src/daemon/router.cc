@@ -88,6 +88,7 @@ const std::vector<RouteSpec>& routes() {
       {"GET", "/v1/snapshots", Route::list_snapshots},
       {"GET", "/v1/snapshots/{id}", Route::get_snapshot},
       {"DELETE", "/v1/snapshots/{id}", Route::delete_snapshot},
+      {"POST", "/v1/snapshots/{id}/image", Route::save_snapshot_image},
       {"GET", "/v1/images", Route::list_images},
       {"GET", "/v1/images/{id}", Route::get_image},
       {"DELETE", "/v1/images/{id}", Route::delete_image},

@@ -32,7 +32,7 @@ enum class Route {
   list_files,
   stat_file,
   make_dir,
-  move_file,  // rename in the guest (POST .../files/move)
+  move_file,    // rename in the guest (POST .../files/move)
   watch_files,  // NDJSON stream of changes under a directory
   logs,
   journal_verify,  // the journal's hash chain checked (handlers_journal.cc)
@@ -63,14 +63,15 @@ enum class Route {
   list_snapshots,
   get_snapshot,  // {id} is the snapshot's name
   delete_snapshot,
+  save_snapshot_image,  // POST /v1/snapshots/{id}/image {name}: `airlock image save`
   fork,
   // Images (handlers_images.cc): operator only.
   list_images,
   get_image,
   delete_image,
-  import_image,  // POST /v1/images/{id}/import, body: docker save / OCI layout tar
-  disk_usage,    // GET /v1/df
-  prune,         // POST /v1/prune
+  import_image,   // POST /v1/images/{id}/import, body: docker save / OCI layout tar
+  disk_usage,     // GET /v1/df
+  prune,          // POST /v1/prune
   sandbox_stats,  // GET /v1/sandboxes/{id}/stats
 };
 

@@ -453,6 +453,14 @@ class Engine {
   nlohmann::json get_snapshot(const std::string& name);
   // conflict naming the sandboxes and snapshots that use it.
   void delete_snapshot(const std::string& name);
+  // `airlock image save`: snapshot `snapshot`'s disk (its whole layer chain,
+  // flattened) becomes the installed image `name`, with the exec defaults
+  // of the snapshot's image (config.base names that image). The snapshot is
+  // verified first and held (not deletable) meanwhile. not_found field
+  // "snapshot"; conflict if image `name` exists or is a built-in recipe;
+  // unavailable if the snapshot is damaged or the host's disk is full
+  // (nothing of the image is left). Returns the image's JSON.
+  nlohmann::json save_snapshot_image(const std::string& snapshot, const std::string& name);
   // `count` (1..16) new running sandboxes continuing from `id`'s memory and
   // disk now (copy-on-write), each with its own identity; `id` keeps
   // running after a short stop. All or nothing.

@@ -290,6 +290,86 @@ void Engine::delete_snapshot(const std::string& name) {
   impl.snaps->remove(name);
 }
 
+nlohmann::json Engine::save_snapshot_image(const std::string& snapshot, const std::string& name) {
+  auto& impl = *impl_;
+  snapshots::check_name(snapshot, "snapshot");
+  std::optional<snapshots::Snapshot> snap;
+  {
+    std::lock_guard lock(impl.snap_mu);
+    snap = impl.snaps->find(snapshot);
+    if (!snap) throw Error(Errc::not_found, "no snapshot '" + snapshot + "'", "snapshot");
+    ++impl.snap_restoring[snap->name];  // not deletable while it is read
+  }
+  ScopeGuard release([&] {
+    std::lock_guard lock(impl.snap_mu);
+    if (--impl.snap_restoring[snap->name] == 0) impl.snap_restoring.erase(snap->name);
+  });
+  std::optional<storage::Image> existing;
+  try {
+    existing = impl.images.find(name);
+  } catch (const Error&) {
+    // A bad name: install() below names it.
+  }
+  if (existing)
+    throw Error(Errc::conflict, "image '" + name + "' already exists (remove it first)", "name");
+  impl.snaps->verify(*snap);  // size + SHA-256 of every layer, parents too
+
+  // qemu-img follows the layer's backing chain: only files airlock itself
+  // keeps (snapshots, templates, images) may be in it.
+  auto chain = vmm::qcow2_chain(snap->layer());
+  auto inside = [](const fs::path& f, const fs::path& root) {
+    auto rel = f.lexically_normal().lexically_relative(root.lexically_normal());
+    return !rel.empty() && *rel.begin() != "..";
+  };
+  for (const auto& f : chain) {
+    bool ours = inside(f, impl.snaps->root()) || inside(f, impl.images.dir()) ||
+                (impl.templates && inside(f, impl.templates->root()));
+    if (!ours)
+      throw Error(Errc::unavailable, "snapshot '" + snapshot + "' has a layer backed by " +
+                                         f.string() + ", outside airlock's own directories");
+  }
+  storage::ImageConfig config;
+  try {
+    if (auto base = impl.images.find(snap->image)) config = base->config;
+  } catch (const Error&) {
+    // Its image is gone (the snapshot holds the files): no exec defaults.
+  }
+  config.base = snap->image;
+
+  // Staged under the image directory (a leftover of a crash is pruned as
+  // ".tmp-import-*"); install() moves the flattened rootfs into place.
+  fs::path tmp = impl.images.dir() / random_id(".tmp-import-save-");
+  std::error_code ec;
+  fs::create_directories(tmp, ec);
+  if (ec) throw Error(Errc::internal, "cannot create " + tmp.string() + ": " + ec.message());
+  ScopeGuard drop([&] {
+    std::error_code e;
+    fs::remove_all(tmp, e);
+  });
+  fs::path rootfs = tmp / "rootfs.ext4";
+  uint64_t virtual_size = 0;
+  vmm::qcow2_chain(snap->layer(), &virtual_size);
+  if (free_bytes(tmp) < virtual_size / 4)
+    rethrow_if_disk_full(tmp, rootfs.string(), virtual_size / 4);
+  SubprocessOptions o;
+  o.timeout = std::chrono::minutes(10);
+  // Sparse raw output: only the blocks the filesystem uses take space.
+  auto r = run_command({"qemu-img", "convert", "-f", "qcow2", "-O", "raw", "-S", "4k",
+                        snap->layer().string(), rootfs.string()},
+                       o);
+  if (!r.ok()) {
+    rethrow_if_disk_full(tmp, rootfs.string(), 0);
+    throw Error(Errc::internal,
+                "qemu-img convert of snapshot '" + snapshot + "' failed: " + r.describe());
+  }
+  auto img = impl.images.install(
+      name, rootfs, config,
+      {.source = "snapshot:" + snapshot, .layers = static_cast<int>(chain.size())});
+  auto j = storage::to_json(img);
+  j["used_by"] = nlohmann::json::array();
+  return j;
+}
+
 std::vector<SandboxInfo> Engine::fork(const std::string& id, int count) {
   auto& impl = *impl_;
   if (count < 1 || count > 16)

@@ -13,6 +13,7 @@ import threading
 import time
 import unittest
 
+import harness
 from harness import ApiError, DaemonTestCase
 
 # Appends 1, 2, 3, ... to /root/counts, one line every 0.2 s, forever; its
@@ -163,6 +164,12 @@ class SnapshotTest(DaemonTestCase):
         cls.api.put_file(cls.src, "/root/installed", b"custom environment\n")
         start_counter(cls.api, cls.src)
 
+    def remove_image_quietly(self, name):
+        try:
+            self.api.call("DELETE", f"/v1/images/{name}")
+        except ApiError:
+            pass
+
     def snap(self, name, memory=False, sid=None):
         return self.api.call("POST", f"/v1/sandboxes/{sid or self.src}/snapshots",
                              {"name": name, "memory": memory})
@@ -197,7 +204,32 @@ class SnapshotTest(DaemonTestCase):
         self.assertEqual(ctx.exception.status, 409)
         self.assertIn(new["id"], ctx.exception.message)
         self.api.delete(new["id"])
+
+        # `airlock image save`: the snapshot's disk becomes a named image that
+        # no longer needs the snapshot.
+        self.addCleanup(self.remove_image_quietly, "env1-img")  # the image dir is shared
+        env = dict(os.environ, AIRLOCK_SOCKET=self.sock, AIRLOCK_DATA_DIR=self.data_dir)
+        r = subprocess.run([os.path.join(harness.BIN, "airlock"), "image", "save", "env1", "env1-img"],
+                           env=env, capture_output=True, text=True, timeout=600)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("env1-img", r.stdout)
+        img = self.api.call("GET", "/v1/images/env1-img")
+        self.assertEqual((img["kind"], img["source"]), ("installed", "snapshot:env1"))
+        self.assertEqual(img["config"]["base"], "minimal")
+        for body, status, field in [({"name": "env1-img"}, 409, "name"), ({}, 400, "name")]:
+            with self.assertRaises(ApiError) as ctx:
+                self.api.call("POST", "/v1/snapshots/env1/image", body)
+            self.assertEqual((ctx.exception.status, ctx.exception.field), (status, field))
+        with self.assertRaises(ApiError) as ctx:
+            self.api.call("POST", "/v1/snapshots/no-such/image", {"name": "x-img"})
+        self.assertEqual((ctx.exception.status, ctx.exception.field), (404, "snapshot"))
         self.api.call("DELETE", "/v1/snapshots/env1")
+        sid = self.api.create(image="env1-img")["id"]
+        try:
+            self.assertEqual(self.api.get_file(sid, "/root/installed"), b"custom environment\n")
+        finally:
+            self.api.delete(sid)
+        self.api.call("DELETE", "/v1/images/env1-img")
         with self.assertRaises(ApiError) as ctx:
             self.api.call("GET", "/v1/snapshots/env1")
         self.assertEqual(ctx.exception.status, 404)
