@@ -463,6 +463,10 @@ nlohmann::json Engine::set_pool(const std::string&, int, const nlohmann::json&) 
   unsupported("warm pool");
 }
 nlohmann::json Engine::pool_info() { return nlohmann::json::array(); }
+nlohmann::json Engine::build_recipe(const recipes::BuildRequest&,
+                                    const std::function<bool(const nlohmann::json&)>&) {
+  unsupported("image recipes");
+}
 
 // The fake's sandboxes by state; the real families are tested against the
 // real engine (tests/integration/test_metrics.py).

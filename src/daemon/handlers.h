@@ -41,4 +41,8 @@ void handle(engine::Engine& engine, Exchange& ex, const Caller& caller);
 void handle_auth_route(engine::Engine& engine, Exchange& ex, const Caller& caller,
                        const RouteMatch& m);
 
+// POST /v1/images/build (handlers_recipes.cc): operator only (checked by
+// the caller); the recipe's progress as NDJSON.
+void handle_build_image(engine::Engine& engine, Exchange& ex);
+
 }  // namespace airlock::daemon

@@ -81,6 +81,7 @@ const std::vector<RouteSpec>& routes() {
       {"GET", "/metrics", Route::metrics},
       {"GET", "/healthz", Route::healthz},
       {"GET", "/readyz", Route::readyz},
+      {"POST", "/v1/images/build", Route::build_image},
   };
   return table;
 }

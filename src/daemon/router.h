@@ -52,6 +52,7 @@ enum class Route {
   delete_token,
   list_tenants,  // operator only: quotas and usage
   set_tenant,    // operator only: PUT a tenant's quota
+  build_image,   // operator only: an image from a recipe, NDJSON progress (handlers_recipes.cc)
 };
 
 struct RouteSpec {

@@ -361,8 +361,7 @@ Recipe parse_recipe(const std::string& text, const std::string& source_name,
   });
   if (auto* n = doc.get("build")) {
     const auto& t = r.table(*n, "build");
-    r.only(t, "build", {"disk_mb", "memory_mb"});
-    if (auto* d = t.get("disk_mb")) rec.disk_mb = r.integer(*d, "build.disk_mb", 256, 1048576);
+    r.only(t, "build", {"memory_mb"});
     if (auto* m = t.get("memory_mb")) rec.memory_mb = r.integer(*m, "build.memory_mb", 128, 65536);
   }
   // The network: what the recipe names, unless it says otherwise.

@@ -31,6 +31,9 @@
 //   [network]                        # the build sandboxes' egress policy
 //   allow = ["pkgs.example.com"]     # default: hosts of apt sources + pip index
 //   mode = "allowlist"               # or "none" / "open"
+//   [build]
+//   memory_mb = 1024                 # of each build sandbox
+// Steps can use the free space of the base image's filesystem.
 #pragma once
 
 #include <cstdint>
@@ -70,7 +73,6 @@ struct Recipe {
   std::vector<RunSpec> runs;
   std::string network_mode = "allowlist";  // "none" | "allowlist" | "open"
   std::vector<std::string> network_allow;  // resolved default included
-  int disk_mb = 4096;                      // build sandbox disk (overlay size)
   int memory_mb = 1024;                    // build sandbox memory
 };
 

@@ -59,7 +59,6 @@ timeout = 60
 cmd = "echo $$HOME"
 
 [build]
-disk_mb = 2048
 memory_mb = 512
 )";
 
@@ -92,7 +91,6 @@ TEST(Recipe, EveryField) {
   EXPECT_EQ(r.runs[0].line, 32);
   EXPECT_EQ(r.runs[1].cmd, "echo $HOME");  // $$ is a literal $
   EXPECT_EQ(r.runs[1].timeout_s, 1800);
-  EXPECT_EQ(r.disk_mb, 2048);
   EXPECT_EQ(r.memory_mb, 512);
   // The network defaults to the hosts of the package sources the recipe names.
   EXPECT_EQ(r.network_mode, "allowlist");
@@ -206,7 +204,7 @@ TEST(Recipe, BadTypes) {
             "run[0].timeout");
   EXPECT_EQ(error_of("base = \"d\"\n[network]\nmode = \"wide\"\n").first, "network.mode");
   EXPECT_EQ(error_of("base = \"d\"\n[network]\nallow = \"a.test\"\n").first, "network.allow");
-  EXPECT_EQ(error_of("base = \"d\"\n[build]\ndisk_mb = 10\n").first, "build.disk_mb");
+  EXPECT_EQ(error_of("base = \"d\"\n[build]\nmemory_mb = 10\n").first, "build.memory_mb");
   EXPECT_EQ(error_of("base = \"d\"\n[args]\nx = 1\n").first, "args.x");
   EXPECT_EQ(error_of("base = \"d\"\n[args]\n\"a b\" = \"1\"\n").first, "args.a b");
 }
