@@ -334,6 +334,7 @@ void Engine::Impl::recover_one(SandboxRecord rec) {
   }
   const State was = rec.info.state;
   auto sb = std::make_shared<Live>(rec, registry, journal);
+  if (img) sb->image_config = img->config;
   std::string reason, failure;
   nlohmann::json details = nlohmann::json::object();
   auto clean = [&](State state, const std::string& why, const std::string& event,

@@ -305,6 +305,7 @@ std::shared_ptr<Live> Engine::Impl::launch(const SandboxSpec& checked, const sto
   }
   const std::string id = info.id;
   auto sb = std::make_shared<Live>(rec, registry, journal);
+  sb->image_config = img->config;
   // From here every resource (row, reservation, run dir, overlay, helper,
   // VM) is released by this guard on ANY exception, until the commit
   // point: `failed` with the reason, nothing else left.

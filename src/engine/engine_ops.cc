@@ -106,16 +106,21 @@ void validate_exec_extras(const ExecRequest& r) {
 nlohmann::json guest_exec_request(const Live& sb, const ExecRequest& request) {
   std::vector<std::string> argv =
       request.cmd.empty() ? request.argv : std::vector<std::string>{"/bin/sh", "-c", request.cmd};
-  // The sandbox's env is the default; the request's own entries win.
-  std::map<std::string, std::string> env = sb.rec.info.spec.env;
+  // The image's env, then the sandbox's, are defaults; the request's own
+  // entries win. Likewise the image's workdir and user.
+  const storage::ImageConfig& image = sb.image_config;
+  std::map<std::string, std::string> env = image.env;
+  for (const auto& [k, v] : sb.rec.info.spec.env) env[k] = v;
   for (const auto& [k, v] : request.env) env[k] = v;
   nlohmann::json req{{"env", env}};
   // A pty exec without a command gets the user's login shell, in the
   // user's home (the guest's defaults).
   if (!argv.empty()) req["argv"] = argv;
-  if (!request.cwd.empty() || !request.pty) req["cwd"] = request.cwd.empty() ? "/" : request.cwd;
+  std::string cwd = request.cwd.empty() ? image.workdir : request.cwd;
+  if (!cwd.empty() || !request.pty) req["cwd"] = cwd.empty() ? "/" : cwd;
   if (request.pty) req["pty"] = {{"cols", request.pty->cols}, {"rows", request.pty->rows}};
-  if (!request.user.empty()) req["user"] = request.user;
+  std::string user = request.user.empty() ? image.user : request.user;
+  if (!user.empty()) req["user"] = user;
   if (request.timeout_s > 0) req["timeout_ms"] = static_cast<int64_t>(request.timeout_s * 1000);
   nlohmann::json limits = nlohmann::json::object();
   if (request.limits.pids) limits["pids"] = request.limits.pids;

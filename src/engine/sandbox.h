@@ -124,6 +124,9 @@ class Sandbox {
   // Set at creation and never changed: whether the VM has a NIC (mode
   // "none" cannot be changed into another mode, nor back).
   bool networked = false;
+  // The image's exec defaults (env, workdir, user; storage::ImageConfig),
+  // set at create and recover; the exec request's own values win.
+  storage::ImageConfig image_config;
   // Written only before the sandbox is shared (create/recover) or under
   // `mu`; the state field inside is not used (state() is).
   SandboxRecord rec;

@@ -38,6 +38,13 @@ namespace {
 
 constexpr size_t kMaxSteps = 14;
 
+// Guest output as valid UTF-8 (invalid bytes become U+FFFD): it goes into
+// JSON events and error messages.
+std::string utf8(const std::string& s) {
+  return json::parse(json(s).dump(-1, ' ', false, json::error_handler_t::replace))
+      .get<std::string>();
+}
+
 double since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
@@ -175,7 +182,7 @@ void run_step(StepRun& r, const Step& step, size_t i, size_t count, const fs::pa
                        tail.append(b);
                        if (tail.size() > 8192) tail.erase(0, tail.size() - 8192);
                        if (show)
-                         r.events({{"type", "output"}, {"index", i}, {"data", std::string(b)}});
+                         r.events({{"type", "output"}, {"index", i}, {"data", utf8(std::string(b))}});
                        return !r.events.gone();
                      }});
   };
@@ -188,14 +195,14 @@ void run_step(StepRun& r, const Step& step, size_t i, size_t count, const fs::pa
                                         : "ended (" + res.reason + ")";
       throw Error(Errc::invalid_argument,
                   "step " + std::to_string(i + 1) + "/" + std::to_string(count) + " (" +
-                      step.title + ") " + how + "; its output ended with:\n" + tail,
+                      step.title + ") " + how + "; its output ended with:\n" + utf8(tail),
                   field);
     }
   }
   tail.clear();
   engine::ExecResult fr = exec(kFreeze, 120, false);
   if (fr.exit_code != std::optional<int>(0))
-    throw Error(Errc::internal, "could not sync the build sandbox's disk: " + tail);
+    throw Error(Errc::internal, "could not sync the build sandbox's disk: " + utf8(tail));
   // Keep the overlay: a hard link when the data and image dirs share a
   // filesystem, else a sparse copy (the backing path inside is absolute).
   fs::path tmp = layer.string() + ".tmp-" + sb.id;
