@@ -343,10 +343,15 @@ int main_impl(int argc, char** argv) {
   auto* image = app.add_subcommand("image", "guest images");
   image->require_subcommand(1);
   auto* image_build = image->add_subcommand("build", "build an image (if its inputs changed)");
-  image_build->add_option("name", image_name, "built-in recipe (minimal, debian), or with -f the new image's name")->required();
+  image_build
+      ->add_option("name", image_name,
+                   "built-in recipe (minimal, debian), or with -f the new image's name")
+      ->required();
   RecipeBuild recipe_build;
-  image_build->add_option("-f,--file", recipe_build.file, "build NAME from this recipe (airlock.toml) in build sandboxes");
-  image_build->add_option("--arg", recipe_build.args, "NAME=VALUE: a value for the recipe's [args]");
+  image_build->add_option("-f,--file", recipe_build.file,
+                          "build NAME from this recipe (airlock.toml) in build sandboxes");
+  image_build->add_option("--arg", recipe_build.args,
+                          "NAME=VALUE: a value for the recipe's [args]");
   image_build->add_flag("--json", json_out, "with -f: print the build's events as JSON lines");
   auto* image_ls = image->add_subcommand("ls", "list built images");
 

@@ -178,13 +178,13 @@ void run_step(StepRun& r, const Step& step, size_t i, size_t count, const fs::pa
     req.cwd = "/";
     req.timeout_s = timeout_s;
     return r.engine.exec(
-        sb.id, req, {.on_start = {}, .on_output = [&](int, std::string_view b) {
-                       tail.append(b);
-                       if (tail.size() > 8192) tail.erase(0, tail.size() - 8192);
-                       if (show)
-                         r.events({{"type", "output"}, {"index", i}, {"data", utf8(std::string(b))}});
-                       return !r.events.gone();
-                     }});
+        sb.id, req,
+        {.on_start = {}, .on_output = [&](int, std::string_view b) {
+           tail.append(b);
+           if (tail.size() > 8192) tail.erase(0, tail.size() - 8192);
+           if (show) r.events({{"type", "output"}, {"index", i}, {"data", utf8(std::string(b))}});
+           return !r.events.gone();
+         }});
   };
   if (!step.script.empty()) {
     engine::ExecResult res = exec(step.script, step.timeout_s, true);
