@@ -409,6 +409,39 @@ uint64_t Client::upload(const std::string& id, const std::string& path, uint32_t
   return j.is_object() ? j.value("bytes", uint64_t(0)) : 0;
 }
 
+json Client::post_stream(const std::string& target, int fd) const {
+  Conn c(socket_);
+  http::request<http::empty_body> req{http::verb::post, target, 11};
+  req.set(http::field::host, "localhost");
+  if (!c.token.empty()) req.set(http::field::authorization, "Bearer " + c.token);
+  req.set(http::field::content_type, "application/x-tar");
+  req.keep_alive(false);
+  req.chunked(true);
+  http::request_serializer<http::empty_body> sr{req};
+  beast::error_code ec;
+  http::write_header(c.sock, sr, ec);
+  std::string buf(256 * 1024, '\0');
+  while (!ec) {
+    ssize_t n = ::read(fd, buf.data(), buf.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) throw_errno("reading the upload source");
+    if (n == 0) {
+      net::write(c.sock, http::make_chunk_last(), ec);
+      break;
+    }
+    net::write(c.sock, http::make_chunk(net::buffer(buf.data(), size_t(n))), ec);
+  }
+  http::response<http::string_body> res;
+  try {
+    res = c.read_all();
+  } catch (const Error&) {
+    if (ec) throw Error(Errc::unavailable, "upload to airlockd failed: " + ec.message());
+    throw;
+  }
+  if (res.result_int() < 200 || res.result_int() >= 300) throw_answer(res.result_int(), res.body());
+  return json::parse(res.body(), nullptr, false);
+}
+
 struct StdinSender::Impl {
   std::filesystem::path socket;
   std::string target;

@@ -65,6 +65,9 @@ class Client {
   // PUT /v1/sandboxes/{id}/files: streams `fd` (to EOF) as a chunked body.
   // Returns the bytes the daemon wrote.
   uint64_t upload(const std::string& id, const std::string& path, uint32_t mode, int fd) const;
+  // POST `target` with the bytes of `fd` as a chunked body (image import);
+  // returns the JSON answer, throws Error for an error answer.
+  nlohmann::json post_stream(const std::string& target, int fd) const;
 
   // GET /v1/sandboxes/{id}/files: streams the file into `fd`. Throws Error if
   // the download is truncated. Returns the bytes written.

@@ -58,6 +58,22 @@ class FakeVm final : public VmHandle {
   uint64_t save_state(const fs::path&, std::chrono::milliseconds) override {
     throw Error(Errc::unavailable, "the fake launcher cannot save a VM's state");
   }
+  // The fake cannot copy processes: a "saved" fake VM is a marker file, and
+  // a restore starts a fresh agent (fake tests check the state machine, not
+  // that processes survive; the integration suite does that with QEMU).
+  uint64_t save_memory(const fs::path& path, std::chrono::milliseconds) override {
+    if (launcher_.before_save) launcher_.before_save(path);
+    std::ofstream out(path, std::ios::binary);
+    out << "fake vm state of " << run_dir_.string() << "\n";
+    out.close();
+    if (!out) throw Error(Errc::internal, "cannot write " + path.string());
+    ::kill(pid_, SIGSTOP);
+    std::error_code ec;
+    return fs::file_size(path, ec);
+  }
+  void stop_cpus() override { ::kill(pid_, SIGSTOP); }
+  void resume_cpus() override { ::kill(pid_, SIGCONT); }
+  std::string ram_block() const override { return {}; }
   void kill() override {
     if (killed_) return;
     if (alive_with_arg(pid_, run_dir_.string())) kill_process_tree(pid_);

@@ -165,7 +165,8 @@ class Applier {
       uint64_t size = archive_entry_size_is_set(e) ? archive_entry_size(e) : 0;
       if (size > budget)
         bad(what + " declares " + std::to_string(size) + " bytes, more than the layer may hold (" +
-            std::to_string(budget) + ")");
+            std::to_string(budget) + " for a blob of " + std::to_string(blob_size) +
+            " bytes): refused as a decompression bomb");
       entry(a.get(), e, name, what);
       uint64_t expanded = static_cast<uint64_t>(archive_filter_bytes(a.get(), 0));
       if (expanded > budget)
