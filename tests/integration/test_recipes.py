@@ -17,6 +17,7 @@ debian image into AIRLOCK_IMAGE_DIR if it is not there.
 
 import json
 import os
+import pty
 import re
 import shutil
 import subprocess
@@ -31,6 +32,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "workloads"))
 import harness  # noqa: E402
 from harness import BIN, IMAGE_DIR, ApiError, DaemonTestCase  # noqa: E402
 import little_repos as lr  # noqa: E402
+import oci_build as ob  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(HERE))
 EXAMPLES = os.path.join(ROOT, "images", "examples")
@@ -73,8 +75,12 @@ class RecipeTest(DaemonTestCase):
                            capture_output=True, timeout=1800)
             cls.images = tempfile.mkdtemp(prefix="rc-images-", dir=os.path.dirname(os.path.abspath(IMAGE_DIR)))
             os.chmod(cls.images, 0o755)
-            for d in ("debian", "cache"):
-                subprocess.run(["cp", "-al", os.path.join(IMAGE_DIR, d), cls.images], check=True)
+            os.makedirs(os.path.join(cls.images, "cache"))
+            subprocess.run(["cp", "-al", os.path.join(IMAGE_DIR, "debian"), cls.images], check=True)
+            for d in ("kernel", "kernel-choice", "rootfs"):  # not cache/layers: ours start empty
+                if os.path.exists(os.path.join(IMAGE_DIR, "cache", d)):
+                    subprocess.run(["cp", "-al", os.path.join(IMAGE_DIR, "cache", d),
+                                    os.path.join(cls.images, "cache")], check=True)
             harness.IMAGE_DIR = cls.images  # the daemon's --image-dir
             cls.net = lr.LittleInternet(cls.served, tag="rc")
             cls.net.start()
@@ -121,6 +127,26 @@ class RecipeTest(DaemonTestCase):
             self.assertEqual(r.returncode, 0, f"build failed:\n{r.stdout}\n{r.stderr}")
         return r.returncode, r.stdout, r.stderr, took
 
+    def build_on_terminal(self, recipe, name):
+        """The build with stdout on a pseudo-terminal; returns what it wrote."""
+        m, sl = pty.openpty()
+        p = subprocess.Popen([os.path.join(BIN, "airlock"), "image", "build", "-f", recipe, name],
+                             stdout=sl, stderr=subprocess.PIPE, env=self.env())
+        os.close(sl)
+        chunks = []
+        while True:
+            try:
+                b = os.read(m, 4096)
+            except OSError:  # EIO: the child closed the terminal
+                break
+            if not b:
+                break
+            chunks.append(b)
+        os.close(m)
+        err = p.stderr.read().decode()
+        self.assertEqual(p.wait(timeout=600), 0, err)
+        return b"".join(chunks).decode(errors="replace")
+
     def summary(self, out):
         """(steps, cached, built) from the last line of a build's output."""
         m = re.search(r": (\d+) steps \((\d+) cached, (\d+) built\)", out)
@@ -128,7 +154,7 @@ class RecipeTest(DaemonTestCase):
         return tuple(int(x) for x in m.groups())
 
     def layers(self):
-        d = os.path.join(self.images, "layers")
+        d = os.path.join(self.images, "cache", "layers")
         return set(f for f in os.listdir(d) if f.endswith(".qcow2")) if os.path.isdir(d) else set()
 
     def sandbox_of(self, image):
@@ -177,6 +203,20 @@ class RecipeTest(DaemonTestCase):
         self.assertEqual(lines[4], "sqlite3 stand-in")  # apt package
         self.assertIn("rows=3 mean=3.00", lines[5])  # made by the run step
         self.assertEqual(lines[-1], "user")  # copied with owner = "user"
+
+        # A recipe image is an installed image like any: listed with its
+        # users, and `image rm` refuses while a sandbox runs it (409 naming it).
+        listed = {i["name"]: i for i in self.api.call("GET", "/v1/images")}
+        self.assertIn(f"sandbox:{sid}", listed["pydata"]["used_by"])
+        self.assertEqual(listed["pydata"]["source"], "recipe:airlock.toml")
+        with self.assertRaises(ApiError) as cm:
+            self.api.call("DELETE", "/v1/images/pydata")
+        self.assertEqual(cm.exception.status, 409)
+        self.assertIn(f"sandbox:{sid}", cm.exception.body["error"]["message"])
+        r = subprocess.run([os.path.join(BIN, "airlock"), "image", "rm", "pydata"], env=self.env(),
+                           capture_output=True, text=True, timeout=60)
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn(f"sandbox:{sid}", r.stderr)
 
         # The same recipe again: every step a cache hit, no sandbox booted.
         rc, out, err, second = self.build(recipe, "pydata")
@@ -238,8 +278,45 @@ class RecipeTest(DaemonTestCase):
         # Only the step that succeeded became a layer; no sandbox remains.
         self.assertEqual(len(self.layers() - before), 1)
         self.no_build_sandboxes_left()
-        self.assertFalse([f for f in os.listdir(os.path.join(self.images, "layers")) if ".tmp-" in f
+        self.assertFalse([f for f in os.listdir(os.path.join(self.images, "cache", "layers")) if ".tmp-" in f
                           or f.startswith(".flat-")])
+
+    def test_5_imported_oci_image_as_base(self):
+        """A recipe on an image imported from an OCI archive (busybox only, no
+        Debian): the step runs on it, and the image keeps the base's Env,
+        WorkingDir and User unless the recipe sets its own."""
+        with open("/bin/busybox", "rb") as f:
+            bb = f.read()
+        applets = ["sh", "awk", "sleep", "sync", "echo", "cat", "id", "pwd", "mkdir", "test", "true"]
+        layer = ob.make_layer([ob.directory("bin"), ob.file("bin/busybox", bb, 0o755)]
+                              + [ob.symlink("bin/" + a, "busybox") for a in applets]
+                              + [ob.directory("etc"),
+                                 ob.file("etc/passwd", b"root:x:0:0:root:/root:/bin/sh\n"
+                                         b"app:x:1000:1000::/app:/bin/sh\n"),
+                                 ob.file("etc/group", b"root:x:0:\napp:x:1000:\n"),
+                                 ob.directory("app", uid=1000, gid=1000)], compress=True)
+        cfg = ob.config(env=["PATH=/bin", "GREETING=from the oci image"], workdir="/app", user="1000")
+        self.api.call("POST", "/v1/images/ocibase/import", ob.oci_archive([layer], cfg), timeout=600)
+        work = tempfile.mkdtemp(prefix="airlock-rc-oci-")
+        self.addCleanup(shutil.rmtree, work, True)
+        recipe = os.path.join(work, "airlock.toml")
+        with open(recipe, "w") as f:
+            f.write('base = "ocibase"\n[env]\nADDED = "by the recipe"\n'
+                    '[[run]]\ncmd = "echo made on $GREETING > /app/made.txt; id -u"\n')
+        # On a terminal: one line per step, rewritten in place (\r) with the
+        # layer's bytes and the elapsed time; the steps' output is not shown.
+        out = self.build_on_terminal(recipe, "onoci")
+        self.assertEqual(self.summary(out), (1, 0, 1), out)
+        self.assertIn("\r[1/1] run echo made on", out)
+        self.assertRegex(out, r"done: [0-9.]+ [KMG]?i?B layer in [0-9]", out)
+        self.assertNotIn("\n0\r\n", out)
+        sid = self.sandbox_of("onoci")
+        o, _, ex = self.sh(sid, "pwd; id -u; echo $GREETING / $ADDED; cat made.txt")
+        self.assertEqual(ex["exit_code"], 0, o)
+        self.assertEqual(o.splitlines(), ["/app", "1000", "from the oci image / by the recipe",
+                                          "made on from the oci image"])
+        info = self.api.call("GET", "/v1/images/onoci")
+        self.assertEqual(info["config"]["base"], "ocibase")
 
     def test_4_bad_recipes_are_refused_naming_key_and_line(self):
         work = tempfile.mkdtemp(prefix="airlock-rc-bad-")

@@ -32,7 +32,9 @@ SubprocessOptions minutes_timeout(int m) {
 using nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
-fs::path layer_dir(const fs::path& image_dir) { return image_dir / "layers"; }
+// Under cache/: not an image name (ImageStore::names_on_disk skips it), and
+// `airlock df` counts it among the layers.
+fs::path layer_dir(const fs::path& image_dir) { return image_dir / "cache" / "layers"; }
 
 namespace {
 

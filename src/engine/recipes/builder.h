@@ -2,7 +2,7 @@
 // recipes"). Each step runs in a real build sandbox booted on the previous
 // step's layer; the sandbox's qcow2 overlay, once the guest has synced and
 // remounted its root read-only, is kept as the step's layer:
-//   <image_dir>/layers/<step key>.qcow2   (backing: the previous layer, or
+//   <image_dir>/cache/layers/<step key>.qcow2   (backing: the previous layer, or
 //                                          the base image's rootfs.ext4)
 // A step whose key has a layer is a cache hit and does not boot anything.
 // The last layer is flattened to a raw ext4 (qemu-img convert) and installed

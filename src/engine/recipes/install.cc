@@ -5,6 +5,7 @@
 #include "common/error.h"
 #include "common/subprocess.h"
 #include "engine/engine.h"
+#include "engine/recipes/builder.h"
 #include "engine/sandbox.h"
 
 namespace airlock::recipes {
@@ -38,7 +39,7 @@ storage::Image install_image(engine::Engine& engine, const fs::path& image_dir,
   // Flattened next to the layers (same filesystem as the image dir, so
   // install can hard-link it), removed whatever happens.
   fs::path tmp =
-      image_dir / "layers" / (".flat-" + key.substr(0, 16) + "-" + std::to_string(::getpid()));
+      layer_dir(image_dir) / (".flat-" + key.substr(0, 16) + "-" + std::to_string(::getpid()));
   std::error_code ec;
   fs::remove_all(tmp, ec);
   fs::create_directories(tmp);
@@ -54,11 +55,13 @@ storage::Image install_image(engine::Engine& engine, const fs::path& image_dir,
                 minutes_timeout(20));
   }
   if (progress) progress(fs::file_size(raw));
-  storage::ImageConfig config;
-  config.env = recipe.env;
-  config.workdir = recipe.workdir;
-  config.user = recipe.user;
-  config.warmup = recipe.warmup;
+  // The base's config is inherited (an imported OCI base keeps its PATH,
+  // WorkingDir, User, Entrypoint/Cmd and labels); the recipe's entries win.
+  storage::ImageConfig config = base.config;
+  for (const auto& [k, v] : recipe.env) config.env[k] = v;
+  if (!recipe.workdir.empty()) config.workdir = recipe.workdir;
+  if (!recipe.user.empty()) config.user = recipe.user;
+  if (!recipe.warmup.empty()) config.warmup = recipe.warmup;
   config.base = base.name;
   config.labels[kKeyLabel] = key;
   return store.install(name, raw, config,
