@@ -144,6 +144,7 @@ class RecipeTest(DaemonTestCase):
             chunks.append(b)
         os.close(m)
         err = p.stderr.read().decode()
+        p.stderr.close()
         self.assertEqual(p.wait(timeout=600), 0, err)
         return b"".join(chunks).decode(errors="replace")
 
@@ -262,13 +263,20 @@ class RecipeTest(DaemonTestCase):
         self.addCleanup(shutil.rmtree, work, True)
         recipe = os.path.join(work, "airlock.toml")
         with open(recipe, "w") as f:
+            # The build's network is the recipe's: only other.example.com
+            # here, so the test's mirror is out of reach of the step.
             f.write('base = "debian"\n[args]\nmirror = "x"\n'
+                    '[network]\nallow = ["other.example.com"]\n'
                     f'[[run]]\ncmd = "echo step one {time.time()} > /one"\n'
-                    '[[run]]\ncmd = "echo visible-output-of-the-failure; exit 3"\n')
+                    "[[run]]\ncmd = \"if timeout 20 bash -c 'echo > /dev/tcp/"
+                    f"{lr.NAME}/{lr.PORT}' 2>/dev/null; then echo mirror-reached; "
+                    "else echo mirror-blocked; fi; echo visible-output-of-the-failure; exit 3\"\n")
         before = self.layers()
         rc, out, err, _ = self.build(recipe, "broken", check=False)
         self.assertEqual(rc, 1, out + err)
         self.assertIn("visible-output-of-the-failure", err)  # in the error, with the tail
+        self.assertIn("mirror-blocked", err)
+        self.assertNotIn("mirror-reached", out + err)
         self.assertIn("step 2/2", err)
         self.assertIn("exit code 3", err)
         self.assertFalse(os.path.exists(os.path.join(self.images, "broken", "current")),
@@ -323,10 +331,10 @@ class RecipeTest(DaemonTestCase):
         self.addCleanup(shutil.rmtree, work, True)
         recipe = os.path.join(work, "airlock.toml")
         with open(recipe, "w") as f:
-            f.write('base = "debian"\n[apt]\npakages = ["jq"]\n')
+            f.write('base = "debian"\n[args]\nmirror = "x"\n[apt]\npakages = ["jq"]\n')
         rc, out, err, _ = self.build(recipe, "bad", check=False)
         self.assertNotEqual(rc, 0)
-        self.assertIn("airlock.toml:3", err)
+        self.assertIn("airlock.toml:5", err)
         self.assertIn("unknown key 'pakages'", err)
         # A copy that leaves the recipe's directory (through a symlink).
         os.symlink("/etc", os.path.join(work, "etc"))
