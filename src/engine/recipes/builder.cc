@@ -22,13 +22,6 @@ namespace airlock::recipes {
 namespace fs = std::filesystem;
 using engine::ScopeGuard;
 
-namespace {
-SubprocessOptions minutes_timeout(int m) {
-  SubprocessOptions o;
-  o.timeout = std::chrono::minutes(m);
-  return o;
-}
-}  // namespace
 using nlohmann::json;
 using Clock = std::chrono::steady_clock;
 

@@ -12,13 +12,11 @@ namespace airlock::recipes {
 namespace fs = std::filesystem;
 using engine::ScopeGuard;
 
-namespace {
 SubprocessOptions minutes_timeout(int m) {
   SubprocessOptions o;
   o.timeout = std::chrono::minutes(m);
   return o;
 }
-}  // namespace
 
 constexpr const char* kKeyLabel = "airlock.recipe.key";
 

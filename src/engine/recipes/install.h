@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "common/subprocess.h"
 #include "engine/recipes/recipe.h"
 #include "engine/storage/image_store.h"
 
@@ -25,6 +26,9 @@ storage::Image install_image(engine::Engine& engine, const std::filesystem::path
                              const std::filesystem::path& top, const Recipe& recipe,
                              const std::string& key, int layers, const std::string& source,
                              const std::function<void(uint64_t bytes)>& progress);
+
+// Options of a host command (cp, qemu-img) that may take `m` minutes.
+SubprocessOptions minutes_timeout(int m);
 
 // The image as the API shows it.
 nlohmann::json image_json(const storage::Image& img);
