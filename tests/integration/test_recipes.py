@@ -323,6 +323,16 @@ class RecipeTest(DaemonTestCase):
         self.assertEqual(ex["exit_code"], 0, o)
         self.assertEqual(o.splitlines(), ["/app", "1000", "from the oci image / by the recipe",
                                           "made on from the oci image"])
+        # The same recipe over the API (NDJSON, checked against the spec): the
+        # step is a cache hit and nothing boots.
+        with open(recipe) as f:
+            body = json.dumps({"name": "onoci", "recipe": f.read(), "source": "airlock.toml"})
+        status, _, data = self.api.raw("POST", "/v1/images/build", body,
+                                       {"Content-Type": "application/json"}, timeout=600)
+        self.assertEqual(status, 200, data)
+        events = [json.loads(line) for line in data.splitlines() if line.strip()]
+        self.assertEqual(events[-1]["type"], "done", events[-1])
+        self.assertEqual((events[-1]["cached"], events[-1]["built"]), (1, 0))
         info = self.api.call("GET", "/v1/images/onoci")
         self.assertEqual(info["config"]["base"], "ocibase")
 
