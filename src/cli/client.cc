@@ -302,9 +302,16 @@ class LineSplitter {
 }  // namespace
 
 void Client::stream_lines(const std::string& target,
-                          const std::function<void(const json&)>& on_event) const {
+                          const std::function<void(const json&)>& on_event,
+                          const json& post_body) const {
   Conn c(socket_);
-  http::request<http::string_body> req{http::verb::get, target, 11};
+  http::request<http::string_body> req{post_body.is_null() ? http::verb::get : http::verb::post,
+                                       target, 11};
+  if (!post_body.is_null()) {
+    req.set(http::field::content_type, "application/json");
+    req.body() = post_body.dump();
+    req.prepare_payload();
+  }
   req.keep_alive(false);
   c.send(req);
   LineSplitter lines([&](std::string_view line) {

@@ -507,6 +507,10 @@ nlohmann::json Engine::set_pool(const std::string&, int, const nlohmann::json&) 
   unsupported("warm pool");
 }
 nlohmann::json Engine::pool_info() { return nlohmann::json::array(); }
+nlohmann::json Engine::build_recipe(const recipes::BuildRequest&,
+                                    const std::function<bool(const nlohmann::json&)>&) {
+  unsupported("image recipes");
+}
 // Pause, resume, snapshots and fork need a VM's state: tested against the
 // real engine (engine_snapshot_fake_test, tests/integration/test_snapshots.py).
 SandboxInfo Engine::pause(const std::string&) { unsupported("pause"); }

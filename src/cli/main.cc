@@ -20,6 +20,7 @@
 #include "cli/journal_cmd.h"
 #include "cli/probe.h"
 #include "cli/pty_client.h"
+#include "cli/recipe_cmd.h"
 #include "cli/spawn.h"
 #include "cli/stdin_pump.h"
 #include "cli/image_cmd.h"
@@ -389,7 +390,16 @@ int main_impl(int argc, char** argv) {
   auto* image = app.add_subcommand("image", "guest images");
   image->require_subcommand(1);
   auto* image_build = image->add_subcommand("build", "build an image (if its inputs changed)");
-  image_build->add_option("name", image_name, "recipe: minimal, debian")->required();
+  image_build
+      ->add_option("name", image_name,
+                   "built-in recipe (minimal, debian), or with -f the new image's name")
+      ->required();
+  RecipeBuild recipe_build;
+  image_build->add_option("-f,--file", recipe_build.file,
+                          "build NAME from this recipe (airlock.toml) in build sandboxes");
+  image_build->add_option("--arg", recipe_build.args,
+                          "NAME=VALUE: a value for the recipe's [args]");
+  image_build->add_flag("--json", json_out, "with -f: print the build's events as JSON lines");
   ImageCommands images;
   add_image_commands(app, *image, images);
 
@@ -760,6 +770,8 @@ int main_impl(int argc, char** argv) {
     return 0;
   }
   if (image_build->parsed()) {
+    if (!recipe_build.file.empty())
+      return run_recipe_build(connect(g), image_name, recipe_build, json_out);
     auto store = image_store(g);
     bool tty = ::isatty(1);
     std::string last;

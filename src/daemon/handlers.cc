@@ -331,6 +331,7 @@ void dispatch(engine::Engine& engine, Exchange& ex, const Caller& caller) {
     case Route::get_pool:
     case Route::set_pool:
     case Route::metrics:
+    case Route::build_image:
       // The host's own business: a tenant sees these routes as absent.
       if (!caller.who.is_operator()) {
         ex.send_error(404, "not_found",
@@ -362,6 +363,10 @@ void dispatch(engine::Engine& engine, Exchange& ex, const Caller& caller) {
     case Route::delete_token:
     case Route::list_tenants:
     case Route::set_tenant:
+      return;
+    case Route::build_image:
+      check_query_keys(q, {});
+      handle_build_image(engine, ex);
       return;
     case Route::info: {
       check_query_keys(q, {});

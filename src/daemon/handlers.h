@@ -63,4 +63,8 @@ bool is_snapshot_route(Route route);
 bool snapshot_route_operator_only(Route route);
 void handle_snapshot_route(engine::Engine& engine, Exchange& ex, const RouteMatch& m);
 
+// POST /v1/images/build (handlers_recipes.cc): operator only (checked by
+// the caller); the recipe's progress as NDJSON.
+void handle_build_image(engine::Engine& engine, Exchange& ex);
+
 }  // namespace airlock::daemon

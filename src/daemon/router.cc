@@ -100,6 +100,7 @@ const std::vector<RouteSpec>& routes() {
       {"GET", "/metrics", Route::metrics},
       {"GET", "/healthz", Route::healthz},
       {"GET", "/readyz", Route::readyz},
+      {"POST", "/v1/images/build", Route::build_image},
   };
   return table;
 }
@@ -107,8 +108,19 @@ const std::vector<RouteSpec>& routes() {
 RouteMatch match_route(std::string_view method, std::string_view path) {
   auto segs = split(path);
   RouteMatch result;
+  // A template without parameters that matches the path wins over the
+  // parameterised ones (POST /v1/images/build is not image "build"; a GET
+  // there is a 405, not GET /v1/images/{id}).
+  bool literal = false;
   for (const auto& spec : routes()) {
     RouteMatch m;
+    if (std::string_view(spec.path).find('{') == std::string::npos &&
+        match_template(segs, spec.path, m))
+      literal = true;
+  }
+  for (const auto& spec : routes()) {
+    RouteMatch m;
+    if (literal && std::string_view(spec.path).find('{') != std::string::npos) continue;
     if (!match_template(segs, spec.path, m)) continue;
     if (method == spec.method) {
       m.status = RouteStatus::ok;

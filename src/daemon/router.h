@@ -73,6 +73,7 @@ enum class Route {
   disk_usage,     // GET /v1/df
   prune,          // POST /v1/prune
   sandbox_stats,  // GET /v1/sandboxes/{id}/stats
+  build_image,   // operator only: an image from a recipe, NDJSON progress (handlers_recipes.cc)
 };
 
 struct RouteSpec {

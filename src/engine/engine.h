@@ -31,6 +31,9 @@
 namespace airlock::metrics {
 class Writer;  // common/metrics/metrics.h
 }
+namespace airlock::recipes {
+struct BuildRequest;  // recipes/builder.h
+}
 
 namespace airlock::engine {
 
@@ -477,6 +480,16 @@ class Engine {
   // once, if it was not).
   nlohmann::json readiness();
   storage::ImageStore& images();
+  // Image recipes (recipes/builder.cc; engine_build.cc): a sandbox booted on
+  // `image` as given, never a clone or a pool member: a build step runs on
+  // the previous step's layer (image.rootfs a *.qcow2 file). Errors as create().
+  SandboxInfo create_on_image(const SandboxSpec& spec, const storage::Image& image);
+  // The qcow2 overlay of a running sandbox (a build step keeps it as a layer).
+  std::filesystem::path disk_path(const std::string& id);
+  // Builds image request.name from a recipe, each step in a build sandbox,
+  // cached as layers (recipes/builder.h: events, result, errors).
+  nlohmann::json build_recipe(const recipes::BuildRequest& request,
+                              const std::function<bool(const nlohmann::json&)>& on_event);
 
   // Images (engine_images.cc; docs/design.md, "Images: import and
   // management"). The operator's business: the daemon serves them only over

@@ -151,7 +151,9 @@ std::optional<Engine::Impl::BootFailure> Engine::Impl::boot_once(Live& sb,
         vc.ram_block = from->ram_block;
       }
     } else {
-      storage::create_overlay(img.rootfs, disk, static_cast<uint64_t>(info.spec.disk_mb));
+      // A build layer (recipes/builder.cc) is a qcow2 file; images are raw.
+      storage::create_overlay(img.rootfs, disk, static_cast<uint64_t>(info.spec.disk_mb),
+                              img.rootfs.extension() == ".qcow2" ? "qcow2" : "raw");
     }
     if (networked) {
       // The helper listens before QEMU starts: QEMU connects its NIC once,

@@ -228,6 +228,10 @@ Image ImageStore::install(const std::string& name, const fs::path& rootfs,
   if (is_recipe(name))
     throw Error(Errc::conflict, "'" + name + "' is a built-in image recipe; choose another name",
                 "name");
+  // GET|DELETE /v1/images/build could not reach it (POST there builds).
+  if (name == "build")
+    throw Error(Errc::invalid_argument, "image name 'build' is reserved (the API's build route)",
+                "name");
   // Round-trip through the checker: a config built in code obeys the same
   // rules as one sent over the API.
   ImageConfig cfg = image_config_from_json(to_json(config));
