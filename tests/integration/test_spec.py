@@ -268,7 +268,8 @@ class SpecStatusesTest(DaemonTestCase):
                 "setNetwork": {"mode": "allowlist"}, "addPort": {"guest_port": 8080},
                 "setTimeout": {"timeout": 5},
                 "moveFile": {"from": "/tmp/a", "to": "/tmp/b"},
-                "createSnapshot": {"name": "probe"}}.get(op["operationId"])
+                "createSnapshot": {"name": "probe"},
+                "saveSnapshotImage": {"name": "probe-img"}}.get(op["operationId"])
 
     def test_bad_query_key_and_bad_id_are_400(self):
         for method, template, op in openapi_check.operations():
