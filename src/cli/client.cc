@@ -368,17 +368,16 @@ json Client::exec(const std::string& id, const json& body,
   return exit_event;
 }
 
-uint64_t Client::upload(const std::string& id, const std::string& path, uint32_t mode,
-                        int fd) const {
-  Conn c(socket_);
-  char mode_text[16];
-  std::snprintf(mode_text, sizeof mode_text, "%04o", mode);
-  http::request<http::empty_body> req{
-      http::verb::put,
-      "/v1/sandboxes/" + id + "/files?path=" + url_encode(path) + "&mode=" + mode_text, 11};
+namespace {
+
+// Streams `fd` to the daemon as the chunked body of `method target` and
+// returns the 2xx answer's JSON (Error from the answer otherwise).
+json send_chunked(Conn& c, http::verb method, const std::string& target,
+                  const std::string& content_type, int fd) {
+  http::request<http::empty_body> req{method, target, 11};
   req.set(http::field::host, "localhost");
   if (!c.token.empty()) req.set(http::field::authorization, "Bearer " + c.token);
-  req.set(http::field::content_type, "application/octet-stream");
+  req.set(http::field::content_type, content_type);
   req.keep_alive(false);
   req.chunked(true);
   http::request_serializer<http::empty_body> sr{req};
@@ -405,41 +404,26 @@ uint64_t Client::upload(const std::string& id, const std::string& path, uint32_t
     throw;
   }
   if (res.result_int() < 200 || res.result_int() >= 300) throw_answer(res.result_int(), res.body());
-  json j = json::parse(res.body(), nullptr, false);
+  return json::parse(res.body(), nullptr, false);
+}
+
+}  // namespace
+
+uint64_t Client::upload(const std::string& id, const std::string& path, uint32_t mode,
+                        int fd) const {
+  Conn c(socket_);
+  char mode_text[16];
+  std::snprintf(mode_text, sizeof mode_text, "%04o", mode);
+  json j =
+      send_chunked(c, http::verb::put,
+                   "/v1/sandboxes/" + id + "/files?path=" + url_encode(path) + "&mode=" + mode_text,
+                   "application/octet-stream", fd);
   return j.is_object() ? j.value("bytes", uint64_t(0)) : 0;
 }
 
 json Client::post_stream(const std::string& target, int fd) const {
   Conn c(socket_);
-  http::request<http::empty_body> req{http::verb::post, target, 11};
-  req.set(http::field::host, "localhost");
-  if (!c.token.empty()) req.set(http::field::authorization, "Bearer " + c.token);
-  req.set(http::field::content_type, "application/x-tar");
-  req.keep_alive(false);
-  req.chunked(true);
-  http::request_serializer<http::empty_body> sr{req};
-  beast::error_code ec;
-  http::write_header(c.sock, sr, ec);
-  std::string buf(256 * 1024, '\0');
-  while (!ec) {
-    ssize_t n = ::read(fd, buf.data(), buf.size());
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) throw_errno("reading the upload source");
-    if (n == 0) {
-      net::write(c.sock, http::make_chunk_last(), ec);
-      break;
-    }
-    net::write(c.sock, http::make_chunk(net::buffer(buf.data(), size_t(n))), ec);
-  }
-  http::response<http::string_body> res;
-  try {
-    res = c.read_all();
-  } catch (const Error&) {
-    if (ec) throw Error(Errc::unavailable, "upload to airlockd failed: " + ec.message());
-    throw;
-  }
-  if (res.result_int() < 200 || res.result_int() >= 300) throw_answer(res.result_int(), res.body());
-  return json::parse(res.body(), nullptr, false);
+  return send_chunked(c, http::verb::post, target, "application/x-tar", fd);
 }
 
 struct StdinSender::Impl {

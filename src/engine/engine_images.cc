@@ -19,19 +19,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-uint64_t du(const fs::path& dir) {
-  uint64_t total = 0;
-  std::error_code ec;
-  if (!fs::exists(dir, ec)) return 0;
-  for (auto it =
-           fs::recursive_directory_iterator(dir, fs::directory_options::skip_permission_denied, ec);
-       !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
-    struct stat st;
-    if (::lstat(it->path().c_str(), &st) == 0 && !S_ISDIR(st.st_mode))
-      total += static_cast<uint64_t>(st.st_blocks) * 512;
-  }
-  return total;
-}
+// Allocated bytes under `dir` (0 if it does not exist).
+uint64_t du(const fs::path& dir) { return storage::allocated_bytes(dir); }
 
 // The backing file named in a qcow2 header (offset 8: u64 offset, 16: u32
 // size, big-endian), "" if none. Read by airlock from its own overlays.

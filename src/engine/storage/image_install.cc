@@ -263,14 +263,7 @@ Image ImageStore::install(const std::string& name, const fs::path& rootfs,
     check_ext4(rootfs);
     link_or_copy(rootfs, tmp.path() / "rootfs.ext4");
   }
-  fs::path work = tmp.path() / ".work";
-  fs::create_directories(work);
-  run_script("initramfs for " + name, recipe_dir_ / "initramfs.sh", tmp.path(), work,
-             {{"AIRLOCK_KERNEL_DIR", kdir.string()},
-              {"AIRLOCK_GUEST_AGENT", guest_agent_.string()},
-              {"AIRLOCK_INITRD_COMPRESS", initrd_compression()}},
-             10min, progress);
-  remove_tree(work);
+  pack_initramfs(name, tmp.path(), kdir, progress);
   link_or_copy(kdir / "vmlinuz", tmp.path() / "vmlinuz");
   std::string release = read_file(kdir / "release");
   std::string key = new_key();

@@ -287,6 +287,20 @@ std::vector<Image> ImageStore::list() const {
   return out;
 }
 
+uint64_t allocated_bytes(const fs::path& dir) { return disk_usage(dir); }
+
+void ImageStore::pack_initramfs(const std::string& name, const fs::path& dir, const fs::path& kdir,
+                                const ProgressFn& progress) const {
+  fs::path work = dir / ".work";
+  fs::create_directories(work);
+  run_script("initramfs for " + name, recipe_dir_ / "initramfs.sh", dir, work,
+             {{"AIRLOCK_KERNEL_DIR", kdir.string()},
+              {"AIRLOCK_GUEST_AGENT", guest_agent_.string()},
+              {"AIRLOCK_INITRD_COMPRESS", initrd_compression()}},
+             10min, progress);
+  remove_tree(work);
+}
+
 void ImageStore::run_script(const std::string& what, const fs::path& script,
                             const fs::path& out_dir, const fs::path& work,
                             std::vector<std::pair<std::string, std::string>> env,
@@ -400,14 +414,7 @@ Image ImageStore::build(const std::string& name, const ProgressFn& progress) {
   fs::path rootfs = ensure_rootfs(name, keys.rootfs, progress);
 
   TempDir tmp(name_dir, "");
-  fs::path work = tmp.path() / ".work";
-  fs::create_directories(work);
-  run_script("initramfs for " + name, recipe_dir_ / "initramfs.sh", tmp.path(), work,
-             {{"AIRLOCK_KERNEL_DIR", kdir.string()},
-              {"AIRLOCK_GUEST_AGENT", guest_agent_.string()},
-              {"AIRLOCK_INITRD_COMPRESS", initrd_compression()}},
-             10min, progress);
-  remove_tree(work);
+  pack_initramfs(name, tmp.path(), kdir, progress);
   if (progress) progress(BuildProgress{"finish", disk_usage(tmp.path())});
   link_or_copy(kdir / "vmlinuz", tmp.path() / "vmlinuz");
   link_or_copy(rootfs, tmp.path() / "rootfs.ext4");

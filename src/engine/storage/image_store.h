@@ -73,6 +73,10 @@ struct Image {
 };
 nlohmann::json to_json(const Image& img);
 
+// Allocated bytes of the files under `dir` (images are sparse); 0 if it is
+// missing. For df and prune.
+uint64_t allocated_bytes(const std::filesystem::path& dir);
+
 struct BuildProgress {
   std::string step;    // human step name, e.g. "debootstrap", "mkfs.ext4"
   uint64_t bytes = 0;  // bytes produced so far in this step (0 if unknown)
@@ -169,6 +173,10 @@ class ImageStore {
                   const std::filesystem::path& out_dir, const std::filesystem::path& work,
                   std::vector<std::pair<std::string, std::string>> env,
                   std::chrono::minutes timeout, const ProgressFn& progress) const;
+  // initramfs.sh into `dir` (the kernel's virtio modules from `kdir` and the
+  // guest agent): the same for built recipes and installed images.
+  void pack_initramfs(const std::string& name, const std::filesystem::path& dir,
+                      const std::filesystem::path& kdir, const ProgressFn& progress) const;
 
   std::filesystem::path image_dir_, recipe_dir_, guest_agent_;
   // The resolved kernel package, re-asked from apt every few minutes
