@@ -82,14 +82,16 @@ class StdinTest(DaemonTestCase):
             raise ApiError(status, parsed)
         return parsed
 
-    def test_256mib_streamed_through_sha256sum_with_flat_daemon_memory(self):
+    def test_128mib_streamed_through_sha256sum_with_flat_daemon_memory(self):
+        # 4x the growth allowed below (stdin moves ~2 MiB/s under TCG; 2 GiB
+        # were measured by hand, bench/RESULTS.md).
         ex = StreamedExec(self.sock, self.sid, argv=["sha256sum"])
         daemon_pid = self.daemon.pid
         rss_before = status_kb(daemon_pid, "VmRSS")
         peak_rss = rss_before
         host = hashlib.sha256()
         block = os.urandom(MIB)
-        total = 256 * MIB
+        total = 128 * MIB
 
         # One chunked POST for the whole stream (http.client sends an
         # iterable body chunked): the daemon forwards it as it reads it.
@@ -154,7 +156,7 @@ class StdinTest(DaemonTestCase):
     def test_cli_streams_a_pipe_with_flat_memory(self):
         # 64 MiB through the CLI: its peak RSS stays far below what the input
         # would take if it were collected first. (`wc -c`: hashing 64 MiB is
-        # slow under TCG; the content is checked below and by the 256 MiB test.)
+        # slow under TCG; the content is checked below and by the 128 MiB test.)
         size = 64 * MIB
         out, err, rc, _ = self.cli_pipe(["wc", "-c"], size, timed=True)
         self.assertEqual(rc, 0, err)
