@@ -3,10 +3,11 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
-#include <unistd.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cerrno>
+#include <filesystem>
 #include <fstream>
 #include <thread>
 
@@ -97,6 +98,23 @@ std::vector<pid_t> find_processes(const std::vector<std::string>& needles) {
   return pids;
 }
 
+namespace {
+
+// Whether `pid` has no thread left but its leader. A multi-threaded
+// process's leader shows 'Z' as soon as it exits itself, while its other
+// threads may still be exiting and holding the process's files (QEMU's
+// image locks: a qemu-img started then fails to lock the disk).
+bool leader_alone(pid_t pid) {
+  std::error_code ec;
+  int n = 0;
+  for (auto it = std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/task", ec);
+       !ec && it != std::filesystem::directory_iterator(); it.increment(ec))
+    ++n;
+  return n <= 1;
+}
+
+}  // namespace
+
 bool wait_gone(pid_t pid, std::chrono::milliseconds timeout) {
   auto deadline = std::chrono::steady_clock::now() + timeout;
   for (;;) {
@@ -104,9 +122,12 @@ bool wait_gone(pid_t pid, std::chrono::milliseconds timeout) {
     char st = proc_state(pid);
     if (st == 0 || st == 'X') return true;
     if (st == 'Z') {
-      // Ours to reap? waitpid fails with ECHILD if not.
-      if (::waitpid(pid, nullptr, WNOHANG) == pid) return true;
-      if (errno == ECHILD) return true;
+      // Ours to reap (waitpid reports a whole thread group only once every
+      // thread is gone)? It fails with ECHILD if not: then gone once the
+      // leader is alone.
+      pid_t r = ::waitpid(pid, nullptr, WNOHANG);
+      if (r == pid) return true;
+      if (r < 0 && errno == ECHILD && leader_alone(pid)) return true;
     }
     if (std::chrono::steady_clock::now() >= deadline) return false;
     std::this_thread::sleep_for(std::chrono::milliseconds(5));

@@ -48,8 +48,9 @@ std::vector<pid_t> find_processes(const std::vector<std::string>& needles);
 
 // Waits until `pid` has exited. A detached process is not our child unless
 // this process is a child subreaper (then we must reap it); otherwise init
-// reaps it, and someone else's zombie holds no resources, so it counts as
-// gone. Returns false if it is still running after `timeout`.
+// reaps it, and someone else's zombie counts as gone once no thread of it is
+// left but its leader (until then its files, and their locks, are held).
+// Returns false if it is still running after `timeout`.
 bool wait_gone(pid_t pid, std::chrono::milliseconds timeout);
 
 }  // namespace airlock

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <thread>
@@ -36,6 +38,37 @@ TEST(Process, ChildIsReapedAndThenGone) {
   EXPECT_EQ(proc_state(pid), 0);
   EXPECT_FALSE(alive_with_arg(pid, "marker-arg"));
   EXPECT_TRUE(find_processes({"sleep 30; true", "marker-arg"}).empty());
+}
+
+// Not our child, and its leader exits before its other thread: the leader
+// shows 'Z' at once, but the process (and its files) lives on until that
+// thread ends.
+TEST(Process, ZombieLeaderWithALiveThreadIsNotGone) {
+  int p[2];
+  ASSERT_EQ(::pipe(p), 0);
+  pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    if (::fork() == 0) {  // the grandchild: re-parented once `child` exits
+      pid_t self = ::getpid();
+      std::thread([] { std::this_thread::sleep_for(std::chrono::milliseconds(600)); }).detach();
+      (void)!::write(p[1], &self, sizeof self);
+      // The leader thread alone goes (no unwinding through gtest); the
+      // process stays with its other thread.
+      ::syscall(SYS_exit, 0);
+    }
+    ::_exit(0);
+  }
+  ::waitpid(child, nullptr, 0);
+  pid_t g = 0;
+  ASSERT_EQ(::read(p[0], &g, sizeof g), ssize_t(sizeof g));
+  ::close(p[0]);
+  ::close(p[1]);
+  for (int i = 0; i < 200 && proc_state(g) != 'Z'; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  ASSERT_EQ(proc_state(g), 'Z');                               // the leader has exited...
+  EXPECT_FALSE(wait_gone(g, std::chrono::milliseconds(100)));  // ...its thread has not
+  EXPECT_TRUE(wait_gone(g, std::chrono::seconds(5)));
 }
 
 TEST(Process, MissingFileReadsEmpty) {
