@@ -300,6 +300,7 @@ bool run_image_command(const ImageCommands& c, const std::function<Client()>& co
       std::printf("%s %s\n", c.dry_run ? "would remove" : "removed", r.get<std::string>().c_str());
     std::printf("%s %s\n", c.dry_run ? "would free" : "freed",
                 human_size(j.value("freed_bytes", uint64_t(0))).c_str());
+    if (j.contains("kept")) std::printf("kept %s\n", j["kept"].get<std::string>().c_str());
     return true;
   }
   if (c.top->parsed()) {

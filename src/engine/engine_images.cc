@@ -11,6 +11,7 @@
 #include "common/error.h"
 #include "engine/engine.h"
 #include "engine/engine_impl.h"
+#include "engine/recipes/builder.h"
 #include "engine/storage/oci_import.h"
 #include "engine/types_json.h"
 
@@ -194,7 +195,14 @@ nlohmann::json Engine::prune(bool dry_run) {
       fs::remove_all(e.path(), ec);
     }
   }
-  return {{"dry_run", dry_run}, {"freed_bytes", freed}, {"removed", removed}};
+  // The recipe layer cache (installed images are flattened: none needs it).
+  std::vector<std::string> layers;
+  std::optional<uint64_t> layer_bytes = recipes::prune_layers(impl.cfg.image_dir, dry_run, layers);
+  freed += layer_bytes.value_or(0);
+  for (auto& l : layers) removed.push_back(std::move(l));
+  nlohmann::json out = {{"dry_run", dry_run}, {"freed_bytes", freed}, {"removed", removed}};
+  if (!layer_bytes) out["kept"] = "the build cache: an image build is running";
+  return out;
 }
 
 }  // namespace airlock::engine

@@ -239,6 +239,24 @@ class RecipeTest(DaemonTestCase):
         self.assertIn("rows=4 mean=5.00", o)
         self.no_build_sandboxes_left_but(sid, sid2)
 
+        # prune frees the build cache (installed images are flattened: the
+        # running sandboxes of pydata do not stand on a layer).
+        layers_dir = os.path.join(self.images, "cache", "layers")
+        layers = sorted(f for f in os.listdir(layers_dir))
+        self.assertEqual(len(layers), 8, layers)  # 5 steps + the 3 rebuilt from the change
+        dry = self.api.call("POST", "/v1/prune?dry_run=true")
+        cached = sorted(r.split(":", 1)[1] for r in dry["removed"] if r.startswith("build-cache:"))
+        self.assertEqual(cached, layers)
+        self.assertEqual(sorted(os.listdir(layers_dir)), layers)  # a dry run removes nothing
+        done = self.api.call("POST", "/v1/prune")
+        self.assertEqual(sorted(r.split(":", 1)[1] for r in done["removed"]
+                                if r.startswith("build-cache:")), layers)
+        self.assertNotIn("kept", done)
+        self.assertEqual(os.listdir(layers_dir), [])
+        o, _, ex = self.sh(sid2, "cat summary.txt")
+        self.assertEqual(ex["exit_code"], 0, o)
+        self.assertIn("rows=4 mean=5.00", o)
+
     def no_build_sandboxes_left_but(self, *ids):
         live = [s["id"] for s in self.api.call("GET", "/v1/sandboxes")]
         self.assertEqual(sorted(live), sorted(ids))

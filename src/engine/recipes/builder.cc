@@ -9,6 +9,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
+#include <shared_mutex>
 #include <thread>
 
 #include "common/error.h"
@@ -32,6 +33,13 @@ fs::path layer_dir(const fs::path& image_dir) { return image_dir / "cache" / "la
 namespace {
 
 constexpr size_t kMaxSteps = 14;
+
+// Builds hold it shared for their whole run; prune_layers takes it
+// exclusively, or does nothing when a build runs.
+std::shared_mutex& layer_cache_mutex() {
+  static std::shared_mutex m;
+  return m;
+}
 
 // Guest output as valid UTF-8 (invalid bytes become U+FFFD): it goes into
 // JSON events and error messages.
@@ -233,6 +241,7 @@ std::string step_field(const Recipe& recipe, const std::vector<Step>& steps, siz
 json build(engine::Engine& engine, const fs::path& image_dir, const BuildRequest& req,
            const EventFn& on_event) {
   auto t0 = Clock::now();
+  std::shared_lock hold_layers(layer_cache_mutex());
   check_name(req.name);
   auto builtin = engine.images().recipes();
   if (std::find(builtin.begin(), builtin.end(), req.name) != builtin.end())
@@ -315,6 +324,22 @@ json build(engine::Engine& engine, const fs::path& image_dir, const BuildRequest
                     });
   return {{"image", image_json(img)}, {"key", key},     {"steps", steps.size()},
           {"cached", cached},         {"built", built}, {"elapsed_s", since(t0)}};
+}
+
+std::optional<uint64_t> prune_layers(const fs::path& image_dir, bool dry_run,
+                                     std::vector<std::string>& removed) {
+  std::unique_lock lock(layer_cache_mutex(), std::try_to_lock);
+  if (!lock.owns_lock()) return std::nullopt;
+  uint64_t freed = 0;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(layer_dir(image_dir), ec)) {
+    // Layers are airlock's own regular files; anything else is left alone.
+    if (!e.is_regular_file(ec) || e.is_symlink(ec)) continue;
+    freed += allocated_bytes(e.path());
+    removed.push_back("build-cache:" + e.path().filename().string());
+    if (!dry_run) fs::remove(e.path(), ec);
+  }
+  return freed;
 }
 
 }  // namespace airlock::recipes

@@ -9,10 +9,14 @@
 // as image NAME with the recipe's config (ImageStore::install).
 #pragma once
 
+#include <cstdint>
+#include <filesystem>
 #include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "engine/recipes/plan.h"
 
@@ -51,5 +55,12 @@ nlohmann::json build(engine::Engine& engine, const std::filesystem::path& image_
 
 // Where the layers live.
 std::filesystem::path layer_dir(const std::filesystem::path& image_dir);
+
+// `airlock prune`: the layer cache goes whole (installed images are
+// flattened, so none stands on a layer; the next build reruns its steps).
+// Appends "build-cache:<file>" to `removed` and returns the bytes freed, or
+// nullopt (nothing touched) while a build runs: it stands on these layers.
+std::optional<uint64_t> prune_layers(const std::filesystem::path& image_dir, bool dry_run,
+                                     std::vector<std::string>& removed);
 
 }  // namespace airlock::recipes
