@@ -71,7 +71,7 @@ TEST_F(EngineFakeRecover, ExecInterruptedByDaemonDeathIsRecorded) {
   // Once only: a second restart adds nothing.
   size_t before = engine.audit(id).size();
   EXPECT_EQ(engine.audit(id).size(), before);
-  engine.destroy(id);
+  testing::destroy_wait(engine, id);
   EXPECT_EQ(fake_vms(), 0u);
 }
 
@@ -109,7 +109,7 @@ TEST_F(EngineFakeRecover, ReadoptionHellosRunConcurrently) {
     most = std::max(most, at);
   }
   EXPECT_EQ(most, kN) << "re-adoption hellos ran one after another";
-  for (auto& id : ids) engine.destroy(id);
+  for (auto& id : ids) testing::destroy_wait(engine, id);
   EXPECT_EQ(fake_vms(), 0u);
 }
 

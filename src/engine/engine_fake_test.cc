@@ -45,7 +45,7 @@ TEST_F(EngineFake, CreateExecDestroyLeavesNothing) {
   EXPECT_EQ(fake_vms(), 1u);
   EXPECT_EQ(sh(engine, sb.id, "echo hi"), "hi\n");
   EXPECT_EQ(engine.get(sb.id).state, State::running);
-  engine.destroy(sb.id);
+  testing::destroy_wait(engine, sb.id);
   EXPECT_EQ(engine.get(sb.id).state, State::deleted);
   EXPECT_EQ(fake_vms(), 0u);
   EXPECT_EQ(run_dirs(), 0u);
@@ -56,10 +56,45 @@ TEST_F(EngineFake, CreateExecDestroyLeavesNothing) {
   EXPECT_EQ(ev.back(), "deleted");
   // Destroying again is a typed conflict, not a second teardown.
   try {
-    engine.destroy(sb.id);
+    testing::destroy_wait(engine, sb.id);
     FAIL();
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), Errc::conflict);
+  }
+}
+
+// Background teardown: destroy() answers with the
+// sandbox out of service, the reclaim thread finishes it, and an engine
+// shut down with teardowns queued finishes them first: nothing is left.
+TEST_F(EngineFake, BackgroundDestroyFinishesEvenAtShutdown) {
+  std::vector<std::string> ids;
+  {
+    Engine engine(cfg_);
+    for (int i = 0; i < 3; ++i) ids.push_back(engine.create({.image = "minimal"}).id);
+    for (auto& id : ids) {
+      engine.destroy(id);
+      State st = engine.get(id).state;
+      EXPECT_TRUE(st == State::stopping || st == State::deleted) << to_string(st);
+      try {
+        sh(engine, id, "true");
+        ADD_FAILURE() << "exec in a deleted sandbox";
+      } catch (const Error& e) {
+        EXPECT_EQ(e.code(), Errc::conflict);
+      }
+      try {
+        engine.destroy(id);
+        ADD_FAILURE() << "second destroy";
+      } catch (const Error& e) {
+        EXPECT_EQ(e.code(), Errc::conflict);
+      }
+    }
+  }  // the engine goes with teardowns possibly still queued
+  EXPECT_EQ(fake_vms(), 0u);
+  EXPECT_EQ(run_dirs(), 0u);
+  Engine again(cfg_);
+  for (auto& id : ids) {
+    EXPECT_EQ(again.get(id).state, State::deleted);
+    EXPECT_EQ(events(again, id).back(), "deleted");
   }
 }
 
@@ -78,7 +113,7 @@ TEST_F(EngineFake, RegistryJournalAndDirsAreOwnerOnly) {
     if (fs::exists(data_ / f)) EXPECT_EQ(mode_of(data_ / f), 0600) << f;
   for (auto& e : fs::directory_iterator(data_ / "audit"))
     EXPECT_EQ(mode_of(e.path()), 0600) << e.path();
-  engine.destroy(sb.id);
+  testing::destroy_wait(engine, sb.id);
 }
 
 // `airlockd --pool typo=1` used to abort: the reaper thread was running
@@ -139,7 +174,7 @@ TEST_F(EngineFake, SetNetworkRacingDestroyNeverRevivesADeletedSandbox) {
   ASSERT_GE(conn, 0);
   char buf[4096];
   ASSERT_GT(::read(conn, buf, sizeof buf), 0);  // the request: set_network is mid-call
-  engine.destroy(sb.id);
+  testing::destroy_wait(engine, sb.id);
   std::string reply =
       R"({"policy":{"mode":"allowlist","allow":["192.0.2.1"],"deny":[]},"flows_cut":0})";
   reply += "\n";
@@ -207,7 +242,7 @@ TEST_F(EngineFake, WallClockStepsDoNotEndSandboxes) {
   EXPECT_EQ(sh(engine, a.id, "echo ok"), "ok\n");
   // b's 2 s of life ended by the steady clock whatever the wall clock said.
   EXPECT_TRUE(eventually([&] { return engine.get(b.id).state == State::timed_out; }, 5s));
-  engine.destroy(a.id);
+  testing::destroy_wait(engine, a.id);
 }
 
 // set_timeout moves the expiry both ways: persisted (a new engine on the
@@ -278,8 +313,8 @@ TEST_F(EngineFake, ReaperChecksOutsideTheEngineLock) {
     EXPECT_LT(took, 1000ms) << "call " << i << " waited for the reaper";  // a check: 1.5 s
   }
   fake_->alive_delay_ms = 0;
-  engine.destroy(a.id);
-  engine.destroy(b.id);
+  testing::destroy_wait(engine, a.id);
+  testing::destroy_wait(engine, b.id);
 }
 
 // Bad input: more disk than the data dir's filesystem has is refused with
@@ -307,9 +342,9 @@ TEST_F(EngineFake, DiskBeyondFreeSpaceIsRefused) {
   if (half <= 1048576) {
     SandboxInfo one = engine.create({.image = "minimal", .disk_mb = static_cast<int>(half)});
     EXPECT_THROW(engine.create({.image = "minimal", .disk_mb = static_cast<int>(half)}), Error);
-    engine.destroy(one.id);
+    testing::destroy_wait(engine, one.id);
     SandboxInfo two = engine.create({.image = "minimal", .disk_mb = static_cast<int>(half)});
-    engine.destroy(two.id);
+    testing::destroy_wait(engine, two.id);
   }
 }
 
@@ -333,7 +368,7 @@ TEST_F(EngineFake, PoolHandsOutAWarmMember) {
   EXPECT_EQ(sb.state, State::running);
   EXPECT_EQ(engine.get(sb.id).spec.metadata.at("who"), "me");
   EXPECT_EQ(sh(engine, sb.id, "echo pooled"), "pooled\n");
-  engine.destroy(sb.id);
+  testing::destroy_wait(engine, sb.id);
   engine.set_pool("minimal", 0);
 }
 

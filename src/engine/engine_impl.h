@@ -11,6 +11,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 
@@ -23,6 +24,7 @@
 #include "engine/registry/registry.h"
 #include "engine/sandbox.h"
 #include "engine/storage/image_store.h"
+#include "engine/trace.h"
 #include "engine/templates/template_store.h"
 #include "engine/vmm/accel.h"
 #include "engine/vmm/sealed_ram.h"
@@ -191,6 +193,24 @@ struct Engine::Impl {
   bool teardown(Live& sb, State state, const std::string& reason, const std::string& event,
                 const std::string& failure = {},
                 const nlohmann::json& details = nlohmann::json::object());
+  // Background teardown (engine_reclaim.cc): moves `sb` to `stopping`
+  // (false, nothing done, as teardown), closes its channel and queues the
+  // rest (finish_stop to `deleted`) on the reclaim thread. Never throws.
+  bool teardown_async(const std::shared_ptr<Live>& sb, const std::string& reason);
+  void reclaim_loop();
+  // Finishes every queued teardown and stops the thread (engine shutdown).
+  void drain_reclaim();
+  std::mutex reclaim_mu;  // reclaim_queue, reclaim_stopping, reclaim_thread
+  std::condition_variable reclaim_cv;
+  std::deque<std::pair<std::shared_ptr<Live>, std::string>> reclaim_queue;
+  std::set<std::string> deleting;  // ids deleted by request, teardown not finished
+  // The API's view of a registry row: a sandbox deleted by request whose
+  // teardown is still running is shown `deleted` (it is out of service and
+  // its end is certain); the registry keeps `stopping` until the teardown
+  // ends (crash safety). Returns true if it changed `info`.
+  bool deleted_view(SandboxInfo& info);
+  bool reclaim_stopping = false;
+  std::thread reclaim_thread;
   // The rest of teardown for a sandbox already in `stopping`.
   void finish_stop(Live& sb, State state, const std::string& reason, const std::string& event,
                    const std::string& failure, const nlohmann::json& details) noexcept;
@@ -231,7 +251,8 @@ struct Engine::Impl {
   std::thread pool_thread;
   // A ready member matching `checked` (image and shape, no network), made
   // the caller's: running, its spec, metadata and lifetime; nullopt if none.
-  std::optional<SandboxInfo> take_pooled(const SandboxSpec& checked);
+  // `trace` (if any) gets the hand-out's phases.
+  std::optional<SandboxInfo> take_pooled(const SandboxSpec& checked, Trace* trace = nullptr);
   void pool_loop();
   // Runs `true` once in a new member (engine_pool.cc: why). Never throws.
   void warm_up(Live& sb);

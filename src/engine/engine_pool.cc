@@ -91,7 +91,10 @@ void Engine::Impl::warm_up(Live& sb) {
   }
 }
 
-std::optional<SandboxInfo> Engine::Impl::take_pooled(const SandboxSpec& checked) {
+std::optional<SandboxInfo> Engine::Impl::take_pooled(const SandboxSpec& checked, Trace* trace) {
+  auto mark = [&](const char* phase) {
+    if (trace) trace->mark(phase);
+  };
   std::shared_ptr<Live> sb;
   std::vector<std::shared_ptr<Live>> dead;
   {
@@ -113,8 +116,10 @@ std::optional<SandboxInfo> Engine::Impl::take_pooled(const SandboxSpec& checked)
   }
   // The refill starts on the pool's next tick (<= 500 ms), not at once, so
   // the new QEMU does not compete for the CPU with the caller's first exec.
-  for (auto& d : dead) teardown(*d, State::deleted, "pool member died while idle", "deleted");
+  for (auto& d : dead) teardown_async(d, "pool member died while idle");
   if (!sb) return std::nullopt;
+  if (trace) trace->set_id(sb->id());
+  mark("take");
 
   auto t0 = std::chrono::steady_clock::now();
   // Not shared yet (out of the queue, not in `live`): rec is ours to write.
@@ -131,7 +136,13 @@ std::optional<SandboxInfo> Engine::Impl::take_pooled(const SandboxSpec& checked)
   // If the hand-out cannot be recorded, the member goes (never a half-made
   // sandbox); the caller then boots a fresh one.
   ScopeGuard undo([&] { teardown(*sb, State::deleted, "pool hand-out failed", "deleted"); });
-  // One write: spec, state, times (compare-and-set from starting).
+  // One write: spec, state, times (compare-and-set from starting). What is
+  // durable when (docs/design.md, "Warm pool"): the registry row is
+  // committed in WAL mode with synchronous=NORMAL (no fsync per commit) and
+  // the `created` record is one write(2) without fsync. Both survive a
+  // daemon crash (they are in the kernel); a host crash may lose them, but
+  // it also kills the VM, and the next daemon cleans up a row it finds
+  // `starting`/`running` with no live QEMU either way.
   sb->transition(State::starting, State::running,
                  {.event = "created",
                   .details = {{"spec", spec_to_json(checked)},
@@ -139,15 +150,19 @@ std::optional<SandboxInfo> Engine::Impl::take_pooled(const SandboxSpec& checked)
                               {"boot_ms", info.boot_ms},
                               {"start", info.start},
                               {"pid", info.pid}},
+                  .durability = Durability::buffered,
                   .journal_required = true,
                   .write_record = true});
+  mark("record");
   {
     std::lock_guard lock(mu);
     live[info.id] = sb;
   }
   undo.dismiss();
   wake.notify_all();  // the reaper's earliest expiry
-  return sb->info();
+  auto out = sb->info();
+  mark("live");
+  return out;
 }
 
 void Engine::Impl::pool_loop() {

@@ -11,6 +11,7 @@
 #include <termios.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstring>
 
 #include "common/error.h"
@@ -32,7 +33,9 @@ void set_nonblock(int fd) { fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
 class Exec : public Stream {
  public:
   Exec(Server& server, uint32_t id)
-      : Stream(server, id), tree_(server, "exec-" + std::to_string(id)) {}
+      : Stream(server, id),
+        tree_(server, "exec-" + std::to_string(id)),
+        received_(std::chrono::steady_clock::now()) {}
   ~Exec() override { release(); }
 
   void start(const ExecSpec& spec);
@@ -68,6 +71,7 @@ class Exec : public Stream {
   }
 
   ProcTree tree_;
+  std::chrono::steady_clock::time_point received_;  // the exec request
   uint64_t limit_ = kDefaultOutputLimit;
   Out out_[3];  // index 1 = stdout, 2 = stderr
   int in_fd_ = -1;
@@ -302,6 +306,10 @@ void Exec::maybe_finish() {
   r["truncated"] = out_[1].dropped > 0 || out_[2].dropped > 0;
   r["stdin_bytes"] = in_bytes_;
   release();
+  // Request to reply inside the agent (cgroup set-up, spawn, wait, reap).
+  r["agent_us"] = std::chrono::duration_cast<std::chrono::microseconds>(
+                      std::chrono::steady_clock::now() - received_)
+                      .count();
   server_.finish(id_, r);
 }
 
