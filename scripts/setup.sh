@@ -15,7 +15,9 @@ PACKAGES="
   iproute2 procps curl dpkg-dev
   nodejs tmux
   prometheus
+  runsc
 "
+# runsc: gVisor, the peer bench/start.py measures against in the same run.
 # prometheus: its promtool checks every /metrics scrape in test_metrics.py.
 # The MCP client test (tests/mcp) runs the official MCP SDK under Node.js and
 # installs it with npm. Some nodejs builds ship npm themselves; Debian's
