@@ -373,9 +373,9 @@ ImageStore::Keys ImageStore::keys_for(const std::string& name, const KernelRef& 
   // is megabytes) took most of a pool hand-out's time: the answer is kept
   // while no input file changed (stat only, microseconds).
   std::string stamp = kernel.package + " " + kernel.version + " " + initrd_compression();
-  for (const auto& f : {recipe_dir_ / "common.sh", recipe_dir_ / (name + ".sh"),
-                        recipe_dir_ / "kernel.sh", recipe_dir_ / "initramfs.sh",
-                        recipe_dir_ / "init.sh", guest_agent_})
+  for (const auto& f :
+       {recipe_dir_ / "common.sh", recipe_dir_ / (name + ".sh"), recipe_dir_ / "kernel.sh",
+        recipe_dir_ / "initramfs.sh", recipe_dir_ / "init.sh", guest_agent_})
     stamp += " " + file_stamp(f);
   {
     std::lock_guard lock(kernel_cache_->keys_mu);
