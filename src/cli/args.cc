@@ -41,6 +41,8 @@ nlohmann::json create_body(const CreateOptions& o) {
   if (!o.env.empty()) j["env"] = parse_kvs(o.env, "--env");
   if (!o.meta.empty()) j["metadata"] = parse_kvs(o.meta, "--meta");
   if (auto net = network_policy(o.network, o.allow, o.deny)) j["network"] = *net;
+  if (o.from) j["from"] = *o.from;
+  if (o.on_idle) j["on_idle"] = *o.on_idle;
   return j;
 }
 

@@ -45,6 +45,8 @@ struct CreateOptions {
   std::vector<std::string> env, meta;  // raw "K=V"
   std::optional<std::string> network;  // --network
   std::vector<std::string> allow, deny;
+  std::optional<std::string> from;     // --from SNAPSHOT
+  std::optional<std::string> on_idle;  // --on-idle pause|destroy
 };
 // Body for POST /v1/sandboxes: only the options given (the daemon has defaults).
 nlohmann::json create_body(const CreateOptions& opts);

@@ -302,9 +302,16 @@ class LineSplitter {
 }  // namespace
 
 void Client::stream_lines(const std::string& target,
-                          const std::function<void(const json&)>& on_event) const {
+                          const std::function<void(const json&)>& on_event,
+                          const json& post_body) const {
   Conn c(socket_);
-  http::request<http::string_body> req{http::verb::get, target, 11};
+  http::request<http::string_body> req{post_body.is_null() ? http::verb::get : http::verb::post,
+                                       target, 11};
+  if (!post_body.is_null()) {
+    req.set(http::field::content_type, "application/json");
+    req.body() = post_body.dump();
+    req.prepare_payload();
+  }
   req.keep_alive(false);
   c.send(req);
   LineSplitter lines([&](std::string_view line) {
@@ -361,17 +368,16 @@ json Client::exec(const std::string& id, const json& body,
   return exit_event;
 }
 
-uint64_t Client::upload(const std::string& id, const std::string& path, uint32_t mode,
-                        int fd) const {
-  Conn c(socket_);
-  char mode_text[16];
-  std::snprintf(mode_text, sizeof mode_text, "%04o", mode);
-  http::request<http::empty_body> req{
-      http::verb::put,
-      "/v1/sandboxes/" + id + "/files?path=" + url_encode(path) + "&mode=" + mode_text, 11};
+namespace {
+
+// Streams `fd` to the daemon as the chunked body of `method target` and
+// returns the 2xx answer's JSON (Error from the answer otherwise).
+json send_chunked(Conn& c, http::verb method, const std::string& target,
+                  const std::string& content_type, int fd) {
+  http::request<http::empty_body> req{method, target, 11};
   req.set(http::field::host, "localhost");
   if (!c.token.empty()) req.set(http::field::authorization, "Bearer " + c.token);
-  req.set(http::field::content_type, "application/octet-stream");
+  req.set(http::field::content_type, content_type);
   req.keep_alive(false);
   req.chunked(true);
   http::request_serializer<http::empty_body> sr{req};
@@ -398,8 +404,26 @@ uint64_t Client::upload(const std::string& id, const std::string& path, uint32_t
     throw;
   }
   if (res.result_int() < 200 || res.result_int() >= 300) throw_answer(res.result_int(), res.body());
-  json j = json::parse(res.body(), nullptr, false);
+  return json::parse(res.body(), nullptr, false);
+}
+
+}  // namespace
+
+uint64_t Client::upload(const std::string& id, const std::string& path, uint32_t mode,
+                        int fd) const {
+  Conn c(socket_);
+  char mode_text[16];
+  std::snprintf(mode_text, sizeof mode_text, "%04o", mode);
+  json j =
+      send_chunked(c, http::verb::put,
+                   "/v1/sandboxes/" + id + "/files?path=" + url_encode(path) + "&mode=" + mode_text,
+                   "application/octet-stream", fd);
   return j.is_object() ? j.value("bytes", uint64_t(0)) : 0;
+}
+
+json Client::post_stream(const std::string& target, int fd) const {
+  Conn c(socket_);
+  return send_chunked(c, http::verb::post, target, "application/x-tar", fd);
 }
 
 struct StdinSender::Impl {

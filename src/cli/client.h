@@ -57,12 +57,17 @@ class Client {
   // GET `target` answered with NDJSON (e.g. .../network/events?follow=true):
   // calls `on_event` for every line as it arrives, until the stream ends. A
   // line {"error": {...}} throws Error, as does an incomplete stream.
+  // With `post_body`, the request is a POST of that JSON (POST /v1/images/build).
   void stream_lines(const std::string& target,
-                    const std::function<void(const nlohmann::json&)>& on_event) const;
+                    const std::function<void(const nlohmann::json&)>& on_event,
+                    const nlohmann::json& post_body = nullptr) const;
 
   // PUT /v1/sandboxes/{id}/files: streams `fd` (to EOF) as a chunked body.
   // Returns the bytes the daemon wrote.
   uint64_t upload(const std::string& id, const std::string& path, uint32_t mode, int fd) const;
+  // POST `target` with the bytes of `fd` as a chunked body (image import);
+  // returns the JSON answer, throws Error for an error answer.
+  nlohmann::json post_stream(const std::string& target, int fd) const;
 
   // GET /v1/sandboxes/{id}/files: streams the file into `fd`. Throws Error if
   // the download is truncated. Returns the bytes written.

@@ -359,6 +359,24 @@ nlohmann::json Engine::stat_file(const std::string& id, const std::string& path)
   return {{"type", "file"}, {"size", it->second.size()}};
 }
 void Engine::make_dir(const std::string& id, const std::string&, bool) { get(id); }
+uint64_t Engine::write_file_as(const std::string& id, const std::string& path, uint32_t mode,
+                               const ChunkSource& source, const std::string&) {
+  return write_file(id, path, mode, source);
+}
+nlohmann::json Engine::list_files(const std::string& id, const std::string& path, int) {
+  return list_files(id, path);
+}
+nlohmann::json Engine::move_file(const std::string& id, const std::string& from,
+                                 const std::string& to, const std::string&) {
+  get(id);
+  std::lock_guard lock(impl_->mu);
+  auto it = impl_->files.find(id + from);
+  if (it == impl_->files.end()) throw Error(Errc::not_found, "no file " + from, "path");
+  impl_->files[id + to] = it->second;
+  impl_->files.erase(id + from);
+  return {{"name", to.substr(to.rfind('/') + 1)}, {"path", to}, {"type", "file"}};
+}
+void Engine::make_dir_as(const std::string& id, const std::string&, const std::string&) { get(id); }
 void Engine::remove_file(const std::string& id, const std::string& path, bool) {
   get(id);
   std::lock_guard lock(impl_->mu);
@@ -440,6 +458,28 @@ nlohmann::json Engine::info() { return {{"version", "fake"}, {"accel", "tcg"}}; 
 storage::ImageStore& Engine::images() {
   throw Error(Errc::internal, "the fake engine has no image store");
 }
+// Image management is tested against the real engine (test_images.py).
+nlohmann::json Engine::list_images() { return nlohmann::json::array(); }
+nlohmann::json Engine::inspect_image(const std::string& name) {
+  throw Error(Errc::not_found, "no image '" + name + "'", "name");
+}
+nlohmann::json Engine::import_image(const std::string&, const std::filesystem::path&, bool) {
+  throw Error(Errc::unavailable, "the fake engine cannot import images");
+}
+void Engine::remove_image(const std::string& name) {
+  throw Error(Errc::not_found, "no image '" + name + "'", "name");
+}
+nlohmann::json Engine::disk_usage() { return {{"bytes", nlohmann::json::object()}}; }
+nlohmann::json Engine::prune(bool dry_run) {
+  return {{"dry_run", dry_run}, {"freed_bytes", 0}, {"removed", nlohmann::json::array()}};
+}
+std::vector<std::string> Engine::image_users(const std::string&) { return {}; }
+nlohmann::json Engine::stats(const std::string& id) {
+  auto info = get(id);
+  return {{"id", id},           {"state", to_string(info.state)}, {"cpu_seconds", 0.0},
+          {"memory_bytes", 0},  {"disk_bytes", 0},                {"net_rx_bytes", 0},
+          {"net_tx_bytes", 0},  {"age_s", 0}};
+}
 
 // Features the CLI's HTTP tests do not exercise: real errors, not stubs
 // pretending success (their behaviour is tested against the real engine).
@@ -455,6 +495,10 @@ std::vector<ExecStatus> Engine::list_execs(const std::string&) { unsupported("ba
 ExecStatus Engine::wait_exec(const std::string&, const std::string&, double) {
   unsupported("background execs");
 }
+std::optional<ExecResult> Engine::attach_exec(const std::string&, const std::string&, uint64_t,
+                                              const AttachCallbacks&) {
+  unsupported("attaching to execs");
+}
 nlohmann::json Engine::posture(const std::string&) { unsupported("jail"); }
 nlohmann::json Engine::add_port(const std::string&, int, int) { unsupported("port forwards"); }
 nlohmann::json Engine::list_ports(const std::string&) { unsupported("port forwards"); }
@@ -463,6 +507,26 @@ nlohmann::json Engine::set_pool(const std::string&, int, const nlohmann::json&) 
   unsupported("warm pool");
 }
 nlohmann::json Engine::pool_info() { return nlohmann::json::array(); }
+nlohmann::json Engine::build_recipe(const recipes::BuildRequest&,
+                                    const std::function<bool(const nlohmann::json&)>&) {
+  unsupported("image recipes");
+}
+// Pause, resume, snapshots and fork need a VM's state: tested against the
+// real engine (engine_snapshot_fake_test, tests/integration/test_snapshots.py).
+SandboxInfo Engine::pause(const std::string&) { unsupported("pause"); }
+SandboxInfo Engine::resume(const std::string&) { unsupported("resume"); }
+nlohmann::json Engine::snapshot(const std::string&, const std::string&, bool) {
+  unsupported("snapshots");
+}
+nlohmann::json Engine::list_snapshots() { return nlohmann::json::array(); }
+nlohmann::json Engine::get_snapshot(const std::string& name) {
+  throw Error(Errc::not_found, "no snapshot " + name, "name");
+}
+void Engine::delete_snapshot(const std::string& name) { get_snapshot(name); }
+nlohmann::json Engine::save_snapshot_image(const std::string& snapshot, const std::string&) {
+  return get_snapshot(snapshot);
+}
+std::vector<SandboxInfo> Engine::fork(const std::string&, int) { unsupported("fork"); }
 
 // The fake's sandboxes by state; the real families are tested against the
 // real engine (tests/integration/test_metrics.py).
@@ -474,6 +538,44 @@ void Engine::write_metrics(metrics::Writer& out) {
 }
 nlohmann::json Engine::readiness() {
   return {{"ready", true}, {"missing", nlohmann::json::array()}};
+}
+
+// The journal chain and the disk diff need real files: the fake has no
+// chain to check and no disk layers.
+nlohmann::json Engine::verify_journal(const std::string& id) {
+  audit(id);  // not_found for an unknown id
+  throw Error(Errc::unavailable, "the fake engine keeps no hash chain");
+}
+std::unique_ptr<RecordFollower> Engine::follow_journal(const std::string& id) {
+  struct Follower : RecordFollower {
+    Engine* engine;
+    std::string id;
+    size_t seen = 0;
+    std::vector<nlohmann::json> next() override {
+      auto all = engine->audit(id);
+      std::vector<nlohmann::json> out(
+          all.begin() + static_cast<std::ptrdiff_t>(std::min(seen, all.size())), all.end());
+      seen = all.size();
+      return out;
+    }
+    Wake wait(std::chrono::milliseconds timeout, int hangup_fd) override {
+      pollfd p{hangup_fd, 0, 0};
+      int ms = static_cast<int>(std::min<int64_t>(timeout.count(), 20));
+      if (::poll(&p, hangup_fd >= 0 ? 1 : 0, ms) > 0 && (p.revents & (POLLHUP | POLLERR)))
+        return Wake::hangup;
+      return Wake::grew;
+    }
+  };
+  audit(id);
+  auto f = std::make_unique<Follower>();
+  f->engine = this;
+  f->id = id;
+  return f;
+}
+nlohmann::json Engine::changes(const std::string& id, const std::string& since, bool) {
+  if (since != "start") throw Error(Errc::invalid_argument, "since must be \"start\"", "since");
+  get(id);
+  throw Error(Errc::unavailable, "the fake engine has no disk layers");
 }
 
 }  // namespace airlock::engine

@@ -15,11 +15,16 @@
 #include <thread>
 
 #include "cli/args.h"
+#include "cli/attach.h"
 #include "cli/client.h"
+#include "cli/journal_cmd.h"
 #include "cli/probe.h"
 #include "cli/pty_client.h"
+#include "cli/recipe_cmd.h"
 #include "cli/spawn.h"
 #include "cli/stdin_pump.h"
+#include "cli/image_cmd.h"
+#include "cli/snapshot_cmd.h"
 #include "cli/token_cmd.h"
 #include "common/error.h"
 #include "daemon/base64.h"
@@ -112,14 +117,29 @@ int run_exec(const Client& c, const std::string& id, const ExecOptions& opts,
       if (p) p->stop();
     }
   } pump_stop{pump};
-  json exit = c.exec(id, body, [&](const json& ev) {
-    std::string type = ev.value("type", "");
-    if (type == "start" && pump) pump->start(ev.value("exec_id", ""));
-    if (type != "stdout" && type != "stderr") return;
-    auto bytes = daemon::base64_decode(ev.value("data", ""));
-    if (!bytes) throw Error(Errc::internal, "airlockd sent invalid base64 output");
-    write_all(type == "stdout" ? 1 : 2, *bytes);
-  });
+  // Counted as printed: if the connection to airlockd breaks mid-exec (the
+  // daemon was restarted), the rest is fetched from exactly this offset.
+  AttachState resume{id, "", 0, 0};
+  json exit;
+  try {
+    exit = c.exec(id, body, [&](const json& ev) {
+      std::string type = ev.value("type", "");
+      if (type == "start") {
+        resume.exec_id = ev.value("exec_id", "");
+        if (pump) pump->start(resume.exec_id);
+      }
+      if (type != "stdout" && type != "stderr") return;
+      auto bytes = daemon::base64_decode(ev.value("data", ""));
+      if (!bytes) throw Error(Errc::internal, "airlockd sent invalid base64 output");
+      write_all(type == "stdout" ? 1 : 2, *bytes);
+      resume.offset += bytes->size();
+    });
+  } catch (const ConnectionLost&) {
+    auto patience = reattach_patience();
+    if (resume.exec_id.empty() || patience.count() == 0) throw;
+    if (pump) pump->stop();  // the guest closes a detached exec's stdin
+    exit = reattach(c, resume, write_all, patience);
+  }
   if (exit.value("timed_out", false))
     std::fprintf(stderr, "airlock: command timed out after %.3g s\n",
                  exit.value("duration_ms", 0) / 1000.0);
@@ -131,6 +151,15 @@ int run_exec(const Client& c, const std::string& id, const ExecOptions& opts,
     std::fprintf(stderr, "airlock: output truncated (%llu stdout + %llu stderr bytes dropped)\n",
                  static_cast<unsigned long long>(exit.value("stdout_dropped", uint64_t{0})),
                  static_cast<unsigned long long>(exit.value("stderr_dropped", uint64_t{0})));
+  return exit_code_of(exit);
+}
+
+// airlock attach ID EXEC_ID [--offset N]: the output of an exec whose client
+// is gone, from byte N, then its exit status as exec's.
+int run_attach(const Client& c, const std::string& id, const std::string& exec_id,
+               uint64_t offset) {
+  AttachState st{id, exec_id, offset, 0};
+  json exit = reattach(c, st, write_all, reattach_patience());
   return exit_code_of(exit);
 }
 
@@ -150,7 +179,9 @@ void add_create_flags(CLI::App* app, CreateOptions& o) {
   app->add_option("--disk", o.disk_mb, "disk size in MiB");
   app->add_option("--lifetime", o.timeout_s, "seconds before the sandbox is destroyed");
   app->add_option("--idle-timeout", o.idle_timeout_s,
-                  "destroy it after this many seconds without an exec or call (0 = never)");
+                  "destroy (or pause, --on-idle) it after this many seconds without an exec or "
+                  "call (0 = never)");
+  app->add_option("--on-idle", o.on_idle, "what --idle-timeout does: destroy (default) or pause");
   add_network_flags(app, o.network, o.allow, o.deny);
 }
 
@@ -221,6 +252,7 @@ int main_impl(int argc, char** argv) {
   create->add_option("--env", copts.env, "KEY=VALUE default environment of every exec");
   create->add_option("--meta", copts.meta, "KEY=VALUE label");
   create->add_flag("--json", json_out, "print the sandbox as JSON");
+  create->add_option("--from", copts.from, "start from this snapshot (airlock snapshot)");
 
   auto* ls = app.add_subcommand("ls", "list sandboxes");
   ls->add_flag("--json", json_out, "print JSON");
@@ -237,6 +269,15 @@ int main_impl(int argc, char** argv) {
   exec->add_flag("-t,--tty", tty, "run it on a terminal (a pty in the sandbox), like ssh -t");
   exec->add_option("id", id, "sandbox id")->required();
   exec->add_option("argv", argv_rest, "command and arguments (after --)");
+
+  std::string attach_exec_id;
+  uint64_t attach_offset = 0;
+  auto* attach = app.add_subcommand(
+      "attach", "the output of an exec whose client is gone (daemon restart): attach ID EXEC_ID");
+  attach->add_option("--offset", attach_offset,
+                     "first byte wanted (stdout and stderr counted together; default 0)");
+  attach->add_option("id", id, "sandbox id")->required();
+  attach->add_option("exec_id", attach_exec_id, "exec id (from exec's start event)")->required();
 
   PtyOptions shell_opts;
   auto* shell = app.add_subcommand("shell", "an interactive shell in a sandbox: shell ID");
@@ -265,7 +306,10 @@ int main_impl(int argc, char** argv) {
   logs->add_flag("--json", json_out, "print JSON");
   bool net_logs = false, follow = false;
   logs->add_flag("--network", net_logs, "only network events, one line each");
-  logs->add_flag("-f,--follow", follow, "with --network: keep printing new events");
+  logs->add_flag("-f,--follow", follow, "keep printing new records as they are appended");
+  bool verify = false;
+  logs->add_flag("--verify", verify,
+                 "check the journal's hash chain; exit 1 naming the first break");
 
   std::string watch_path;
   bool watch_recursive = false;
@@ -338,12 +382,26 @@ int main_impl(int argc, char** argv) {
 
   TokenCommands tokens;
   add_token_commands(app, tokens);
+  JournalCommands journal_cmds;
+  add_journal_commands(app, journal_cmds);
+  SnapshotCommands snaps;
+  add_snapshot_commands(app, snaps);
 
   auto* image = app.add_subcommand("image", "guest images");
   image->require_subcommand(1);
   auto* image_build = image->add_subcommand("build", "build an image (if its inputs changed)");
-  image_build->add_option("name", image_name, "recipe: minimal, debian")->required();
-  auto* image_ls = image->add_subcommand("ls", "list built images");
+  image_build
+      ->add_option("name", image_name,
+                   "built-in recipe (minimal, debian), or with -f the new image's name")
+      ->required();
+  RecipeBuild recipe_build;
+  image_build->add_option("-f,--file", recipe_build.file,
+                          "build NAME from this recipe (airlock.toml) in build sandboxes");
+  image_build->add_option("--arg", recipe_build.args,
+                          "NAME=VALUE: a value for the recipe's [args]");
+  image_build->add_flag("--json", json_out, "with -f: print the build's events as JSON lines");
+  ImageCommands images;
+  add_image_commands(app, *image, images);
 
   // Everything after the first "--" is the command of exec/run, verbatim
   // (CLI11 would otherwise read its "-c" as an option of ours).
@@ -390,6 +448,9 @@ int main_impl(int argc, char** argv) {
     return mcp::serve(session, 0, 1);
   }
   if (run_token_command(tokens, [&] { return connect(g); })) return 0;
+  if (run_image_command(images, [&] { return connect(g); })) return 0;
+  if (int rc = run_journal_command(journal_cmds, [&] { return connect(g); }); rc >= 0) return rc;
+  if (run_snapshot_command(snaps, [&] { return connect(g); })) return 0;
   if (create->parsed()) {
     json body = create_body(copts);  // usage errors before a daemon is started
     Client c = connect(g);
@@ -411,6 +472,10 @@ int main_impl(int argc, char** argv) {
     parse_kvs(shell_opts.env, "--env");  // usage errors before a daemon is started
     Client c = connect(g);
     return run_pty(c.socket(), id, shell_opts);
+  }
+  if (attach->parsed()) {
+    Client c = connect(g);
+    return run_attach(c, id, attach_exec_id, attach_offset);
   }
   if (exec->parsed() && tty) {
     if (eopts.background || exec_timeout || eopts.pids || eopts.memory_limit_mb ||
@@ -594,7 +659,16 @@ int main_impl(int argc, char** argv) {
     });
     return 0;
   }
-  if (logs->parsed() && follow) throw UsageError("logs --follow needs --network");
+  if (logs->parsed() && verify) {
+    Client c = connect(g);
+    return verify_journal(c, id, json_out);
+  }
+  if (logs->parsed() && follow) {  // every record, streamed (GET .../events?follow=true)
+    connect(g).stream_lines("/v1/sandboxes/" + id + "/events?follow=true", [&](const json& r) {
+      std::cout << (json_out ? r.dump() : format_audit_line(r)) << std::endl;
+    });
+    return 0;
+  }
   if (port->parsed()) {
     if (remove_port && (guest_port || host_port))
       throw UsageError("port --rm takes no GUEST_PORT or --host-port");
@@ -696,6 +770,8 @@ int main_impl(int argc, char** argv) {
     return 0;
   }
   if (image_build->parsed()) {
+    if (!recipe_build.file.empty())
+      return run_recipe_build(connect(g), image_name, recipe_build, json_out);
     auto store = image_store(g);
     bool tty = ::isatty(1);
     std::string last;
@@ -707,15 +783,6 @@ int main_impl(int argc, char** argv) {
     std::printf("%s %s (%s, kernel %s) in %.1f s: %s\n", img.name.c_str(), img.key.c_str(),
                 human_bytes(img.rootfs_bytes).c_str(), img.kernel_release.c_str(), s,
                 img.dir.c_str());
-    return 0;
-  }
-  if (image_ls->parsed()) {
-    auto store = image_store(g);
-    std::printf("%-10s %-16s %-26s %10s  %s\n", "NAME", "KEY", "KERNEL", "SIZE", "DIR");
-    for (const auto& img : store.list())
-      std::printf("%-10s %-16s %-26s %10s  %s\n", img.name.c_str(), img.key.substr(0, 16).c_str(),
-                  img.kernel_release.c_str(), human_bytes(img.rootfs_bytes).c_str(),
-                  img.dir.c_str());
     return 0;
   }
   return 2;

@@ -320,9 +320,18 @@ void dispatch(engine::Engine& engine, Exchange& ex, const Caller& caller) {
     case Route::set_tenant:
       handle_auth_route(engine, ex, caller, m);
       return;
+    case Route::list_images:
+    case Route::get_image:
+    case Route::delete_image:
+    case Route::import_image:
+    case Route::disk_usage:
+    case Route::prune:
+      handle_image_route(engine, ex, caller, m);
+      return;
     case Route::get_pool:
     case Route::set_pool:
     case Route::metrics:
+    case Route::build_image:
       // The host's own business: a tenant sees these routes as absent.
       if (!caller.who.is_operator()) {
         ex.send_error(404, "not_found",
@@ -331,9 +340,19 @@ void dispatch(engine::Engine& engine, Exchange& ex, const Caller& caller) {
       }
       break;
     default:
+      if (is_snapshot_route(m.route) && snapshot_route_operator_only(m.route) &&
+          !caller.who.is_operator()) {
+        ex.send_error(404, "not_found",
+                      "no route for " + std::string(ex.method()) + " " + std::string(ex.path()));
+        return;
+      }
       // Every route with a sandbox id: another tenant's sandbox is answered
       // exactly like one that does not exist (404), before anything is read.
       if (!m.id.empty() && !caller.who.is_operator()) visible_sandbox(engine, caller.who, m.id);
+  }
+  if (is_snapshot_route(m.route)) {
+    handle_snapshot_route(engine, ex, m);
+    return;
   }
   Query q = parse_query(ex.query());
   const std::string& id = m.id;
@@ -344,6 +363,10 @@ void dispatch(engine::Engine& engine, Exchange& ex, const Caller& caller) {
     case Route::delete_token:
     case Route::list_tenants:
     case Route::set_tenant:
+      return;
+    case Route::build_image:
+      check_query_keys(q, {});
+      handle_build_image(engine, ex);
       return;
     case Route::info: {
       check_query_keys(q, {});
@@ -373,15 +396,28 @@ void dispatch(engine::Engine& engine, Exchange& ex, const Caller& caller) {
       return;
     }
     case Route::list_sandboxes: {
-      check_query_keys(q, {"all", "metadata."});
+      check_query_keys(q, {"all", "metadata.", "stats"});
       expect_no_body(ex);
+      bool with_stats = query_bool(q, "stats", false);
       json arr = json::array();
       for (const auto& sb :
-           visible_sandboxes(engine, caller.who, metadata_filter(q), query_bool(q, "all", false)))
+           visible_sandboxes(engine, caller.who, metadata_filter(q), query_bool(q, "all", false))) {
         arr.push_back(sandbox_json(sb));
+        if (with_stats) {
+          try {
+            arr.back()["stats"] = engine.stats(sb.id);
+          } catch (const Error&) {  // deleted meanwhile: listed without stats
+          }
+        }
+      }
       ex.send_json(200, arr);
       return;
     }
+    case Route::sandbox_stats:  // tenant-scoped like every {id} route (see above)
+      check_query_keys(q, {});
+      expect_no_body(ex);
+      ex.send_json(200, engine.stats(id));
+      return;
     case Route::get_sandbox:
       check_query_keys(q, {});
       expect_no_body(ex);
@@ -415,6 +451,12 @@ void dispatch(engine::Engine& engine, Exchange& ex, const Caller& caller) {
       return;
     }
     case Route::get_exec: {
+      if (auto off = q.find("offset"); off != q.end()) {
+        check_query_keys(q, {"offset"});
+        expect_no_body(ex);
+        handle_attach_exec(engine, ex, id, m.exec_id, off->second);
+        return;
+      }
       check_query_keys(q, {"wait"});
       double wait = 0;
       if (auto it = q.find("wait"); it != q.end()) {
@@ -468,11 +510,20 @@ void dispatch(engine::Engine& engine, Exchange& ex, const Caller& caller) {
       ex.send_empty(204);
       return;
     }
-    case Route::list_files:
-      check_query_keys(q, {"path"});
+    case Route::list_files: {
+      check_query_keys(q, {"path", "depth"});
+      int depth = 1;
+      if (q.count("depth")) {
+        const std::string& d = q["depth"];
+        if (d.empty() || d.size() > 2 || d.find_first_not_of("0123456789") != std::string::npos ||
+            std::stoi(d) < 1 || std::stoi(d) > 64)
+          throw Error(Errc::invalid_argument, "depth must be an integer from 1 to 64", "depth");
+        depth = std::stoi(d);
+      }
       expect_no_body(ex);
-      ex.send_json(200, engine.list_files(id, query_path(q)));
+      ex.send_json(200, engine.list_files(id, query_path(q), depth));
       return;
+    }
     case Route::stat_file:
       check_query_keys(q, {"path"});
       expect_no_body(ex);
@@ -493,6 +544,12 @@ void dispatch(engine::Engine& engine, Exchange& ex, const Caller& caller) {
       ex.send_json(201, {{"path", req.path}});
       return;
     }
+    case Route::move_file: {
+      check_query_keys(q, {});
+      MoveRequest req = parse_move(ex.read_body(kMaxJsonBody));
+      ex.send_json(200, engine.move_file(id, req.from, req.to));
+      return;
+    }
     case Route::logs: {
       check_query_keys(q, {});
       expect_no_body(ex);
@@ -501,6 +558,11 @@ void dispatch(engine::Engine& engine, Exchange& ex, const Caller& caller) {
       ex.send_json(200, arr);
       return;
     }
+    case Route::journal_verify:
+    case Route::events:
+    case Route::changes:
+      handle_journal_route(engine, ex, m.route, id, q);
+      return;
     case Route::guest_info:
       check_query_keys(q, {});
       expect_no_body(ex);
@@ -610,6 +672,15 @@ void dispatch(engine::Engine& engine, Exchange& ex, const Caller& caller) {
       ex.send_empty(204);
       return;
     }
+    case Route::pause:  // handlers_snapshots.cc (answered above)
+    case Route::resume:
+    case Route::create_snapshot:
+    case Route::list_snapshots:
+    case Route::get_snapshot:
+    case Route::delete_snapshot:
+    case Route::save_snapshot_image:
+    case Route::fork:
+      return;
   }
   ex.send_error(500, "internal", "route without a handler");
 }

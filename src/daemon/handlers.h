@@ -5,6 +5,7 @@
 
 #include "daemon/exchange.h"
 #include "daemon/principal.h"
+#include "daemon/router.h"
 #include "engine/engine.h"
 
 namespace airlock::auth {
@@ -40,5 +41,30 @@ void handle(engine::Engine& engine, Exchange& ex, const Caller& caller);
 // else gets the 404 of an unknown route.
 void handle_auth_route(engine::Engine& engine, Exchange& ex, const Caller& caller,
                        const RouteMatch& m);
+
+// The image routes (handlers_images.cc): operator only, like the above.
+void handle_image_route(engine::Engine& engine, Exchange& ex, const Caller& caller,
+                        const RouteMatch& m);
+
+// The journal and disk-diff routes (handlers_journal.cc): journal_verify,
+// events, changes. `query` is the request's parsed query string.
+void handle_journal_route(engine::Engine& engine, Exchange& ex, Route route, const std::string& id,
+                          const std::map<std::string, std::string>& query);
+
+// GET .../exec/{exec_id}?offset=N (handlers_attach.cc): attach to an exec
+// that outlived its client and stream its output from byte N.
+void handle_attach_exec(engine::Engine& engine, Exchange& ex, const std::string& id,
+                        const std::string& exec_id, const std::string& offset);
+
+// Pause, resume, snapshots, fork (handlers_snapshots.cc).
+enum class Route;
+bool is_snapshot_route(Route route);
+// Snapshots and fork: operator only (a tenant gets the 404 of an unknown route).
+bool snapshot_route_operator_only(Route route);
+void handle_snapshot_route(engine::Engine& engine, Exchange& ex, const RouteMatch& m);
+
+// POST /v1/images/build (handlers_recipes.cc): operator only (checked by
+// the caller); the recipe's progress as NDJSON.
+void handle_build_image(engine::Engine& engine, Exchange& ex);
 
 }  // namespace airlock::daemon

@@ -14,6 +14,7 @@
 #include "daemon/paths.h"
 #include "daemon/server.h"
 #include "e2b/api.h"
+#include "e2b/envd.h"
 #include "engine/engine.h"
 
 int main(int argc, char** argv) {
@@ -59,6 +60,12 @@ int main(int argc, char** argv) {
                  "audit journal cap per sandbox in MiB: past it guest-driven records are "
                  "dropped and counted, lifecycle records kept (0: no cap)")
       ->check(CLI::Range(0, 1 << 20));
+  uint64_t exec_buffer_bytes = 1 << 20;
+  app.add_option("--exec-buffer-bytes", exec_buffer_bytes,
+                 "output each foreground exec keeps in the guest so a client can attach again "
+                 "after a daemon restart; beyond it the oldest bytes are dropped, counted "
+                 "(default 1048576)")
+      ->check(CLI::Range(uint64_t{65536}, uint64_t{1} << 30));
   std::string jail_ids;
   app.add_option("--jail-ids", jail_ids,
                  "BASE:COUNT: uids/gids for QEMU jails, checked against /etc/subuid, /etc/subgid, "
@@ -119,6 +126,7 @@ int main(int argc, char** argv) {
       }
     }
     config.journal_max_bytes = static_cast<uint64_t>(journal_max_mb) << 20;
+    config.exec_buffer_bytes = exec_buffer_bytes;
     // The lifecycle reserve: 1 MiB, or a quarter of a smaller cap.
     config.journal_reserve_bytes = std::min<uint64_t>(1u << 20, config.journal_max_bytes / 4);
     if (!template_ram_dir.empty())
@@ -141,6 +149,12 @@ int main(int argc, char** argv) {
     server.add_extension("/e2b/api/", [api = e2b::Api(e2b_tokens)](
                                           engine::Engine& e, daemon::Exchange& ex,
                                           const daemon::Principal& who) { api.serve(e, ex, who); });
+    // ... and its in-sandbox half, envd (process.Process, filesystem, /files).
+    auto envd = e2b::make_envd(e2b_tokens);
+    server.add_extension("/e2b/envd/", [envd](engine::Engine& e, daemon::Exchange& ex,
+                                              const daemon::Principal& who) {
+      envd->serve(e, ex, who);
+    });
     spdlog::info("data dir {}, images {}", data.string(), config.image_dir.string());
     if (!server.run(*eng)) {
       // A connection thread is still inside the engine (e.g. a boot): do not
@@ -148,6 +162,7 @@ int main(int argc, char** argv) {
       spdlog::default_logger()->flush();
       std::_Exit(0);
     }
+    envd->shutdown();  // its commands end before the engine goes
     eng.reset();
     spdlog::info("airlockd stopped");
     return 0;

@@ -115,7 +115,7 @@ json parse_object(std::string_view body) {
 engine::SandboxSpec parse_create(std::string_view body) {
   json j = parse_object(body);
   reject_unknown(j, {"image", "cpus", "memory_mb", "disk_mb", "timeout", "idle_timeout", "env",
-                     "metadata", "network"});
+                     "metadata", "network", "from", "on_idle"});
   engine::SandboxSpec spec;
   if (j.contains("image")) {
     spec.image = get_string(j["image"], "image");
@@ -148,6 +148,9 @@ engine::SandboxSpec parse_create(std::string_view body) {
                     "metadata." + key);
   }
   if (j.contains("network")) spec.network = parse_network(j["network"]);
+  // A snapshot to start from (checked by the engine: name, existence).
+  if (j.contains("from")) spec.from = get_string(j["from"], "from");
+  if (j.contains("on_idle")) spec.on_idle = get_string(j["on_idle"], "on_idle");
   return spec;
 }
 
@@ -236,9 +239,7 @@ engine::ExecRequest parse_exec(std::string_view body) {
     req.cmd = get_string(j["cmd"], "cmd");
     if (req.cmd.empty()) bad("cmd must not be empty", "cmd");
     if (req.cmd.find('\0') != std::string::npos) bad("cmd must not contain NUL bytes", "cmd");
-  } else {
-    bad("argv or cmd is required", "argv");
-  }
+  }  // neither: the image's Entrypoint + Cmd (the engine refuses if it has none)
   if (j.contains("env")) req.env = get_string_map(j["env"], "env", true);
   if (j.contains("cwd")) {
     req.cwd = get_string(j["cwd"], "cwd");
@@ -312,6 +313,19 @@ MkdirRequest parse_mkdir(std::string_view body) {
   req.path = get_string(j["path"], "path");
   check_guest_path(req.path, "path");
   if (j.contains("parents")) req.parents = get_bool(j["parents"], "parents");
+  return req;
+}
+
+MoveRequest parse_move(std::string_view body) {
+  json j = parse_object(body);
+  reject_unknown(j, {"from", "to"});
+  MoveRequest req;
+  for (const char* f : {"from", "to"}) {
+    if (!j.contains(f)) bad(std::string(f) + " is required", f);
+    check_guest_path(get_string(j[f], f), f);
+  }
+  req.from = j["from"];
+  req.to = j["to"];
   return req;
 }
 

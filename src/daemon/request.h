@@ -71,6 +71,12 @@ struct MkdirRequest {
 };
 MkdirRequest parse_mkdir(std::string_view body);
 
+// POST /v1/sandboxes/{id}/files/move {from, to}
+struct MoveRequest {
+  std::string from, to;
+};
+MoveRequest parse_move(std::string_view body);
+
 // Decoded query parameters (the last of repeated keys wins).
 using Query = std::map<std::string, std::string>;
 // Splits and percent-decodes a query string ("a=1&b=%2F"); '+' is a space.

@@ -66,8 +66,12 @@ const std::vector<RouteSpec>& routes() {
       {"GET", "/v1/sandboxes/{id}/files/list", Route::list_files},
       {"GET", "/v1/sandboxes/{id}/files/stat", Route::stat_file},
       {"POST", "/v1/sandboxes/{id}/files/mkdir", Route::make_dir},
+      {"POST", "/v1/sandboxes/{id}/files/move", Route::move_file},
       {"GET", "/v1/sandboxes/{id}/files/watch", Route::watch_files},
       {"GET", "/v1/sandboxes/{id}/logs", Route::logs},
+      {"GET", "/v1/sandboxes/{id}/journal/verify", Route::journal_verify},
+      {"GET", "/v1/sandboxes/{id}/events", Route::events},
+      {"GET", "/v1/sandboxes/{id}/changes", Route::changes},
       {"GET", "/v1/sandboxes/{id}/info", Route::guest_info},
       {"GET", "/v1/sandboxes/{id}/posture", Route::posture},
       {"PATCH", "/v1/sandboxes/{id}/network", Route::set_network},
@@ -77,10 +81,26 @@ const std::vector<RouteSpec>& routes() {
       {"GET", "/v1/sandboxes/{id}/ports", Route::list_ports},
       {"DELETE", "/v1/sandboxes/{id}/ports/{host_port}", Route::remove_port},
       {"GET", "/v1/sandboxes/{id}/pty", Route::pty},
+      {"POST", "/v1/sandboxes/{id}/pause", Route::pause},
+      {"POST", "/v1/sandboxes/{id}/resume", Route::resume},
+      {"POST", "/v1/sandboxes/{id}/snapshots", Route::create_snapshot},
+      {"POST", "/v1/sandboxes/{id}/fork", Route::fork},
+      {"GET", "/v1/snapshots", Route::list_snapshots},
+      {"GET", "/v1/snapshots/{id}", Route::get_snapshot},
+      {"DELETE", "/v1/snapshots/{id}", Route::delete_snapshot},
+      {"POST", "/v1/snapshots/{id}/image", Route::save_snapshot_image},
+      {"GET", "/v1/images", Route::list_images},
+      {"GET", "/v1/images/{id}", Route::get_image},
+      {"DELETE", "/v1/images/{id}", Route::delete_image},
+      {"POST", "/v1/images/{id}/import", Route::import_image},
+      {"GET", "/v1/df", Route::disk_usage},
+      {"POST", "/v1/prune", Route::prune},
+      {"GET", "/v1/sandboxes/{id}/stats", Route::sandbox_stats},
       // Unversioned, like every Prometheus target and probe endpoint.
       {"GET", "/metrics", Route::metrics},
       {"GET", "/healthz", Route::healthz},
       {"GET", "/readyz", Route::readyz},
+      {"POST", "/v1/images/build", Route::build_image},
   };
   return table;
 }
@@ -88,8 +108,19 @@ const std::vector<RouteSpec>& routes() {
 RouteMatch match_route(std::string_view method, std::string_view path) {
   auto segs = split(path);
   RouteMatch result;
+  // A template without parameters that matches the path wins over the
+  // parameterised ones (POST /v1/images/build is not image "build"; a GET
+  // there is a 405, not GET /v1/images/{id}).
+  bool literal = false;
   for (const auto& spec : routes()) {
     RouteMatch m;
+    if (std::string_view(spec.path).find('{') == std::string::npos &&
+        match_template(segs, spec.path, m))
+      literal = true;
+  }
+  for (const auto& spec : routes()) {
+    RouteMatch m;
+    if (literal && std::string_view(spec.path).find('{') != std::string::npos) continue;
     if (!match_template(segs, spec.path, m)) continue;
     if (method == spec.method) {
       m.status = RouteStatus::ok;

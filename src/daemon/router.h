@@ -32,8 +32,12 @@ enum class Route {
   list_files,
   stat_file,
   make_dir,
+  move_file,    // rename in the guest (POST .../files/move)
   watch_files,  // NDJSON stream of changes under a directory
   logs,
+  journal_verify,  // the journal's hash chain checked (handlers_journal.cc)
+  events,          // the whole journal, JSON or a live NDJSON stream
+  changes,         // filesystem diff since the sandbox started
   guest_info,
   posture,  // the QEMU jail read back from /proc
   set_network,
@@ -52,6 +56,24 @@ enum class Route {
   delete_token,
   list_tenants,  // operator only: quotas and usage
   set_tenant,    // operator only: PUT a tenant's quota
+  // Pause, resume, snapshots, fork (handlers_snapshots.cc).
+  pause,
+  resume,
+  create_snapshot,  // POST /v1/sandboxes/{id}/snapshots
+  list_snapshots,
+  get_snapshot,  // {id} is the snapshot's name
+  delete_snapshot,
+  save_snapshot_image,  // POST /v1/snapshots/{id}/image {name}: `airlock image save`
+  fork,
+  // Images (handlers_images.cc): operator only.
+  list_images,
+  get_image,
+  delete_image,
+  import_image,   // POST /v1/images/{id}/import, body: docker save / OCI layout tar
+  disk_usage,     // GET /v1/df
+  prune,          // POST /v1/prune
+  sandbox_stats,  // GET /v1/sandboxes/{id}/stats
+  build_image,   // operator only: an image from a recipe, NDJSON progress (handlers_recipes.cc)
 };
 
 struct RouteSpec {

@@ -78,6 +78,18 @@ TEST(Router, HealthAndMetricsRoutes) {
   EXPECT_EQ(match_route("POST", "/metrics").allow, "GET");
 }
 
+TEST(Router, ALiteralPathWinsOverAParameter) {
+  // /v1/images/build is the build route, not image "build": only POST.
+  EXPECT_EQ(match_route("POST", "/v1/images/build").route, Route::build_image);
+  RouteMatch m = match_route("GET", "/v1/images/build");
+  EXPECT_EQ(m.status, RouteStatus::method_not_allowed);
+  EXPECT_EQ(m.allow, "POST");
+  m = match_route("GET", "/v1/images/builder");
+  ASSERT_EQ(m.status, RouteStatus::ok);
+  EXPECT_EQ(m.route, Route::get_image);
+  EXPECT_EQ(m.id, "builder");
+}
+
 TEST(Router, RouteTemplateHidesIds) {
   // Per-route metrics are labelled by template: bounded, no ids.
   EXPECT_EQ(route_template("POST", "/v1/sandboxes/sb-123/exec"), "/v1/sandboxes/{id}/exec");

@@ -105,9 +105,13 @@ Engine::Impl::Impl(Config c)
     : cfg(with_defaults(std::move(c))),
       launcher(cfg.launcher ? cfg.launcher : qemu_launcher()),
       registry(cfg.data_dir / "registry.db"),
-      journal(cfg.data_dir / "audit", {cfg.journal_max_bytes, cfg.journal_reserve_bytes}),
+      // Heads anchored in the registry, signed with the host's key (made on
+      // first start, 0600 like the data dir it is in).
+      journal(cfg.data_dir / "audit", {cfg.journal_max_bytes, cfg.journal_reserve_bytes}, &registry,
+              HostKey::load_or_create(cfg.data_dir / "journal-key.pem")),
       images(cfg.image_dir, cfg.share_dir / "images", cfg.guest_agent) {
   if (cfg.templates) templates.emplace(cfg.template_dir, cfg.template_ram_dir);
+  snaps.emplace(cfg.data_dir / "snapshots");
   if (!cfg.accel.empty()) {
     accel = vmm::AccelVerdict{cfg.accel == "kvm" ? vmm::Accel::kvm : vmm::Accel::tcg,
                               "configured (accel=" + cfg.accel + ")", false};
@@ -167,8 +171,11 @@ std::shared_ptr<Live> Engine::Impl::running(const std::string& id) {
 
 bool Engine::Impl::teardown(Live& sb, State state, const std::string& reason,
                             const std::string& event, const std::string& failure,
-                            const nlohmann::json& details) {
+                            const nlohmann::json& details, std::optional<State> only_from) {
   const std::string id = sb.id();
+  // Never under a running pause/resume/snapshot: wait for it to finish.
+  std::lock_guard op(sb.op_mu);
+  if (only_from && sb.state() != *only_from) return false;
   // The one owner of the stop: whoever moves the sandbox to `stopping`.
   // Everyone else (destroy racing the reaper, a pool drain) backs off.
   try {
@@ -191,6 +198,7 @@ void Engine::Impl::finish_stop(Live& sb, State state, const std::string& reason,
   // Close first: every call waiting on the guest fails at once instead of
   // noticing the dead socket later.
   if (sb.channel) sb.channel->close("sandbox " + id + " is being stopped: " + reason);
+  close_detached_execs(sb, reason);
   // The helper before the VM: it runs in the VM's cgroup, which the VM's
   // kill removes (and cannot while a process is in it).
   pid_t net_pid;
@@ -210,6 +218,8 @@ void Engine::Impl::finish_stop(Live& sb, State state, const std::string& reason,
   fs::remove_all(sb.run_dir(), ec);
   if (ec)
     spdlog::error("sandbox {}: removing {} failed: {}", id, sb.run_dir().string(), ec.message());
+  fs::remove_all(paused_dir(id), ec);  // a paused sandbox's saved VM
+  if (!sb.rec.info.spec.from.empty()) release_internal_snapshot(sb.rec.info.spec.from, id);
   try {
     sb.transition(State::stopping, state,
                   {.reason = reason, .failure = failure, .event = event, .details = details});
@@ -247,6 +257,14 @@ void Engine::Impl::reaper_loop() {
     // QEMU gone, channel closed, network helper, agent ping.
     std::vector<std::pair<std::shared_ptr<Live>, Verdict>> victims;
     for (auto& sb : snapshot) {
+      // A paused sandbox's timeout clock keeps running (engine.h, pause()).
+      if (sb->state() == State::paused && now >= sb->expires_steady_ms.load()) {
+        victims.emplace_back(sb, Verdict{State::timed_out, "", "timeout reached while paused",
+                                         "timed_out", nlohmann::json::object()});
+        continue;
+      }
+      if (sb->state() == State::paused)
+        next = std::min<int64_t>(next, sb->expires_steady_ms.load());
       if (sb->state() != State::running) continue;
       std::optional<Verdict> v;
       try {
@@ -271,7 +289,20 @@ void Engine::Impl::reaper_loop() {
       }
       spdlog::info("sandbox {}: {}{}", sb->id(), v.failure.empty() ? "" : v.failure + ": ",
                    v.reason);
-      teardown(*sb, v.state, v.reason, v.event, v.failure, v.details);
+      if (v.details.value("pause", false)) {
+        // idle_timeout with on_idle "pause".
+        std::lock_guard op(sb->op_mu);
+        if (sb->state() != State::running) continue;
+        try {
+          pause_locked(*sb, v.reason);
+        } catch (const std::exception& e) {
+          spdlog::error("sandbox {}: idle pause failed: {}", sb->id(), e.what());
+        }
+        continue;
+      }
+      // Only if still in the state it was judged in (a pause may have begun).
+      State seen = v.reason == "timeout reached while paused" ? State::paused : State::running;
+      teardown(*sb, v.state, v.reason, v.event, v.failure, v.details, seen);
     }
     snapshot.clear();
     lock.lock();
@@ -281,12 +312,12 @@ void Engine::Impl::reaper_loop() {
   }
 }
 
-void Engine::Impl::close_interrupted_execs(const std::string& id) {
+std::map<std::string, nlohmann::json> Engine::Impl::open_execs(const std::string& id) {
   std::vector<nlohmann::json> recs;
   try {
     recs = journal.read(id);
   } catch (const std::exception&) {
-    return;  // no journal yet
+    return {};  // no journal yet
   }
   std::map<std::string, nlohmann::json> open;  // exec_id -> its start record
   for (const auto& r : recs) {
@@ -297,7 +328,11 @@ void Engine::Impl::close_interrupted_execs(const std::string& id) {
     else if (ev == "exec")
       open.erase(r["exec_id"].get<std::string>());
   }
-  for (const auto& [exec_id, start] : open) {
+  return open;
+}
+
+void Engine::Impl::close_interrupted_execs(const std::string& id) {
+  for (const auto& [exec_id, start] : open_execs(id)) {
     nlohmann::json end{
         {"exec_id", exec_id},
         {"argv", start.value("argv", nlohmann::json::array())},
@@ -312,9 +347,33 @@ void Engine::Impl::close_interrupted_execs(const std::string& id) {
   }
 }
 
+void Engine::Impl::close_detached_execs(Live& sb, const std::string& why) {
+  std::map<std::string, nlohmann::json> left;
+  {
+    std::lock_guard lock(sb.mu);
+    left.swap(sb.detached_execs);
+  }
+  for (const auto& [exec_id, start] : left) {
+    nlohmann::json end{{"exec_id", exec_id},
+                       {"argv", start.value("argv", nlohmann::json::array())},
+                       {"reason", "interrupted"},
+                       {"interrupted", true},
+                       {"error", "it outlived a daemon restart and no client collected its "
+                                 "result before the sandbox ended (" + why + ")"}};
+    try {
+      journal.append(sb.id(), "exec", end, Durability::sync);
+    } catch (const std::exception& e) {
+      spdlog::error("sandbox {}: audit: {}", sb.id(), e.what());
+    }
+  }
+}
+
 void Engine::Impl::recover_one(SandboxRecord rec) {
   const std::string id = rec.info.id;
-  close_interrupted_execs(id);
+  // Execs in flight when the previous daemon died: if the sandbox is
+  // re-adopted they keep running in the guest, waiting for a client to
+  // attach (attach_exec); otherwise they are closed as interrupted below.
+  std::map<std::string, nlohmann::json> in_flight = open_execs(id);
   auto img = images.find(rec.info.spec.image);
   vmm::VmConfig vc;
   vc.id = id;
@@ -334,6 +393,13 @@ void Engine::Impl::recover_one(SandboxRecord rec) {
   }
   const State was = rec.info.state;
   auto sb = std::make_shared<Live>(rec, registry, journal);
+  if (img) {
+    sb->image_env = img->config.env;
+    sb->image_workdir = img->config.workdir;
+    sb->image_user = img->config.user;
+    sb->image_argv = img->config.entrypoint;
+    sb->image_argv.insert(sb->image_argv.end(), img->config.cmd.begin(), img->config.cmd.end());
+  }
   std::string reason, failure;
   nlohmann::json details = nlohmann::json::object();
   auto clean = [&](State state, const std::string& why, const std::string& event,
@@ -345,6 +411,11 @@ void Engine::Impl::recover_one(SandboxRecord rec) {
     else
       teardown(*sb, state, why, event, fail, details);
   };
+  if (was == State::paused) {
+    // Its VM is saved on disk (pause): it stays paused, resumable.
+    adopt_paused(rec);
+    return;
+  }
   if (rec.info.spec.metadata.count(kPoolMarker)) {
     // An idle pool member of the previous daemon: nobody's sandbox.
     clean(State::deleted, "warm pool member dropped at daemon restart", "deleted", "");
@@ -383,6 +454,8 @@ void Engine::Impl::recover_one(SandboxRecord rec) {
       // Deadlines continue on the steady clock from what is left of the life.
       sb->expires_steady_ms =
           steady_ms() + std::max<int64_t>(rec.info.expires_at_ms - wall_ms(), 0);
+      if (!in_flight.empty()) adopted["detached_execs"] = in_flight.size();
+      sb->detached_execs = std::move(in_flight);
       journal.append(id, "adopted", adopted, Durability::sync);
       spdlog::info("sandbox {}: re-adopted (pid {})", id, sb->vm->pid());
       {
@@ -400,6 +473,7 @@ void Engine::Impl::recover_one(SandboxRecord rec) {
     }
   }
   spdlog::warn("sandbox {}: cleaning up: {}", id, reason);
+  close_interrupted_execs(id);
   clean(State::failed, reason, "failed", failure);
 }
 

@@ -31,6 +31,9 @@
 namespace airlock::metrics {
 class Writer;  // common/metrics/metrics.h
 }
+namespace airlock::recipes {
+struct BuildRequest;  // recipes/builder.h
+}
 
 namespace airlock::engine {
 
@@ -75,11 +78,15 @@ struct Config {
   // and counted; the reserve is for lifecycle records. 0 = no cap.
   uint64_t journal_max_bytes = 64ull << 20;
   uint64_t journal_reserve_bytes = 1ull << 20;
+  // Per foreground exec, the output the guest keeps so a client can attach
+  // again after a daemon restart (airlockd --exec-buffer-bytes; 64 KiB ..
+  // 1 GiB). Beyond it the oldest bytes go, counted (engine_attach.cc).
+  uint64_t exec_buffer_bytes = 1ull << 20;
 };
 
 // The sandbox state machine (docs/design.md, "State and lifecycle";
-// transitions in sandbox.cc). pausing, paused and snapshotting are reserved
-// for pause, snapshot and fork: no sandbox enters them yet.
+// transitions in sandbox.cc). pausing/paused: pause() and resume();
+// snapshotting: snapshot() and fork() (engine_pause.cc, engine_snapshots.cc).
 enum class State {
   starting,
   running,
@@ -107,6 +114,13 @@ struct SandboxSpec {
   // Egress policy {"mode": "none"|"allowlist"|"open", "allow": [...], "deny": [...]},
   // grammar in src/engine/net/policy.h. "none" (the default): no NIC at all.
   nlohmann::json network = {{"mode", "none"}};
+  // A snapshot to start from (create --from; engine_snapshots.cc): its disk
+  // (and, for a memory snapshot, its running VM, cpus and memory_mb) instead
+  // of the image's; image is then the snapshot's. Persisted: a snapshot used
+  // by a live sandbox cannot be deleted.
+  std::string from;
+  // What idle_timeout does: "destroy" (timed_out) or "pause".
+  std::string on_idle = "destroy";
   // The tenant that owns it ("" = the operator's, created over the unix
   // socket); set by the daemon from the request's credentials, never by the
   // request body. Persisted; shown as "tenant" when not empty.
@@ -201,6 +215,20 @@ struct ExecCallbacks {
   std::function<bool(int channel, std::string_view bytes)> on_output;
 };
 
+// attach_exec(): a foreground exec resumed from an offset of its output.
+struct AttachCallbacks {
+  // Before any output: {"offset": the first byte that follows (>= the one
+  // asked for), "dropped": bytes between the two the guest no longer holds,
+  // "end": bytes produced so far, "running", "lost": bytes the guest
+  // evicted before anyone read them, "pid"?}.
+  std::function<void(const nlohmann::json& attached)> on_attached;
+  // Output from that offset, stdout (1) and stderr (2) in the order
+  // produced. Returning false detaches: the exec keeps running.
+  std::function<bool(int channel, std::string_view bytes)> on_output;
+  // Asked about every 500 ms while nothing arrives; true detaches.
+  std::function<bool()> cancelled;
+};
+
 // What Engine::write_stdin() sent.
 struct StdinWrite {
   uint64_t bytes = 0;   // by this call
@@ -280,6 +308,16 @@ class Engine {
   StdinWrite write_stdin(const std::string& id, const std::string& exec_id,
                          const ChunkSource& source, bool eof,
                          const std::function<bool()>& cancelled = {});
+  // Attaches to a foreground exec that outlived its client (the daemon was
+  // restarted, or the client detached) from byte `offset` of its output
+  // (stdout and stderr as one sequence, counted from 0; engine_attach.cc).
+  // Returns the result once it ended (its journal record is written then,
+  // once), nullopt if the caller detached again. Errors: not_found (no such
+  // exec waiting for a client: unknown, finished and collected, or still
+  // streaming to its first client: conflict), invalid_argument field
+  // "offset" (beyond what it produced), conflict (not running).
+  std::optional<ExecResult> attach_exec(const std::string& id, const std::string& exec_id,
+                                        uint64_t offset, const AttachCallbacks& callbacks);
   // Sends `signal` to a running exec's process (tree); for a background
   // exec, 9 kills its whole tree even after its main process ended.
   void kill_exec(const std::string& id, const std::string& exec_id, int signal = 9);
@@ -310,6 +348,24 @@ class Engine {
   void make_dir(const std::string& id, const std::string& path, bool parents);
   void remove_file(const std::string& id, const std::string& path, bool recursive);
   nlohmann::json guest_info(const std::string& id);  // kernel, uptime, memory, disk
+  // File operations as E2B's filesystem service needs them (engine_files.cc).
+  // Entries are checked and rebuilt by the host (file_entry.h) and carry
+  // "path", "owner", "group" and a symlink's "target". `owner` (a guest user
+  // name; empty = root): what the call creates (the file, missing parent
+  // directories) belongs to that user, as the files envd writes for the user
+  // a call runs as; an unknown user is not_found field "user".
+  uint64_t write_file_as(const std::string& id, const std::string& path, uint32_t mode,
+                         const ChunkSource& source, const std::string& owner);
+  // `depth` levels below `path` (1..64; 1 = its entries), depth first, each
+  // directory's entries by name; {"entries": [...], "truncated"?: true}
+  // (the guest answers in pages; "truncated" past 100000 entries).
+  nlohmann::json list_files(const std::string& id, const std::string& path, int depth);
+  // rename(2) `from` to `to` in the guest (missing parents of `to` made,
+  // owned by `owner`); the entry now at `to`. not_found (field "path") if
+  // `from` does not exist; conflict if `to` is a non-empty directory.
+  nlohmann::json move_file(const std::string& id, const std::string& from, const std::string& to,
+                           const std::string& owner = {});
+  void make_dir_as(const std::string& id, const std::string& path, const std::string& owner);
   // Streams changes under the guest directory `path` (inotify in the guest;
   // recursive: every directory below it too, new ones included) to
   // `callbacks` on this thread until a callback returns false, the watch
@@ -332,6 +388,19 @@ class Engine {
   // Its size and what the cap dropped (counted since this engine started;
   // the sandbox's end record carries the final count as "journal_dropped").
   JournalStats journal_stats(const std::string& id);
+  // The journal's hash chain checked against the head anchored in the
+  // registry and its signature (audit/chain.h; VerifyReport::to_json):
+  // {"ok", "records", "head", "anchor", "unanchored", "breaks", "first_break",
+  // ...}. Error(not_found) if the sandbox has no journal (engine_journal.cc).
+  nlohmann::json verify_journal(const std::string& id);
+  // A follower of every record of the journal from the first (GET
+  // .../events); not_found like follow_network_events.
+  std::unique_ptr<RecordFollower> follow_journal(const std::string& id);
+  // Paths added, modified and deleted in the sandbox's disk since `since`
+  // ("start": its base image or template), read on the host from the disk
+  // layers (storage/fsdiff.h; engine_changes.cc). `content`: unified diffs
+  // of text files. Error(invalid_argument, field since) for anything else.
+  nlohmann::json changes(const std::string& id, const std::string& since, bool content);
 
   // Replaces a running sandbox's egress policy; flows no longer allowed are
   // cut. Returns {"policy": <normalised>, "flows_cut": N}. A sandbox created
@@ -365,6 +434,41 @@ class Engine {
   //   "replaced", "shed"}, ...]
   nlohmann::json pool_info();
 
+  // Pause and resume (engine_pause.cc; docs/design.md "Snapshots, fork,
+  // pause"). pause() saves the whole VM (RAM, devices; the disk stays) under
+  // data_dir/paused/<id> and ends QEMU: `paused` holds no CPU and no RAM;
+  // the `timeout` clock keeps running (a paused sandbox past its timeout is
+  // ended, timed_out). A foreground (streaming) exec in flight is killed
+  // before the save and its call ends with Error(conflict) ("paused during
+  // the call"); background execs are frozen with the VM and continue after
+  // resume. resume() restores it with every other process intact; works
+  // after a daemon restart.
+  // conflict unless running (pause) / paused (resume); not_found.
+  SandboxInfo pause(const std::string& id);
+  SandboxInfo resume(const std::string& id);
+  // Snapshots (engine_snapshots.cc): the disk of a running or paused
+  // sandbox (with `memory`, its whole VM too) as a read-only snapshot
+  // `name`. invalid_argument field "name" (empty, '/', "..", NUL, ...);
+  // conflict (name taken, sandbox not running/paused); unavailable (host
+  // disk full: nothing of it is left). Returns the snapshot's JSON.
+  nlohmann::json snapshot(const std::string& id, const std::string& name, bool memory);
+  nlohmann::json list_snapshots();
+  nlohmann::json get_snapshot(const std::string& name);
+  // conflict naming the sandboxes and snapshots that use it.
+  void delete_snapshot(const std::string& name);
+  // `airlock image save`: snapshot `snapshot`'s disk (its whole layer chain,
+  // flattened) becomes the installed image `name`, with the exec defaults
+  // of the snapshot's image (config.base names that image). The snapshot is
+  // verified first and held (not deletable) meanwhile. not_found field
+  // "snapshot"; conflict if image `name` exists or is a built-in recipe;
+  // unavailable if the snapshot is damaged or the host's disk is full
+  // (nothing of the image is left). Returns the image's JSON.
+  nlohmann::json save_snapshot_image(const std::string& snapshot, const std::string& name);
+  // `count` (1..16) new running sandboxes continuing from `id`'s memory and
+  // disk now (copy-on-write), each with its own identity; `id` keeps
+  // running after a short stop. All or nothing.
+  std::vector<SandboxInfo> fork(const std::string& id, int count);
+
   // version, accelerator + why, images, templates, pool.
   nlohmann::json info();
   // The engine's metric families (engine_metrics.cc: sandboxes by state,
@@ -376,6 +480,39 @@ class Engine {
   // once, if it was not).
   nlohmann::json readiness();
   storage::ImageStore& images();
+  // Image recipes (recipes/builder.cc; engine_build.cc): a sandbox booted on
+  // `image` as given, never a clone or a pool member: a build step runs on
+  // the previous step's layer (image.rootfs a *.qcow2 file). Errors as create().
+  SandboxInfo create_on_image(const SandboxSpec& spec, const storage::Image& image);
+  // The qcow2 overlay of a running sandbox (a build step keeps it as a layer).
+  std::filesystem::path disk_path(const std::string& id);
+  // Builds image request.name from a recipe, each step in a build sandbox,
+  // cached as layers (recipes/builder.h: events, result, errors).
+  nlohmann::json build_recipe(const recipes::BuildRequest& request,
+                              const std::function<bool(const nlohmann::json&)>& on_event);
+
+  // Images (engine_images.cc; docs/design.md, "Images: import and
+  // management"). The operator's business: the daemon serves them only over
+  // the unix socket. list_images/inspect_image: storage::to_json(Image) +
+  // "used_by" (["sandbox:ID", "pool:ID", "template:KEY", ...]).
+  nlohmann::json list_images();
+  nlohmann::json inspect_image(const std::string& name);  // + "versions"
+  // An OCI layout / docker save archive becomes image `name` (oci_import.h).
+  nlohmann::json import_image(const std::string& name, const std::filesystem::path& archive,
+                              bool replace);
+  // Error(conflict) naming every user while anything uses it.
+  void remove_image(const std::string& name);
+  // {"bytes": {"images", "layers", "snapshots", "templates", "overlays", "journals", "total"}}
+  nlohmann::json disk_usage();
+  // Frees what nothing uses: old image versions, orphaned cached layers,
+  // leftovers of interrupted imports. {"dry_run", "freed_bytes", "removed": [...]}
+  nlohmann::json prune(bool dry_run);
+  std::vector<std::string> image_users(const std::string& name);
+  // A sandbox's resource use now (engine_stats.cc): {"cpu_seconds" (QEMU's
+  // user+system time), "memory_bytes" (QEMU's resident set), "disk_bytes"
+  // (allocated bytes of its overlay), "net_rx_bytes", "net_tx_bytes" (its
+  // network flows), "age_s"}. Error(not_found) for an unknown id.
+  nlohmann::json stats(const std::string& id);
 
  private:
   SandboxInfo create_counted(const SandboxSpec& spec);  // create() without the metrics

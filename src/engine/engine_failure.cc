@@ -191,8 +191,10 @@ std::optional<Verdict> Engine::Impl::check_health(const std::shared_ptr<Live>& s
     if (sb.busy > 0 || execs_running) {
       sb.last_activity_ms = now;
     } else if (now - sb.last_activity_ms >= int64_t{idle} * 1000) {
+      // on_idle "pause": the reaper pauses it instead (details["pause"]).
       return Verdict{State::timed_out, "", "idle for " + std::to_string(idle) + " s", "timed_out",
-                     nlohmann::json::object()};
+                     info.spec.on_idle == "pause" ? nlohmann::json{{"pause", true}}
+                                                  : nlohmann::json::object()};
     }
   }
   // The agent must answer a ping: a VM that runs but whose agent hangs (or

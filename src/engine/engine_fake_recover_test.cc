@@ -18,10 +18,13 @@ using namespace std::chrono_literals;
 
 class EngineFakeRecover : public testing::FakeVmTest {};
 
-// A daemon killed mid-exec left no record of the exec at all. Now the start
-// is journaled before the exec runs, and the next daemon closes it as
-// `interrupted`.
-TEST_F(EngineFakeRecover, ExecInterruptedByDaemonDeathIsRecorded) {
+// A daemon killed mid-exec: the start is journaled before the exec runs, and
+// the next daemon counts the exec as detached (in a real VM it runs on and
+// attach_exec collects it: tests/integration/test_reattach.py). The fake VM
+// serves each connection with a fresh agent, so here the exec died with its
+// host: attach finds nothing (not_found) and the sandbox's end closes the
+// exec as `interrupted`, once.
+TEST_F(EngineFakeRecover, ExecOfADeadDaemonIsDetachedThenClosedOnce) {
   int ids[2];
   ASSERT_EQ(::pipe(ids), 0);
   pid_t child = ::fork();
@@ -54,24 +57,38 @@ TEST_F(EngineFakeRecover, ExecInterruptedByDaemonDeathIsRecorded) {
   ::kill(child, SIGKILL);
   ::waitpid(child, nullptr, 0);
 
-  Engine engine(cfg_);  // the restarted daemon
-  EXPECT_EQ(engine.get(id).state, State::running);
-  std::string exec_id;
-  bool ended = false;
-  for (auto& r : engine.audit(id)) {
-    if (r["event"] == "exec_start") exec_id = r["exec_id"];
-    if (r["event"] == "exec" && r.value("exec_id", "") == exec_id) {
-      ended = true;
-      EXPECT_EQ(r["reason"], "interrupted");
-      EXPECT_EQ(r["interrupted"], true);
+  auto ends = [&](Engine& engine, std::string& exec_id) {
+    std::vector<nlohmann::json> out;
+    for (auto& r : engine.audit(id)) {
+      if (r["event"] == "exec_start") exec_id = r["exec_id"];
+      if (r["event"] == "exec" && r.value("exec_id", "") == exec_id) out.push_back(r);
     }
-  }
-  EXPECT_FALSE(exec_id.empty());
-  EXPECT_TRUE(ended) << "no end record for the interrupted exec";
-  // Once only: a second restart adds nothing.
-  size_t before = engine.audit(id).size();
-  EXPECT_EQ(engine.audit(id).size(), before);
+    return out;
+  };
+  std::string exec_id;
+  {
+    Engine engine(cfg_);  // the restarted daemon
+    EXPECT_EQ(engine.get(id).state, State::running);
+    EXPECT_TRUE(ends(engine, exec_id).empty()) << "ended before anyone saw it end";
+    ASSERT_FALSE(exec_id.empty());
+    bool counted = false;
+    for (auto& r : engine.audit(id))
+      if (r["event"] == "adopted") counted = r.value("detached_execs", 0) == 1;
+    EXPECT_TRUE(counted) << "the adopted record does not count the detached exec";
+    try {
+      engine.attach_exec(id, exec_id, 0, {});
+      ADD_FAILURE() << "attached to an exec whose agent is gone";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), Errc::not_found) << e.what();
+    }
+  }  // a second restart: still open, nothing written
+  Engine engine(cfg_);
+  EXPECT_TRUE(ends(engine, exec_id).empty());
   testing::destroy_wait(engine, id);
+  auto recs = ends(engine, exec_id);
+  ASSERT_EQ(recs.size(), 1u);
+  EXPECT_EQ(recs[0]["reason"], "interrupted");
+  EXPECT_EQ(recs[0]["interrupted"], true);
   EXPECT_EQ(fake_vms(), 0u);
 }
 

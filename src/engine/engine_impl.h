@@ -23,6 +23,7 @@
 #include "engine/launcher.h"
 #include "engine/registry/registry.h"
 #include "engine/sandbox.h"
+#include "engine/snapshots/snapshot_store.h"
 #include "engine/storage/image_store.h"
 #include "engine/trace.h"
 #include "engine/templates/template_store.h"
@@ -36,11 +37,27 @@ int64_t now_ms();
 // Metadata key marking a warm-pool member (value: its image) until it is
 // handed out; never visible on a user's sandbox.
 inline constexpr const char* kPoolMarker = "airlock.pool";
+
+// Snapshots and pause write whole files on the host's disk
+// (engine_snapshots.cc): below this much free space a failed write is
+// reported as a full disk (Error unavailable) whatever errno it carried.
+inline constexpr uint64_t kLowSpaceBytes = 16ull << 20;
+uint64_t free_bytes(const std::filesystem::path& dir);
+// Throws Error(unavailable, "no space left ... writing `writing`") if the
+// filesystem of `dir` has less than max(wanted, kLowSpaceBytes) free.
+void rethrow_if_disk_full(const std::filesystem::path& dir, const std::string& writing,
+                          uint64_t wanted);
 // "<prefix>" + 12 lowercase hex digits from getrandom.
 std::string random_id(const std::string& prefix);
 
 // Marks a call on `sb` in flight for idle_timeout: the sandbox is active
 // from construction to destruction (the end of the call counts too).
+// engine_ops.cc, shared with engine_attach.cc: the exit fields and drop
+// counts of a guest exec response; a guest failure rethrown as what it means
+// for the sandbox (stopped, failed).
+void read_exec_outcome(const nlohmann::json& r, ExecResult& res);
+[[noreturn]] void rethrow_exec_error(Live& sb, const Error& e);
+
 class ActivityGuard {
  public:
   explicit ActivityGuard(Live& sb) : sb_(sb) {
@@ -86,6 +103,9 @@ std::shared_ptr<NetEventReader> attach_net_events(AuditJournal& journal, const s
                                                   const std::filesystem::path& run_dir,
                                                   pid_t helper_pid,
                                                   EngineMetrics* metrics = nullptr);
+// Payload bytes of the sandbox's ended flows so far (for stats):
+// {guest -> peer, peer -> guest}.
+std::pair<uint64_t, uint64_t> net_flow_bytes(const NetEventReader& reader);
 // True if `pid` is alive and is the helper of `run_dir` (pid-reuse safe).
 bool is_our_net_helper(pid_t pid, const std::filesystem::path& run_dir);
 // run_dir/net.pid, 0 if none.
@@ -190,9 +210,12 @@ struct Engine::Impl {
   // and the network helper, removes its files and moves it to `state` with
   // `reason` (+ `failure`), appending `event` (with `details` merged in,
   // e.g. the console tail). Removes it from `live`. Never throws.
+  // `only_from`: back off (false) unless the sandbox is still in that state
+  // once its op_mu is held (the reaper's verdicts are about a state it saw).
   bool teardown(Live& sb, State state, const std::string& reason, const std::string& event,
                 const std::string& failure = {},
-                const nlohmann::json& details = nlohmann::json::object());
+                const nlohmann::json& details = nlohmann::json::object(),
+                std::optional<State> only_from = std::nullopt);
   // Background teardown (engine_reclaim.cc): moves `sb` to `stopping`
   // (false, nothing done, as teardown), closes its channel and queues the
   // rest (finish_stop to `deleted`) on the reclaim thread. Never throws.
@@ -219,6 +242,10 @@ struct Engine::Impl {
   // Ends every exec that has an exec_start but no end record in `id`'s
   // journal as `interrupted` (the daemon died while it ran).
   void close_interrupted_execs(const std::string& id);
+  // The exec_start records of `id`'s journal without an end record.
+  std::map<std::string, nlohmann::json> open_execs(const std::string& id);
+  // Journals `sb`'s detached execs nobody collected as `interrupted`.
+  void close_detached_execs(Live& sb, const std::string& why);
   // Re-adopts running sandboxes and cleans up dead ones (construction).
   void recover();
   // One boot attempt (engine_lifecycle.cc): fresh overlay, QEMU, agent
@@ -233,8 +260,37 @@ struct Engine::Impl {
   // `running` and put in `live`; a `pooled` one stays `starting`, marked
   // with kPoolMarker, outside `live`, for the pool to hand out. Error as for
   // Engine::create; nothing left behind on failure.
+  // `from`: a snapshot to start from instead of the image or a template.
   std::shared_ptr<Live> launch(const SandboxSpec& checked, const storage::Image& img,
-                               const vmm::AccelVerdict& accel, bool pooled);
+                               const vmm::AccelVerdict& accel, bool pooled,
+                               const snapshots::Snapshot* from = nullptr);
+
+  // Snapshots, fork, pause (engine_snapshots.cc, engine_pause.cc).
+  std::optional<snapshots::SnapshotStore> snaps;
+  // Snapshots being restored right now (by name): not deletable meanwhile.
+  std::mutex snap_mu;
+  std::map<std::string, int> snap_restoring;
+  std::filesystem::path paused_dir(const std::string& id) const {
+    return cfg.data_dir / "paused" / id;
+  }
+  // The live sandbox `id` (any state), or Error(not_found/conflict) as running().
+  std::shared_ptr<Live> live_sandbox(const std::string& id);
+  // Who uses snapshot `name`: "sandbox sb-..." / "snapshot x" entries.
+  std::vector<std::string> snapshot_users(const std::string& name, const std::string& except_id);
+  // A checked spec for a create --from (image, shape taken from the
+  // snapshot) and the verified snapshot; Error(field "from").
+  snapshots::Snapshot prepare_from(SandboxSpec& checked);
+  // Takes snapshot `name` of sb (held op_mu; running or paused).
+  snapshots::Snapshot take_snapshot(Live& sb, const std::string& name, bool memory, bool internal);
+  // Removes an internal (fork) snapshot once nothing uses it. Never throws.
+  void release_internal_snapshot(const std::string& name, const std::string& except_id) noexcept;
+  // A paused sandbox of the previous daemon: live again, still paused.
+  void adopt_paused(const SandboxRecord& rec);
+  // Pauses sb (held op_mu, running); the reaper's on_idle "pause" too.
+  void pause_locked(Live& sb, const std::string& reason);
+  // SIGKILLs sb's foreground execs and waits (up to `wait`) for their calls
+  // to return: a pause ends them (engine_pause.cc).
+  void kill_foreground_execs(Live& sb, std::chrono::milliseconds wait);
 
   // Warm pool (engine_pool.cc).
   struct PoolSlot {
@@ -261,7 +317,8 @@ struct Engine::Impl {
 
   // With `tpl`: a clone of it (restore, no boot) instead of a cold boot.
   std::optional<BootFailure> boot_once(Live& sb, const storage::Image& img, vmm::Accel accel,
-                                       const templates::Template* tpl = nullptr);
+                                       const templates::Template* tpl = nullptr,
+                                       const snapshots::Snapshot* from = nullptr);
   // The template for this create's shape, built now if there is none (the
   // build is one boot plus a save). Never throws: nullopt = cold boot. What
   // happened (template_invalid / template_built / template_failed) is

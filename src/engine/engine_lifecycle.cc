@@ -78,7 +78,8 @@ void move_net_helper_to_cgroup(Live& sb) {
 std::optional<Engine::Impl::BootFailure> Engine::Impl::boot_once(Live& sb,
                                                                  const storage::Image& img,
                                                                  vmm::Accel accel,
-                                                                 const templates::Template* tpl) {
+                                                                 const templates::Template* tpl,
+                                                                 const snapshots::Snapshot* from) {
   auto& impl = *this;
   const auto& info = sb.rec.info;
   const fs::path& dir = sb.run_dir();
@@ -140,8 +141,20 @@ std::optional<Engine::Impl::BootFailure> Engine::Impl::boot_once(Live& sb,
       sealed = impl.sealed_ram(*tpl);  // held until QEMU has its own copy of the fd
       vc.memory_fd = sealed->fd();
       vc.incoming_state = tpl->state;
+    } else if (from) {
+      // A snapshot: a fresh overlay over its read-only layer; a memory
+      // snapshot also brings the whole VM (its own RAM, no template).
+      storage::create_overlay(from->layer(), disk, static_cast<uint64_t>(info.spec.disk_mb),
+                              "qcow2");
+      if (from->memory) {
+        vc.incoming_state = from->mem_state();
+        vc.incoming_full = true;
+        vc.ram_block = from->ram_block;
+      }
     } else {
-      storage::create_overlay(img.rootfs, disk, static_cast<uint64_t>(info.spec.disk_mb));
+      // A build layer (recipes/builder.cc) is a qcow2 file; images are raw.
+      storage::create_overlay(img.rootfs, disk, static_cast<uint64_t>(info.spec.disk_mb),
+                              img.rootfs.extension() == ".qcow2" ? "qcow2" : "raw");
     }
     if (networked) {
       // The helper listens before QEMU starts: QEMU connects its NIC once,
@@ -165,6 +178,9 @@ std::optional<Engine::Impl::BootFailure> Engine::Impl::boot_once(Live& sb,
     sb.channel = channel::GuestChannel::connect(sb.vm->agent_socket(), deadline);
     channel::HelloParams hello;
     hello.hostname = info.id;
+    // A memory snapshot was saved with its channel open: the guest may be
+    // in the middle of a frame.
+    hello.resync = from && from->memory;
     hello.machine_id = random_id("") + random_id("") + random_id("").substr(0, 8);
     // No resync for a clone: the template's host closed its channel after
     // a complete hello exchange, so the saved guest is between frames.
@@ -221,6 +237,28 @@ SandboxInfo Engine::create_counted(const SandboxSpec& spec) {
   SandboxSpec checked = spec;
   checked.network = normalize_network(spec.network);
   if (network_enabled(checked.network)) net_helper_binary(impl.cfg);  // fail before creating
+  if (!checked.from.empty()) {
+    // create --from: the snapshot decides image and shape (engine_snapshots.cc).
+    snapshots::Snapshot snap = impl.prepare_from(checked);
+    struct Restoring {  // the snapshot cannot be deleted while this runs
+      Impl& impl;
+      std::string name;
+      ~Restoring() {
+        std::lock_guard lock(impl.snap_mu);
+        if (--impl.snap_restoring[name] == 0) impl.snap_restoring.erase(name);
+      }
+    } restoring{impl, snap.name};
+    auto simg = impl.images.find(checked.image);
+    if (!simg)
+      throw Error(Errc::unavailable,
+                  "image " + checked.image + " of snapshot " + snap.name + " is gone", "from");
+    vmm::AccelVerdict accel = impl.resolve_accel(*simg);
+    auto t0 = std::chrono::steady_clock::now();
+    SandboxInfo made = impl.launch(checked, *simg, accel, false, &snap)->info();
+    impl.metrics.snapshot_op(
+        "restore", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    return made;
+  }
   // The image: a built one, or a built-in recipe built now (a no-op when its
   // inputs did not change).
   auto recipes = impl.images.recipes();
@@ -261,7 +299,8 @@ void check_disk_space(const fs::path& dir, int64_t admitted_mb, int64_t want_mb)
 }
 
 std::shared_ptr<Live> Engine::Impl::launch(const SandboxSpec& checked, const storage::Image& image,
-                                           const vmm::AccelVerdict& accel, bool pooled) {
+                                           const vmm::AccelVerdict& accel, bool pooled,
+                                           const snapshots::Snapshot* from) {
   auto& impl = *this;
   const storage::Image* img = &image;
   const SandboxSpec& spec = checked;
@@ -306,6 +345,11 @@ std::shared_ptr<Live> Engine::Impl::launch(const SandboxSpec& checked, const sto
   }
   const std::string id = info.id;
   auto sb = std::make_shared<Live>(rec, registry, journal);
+  sb->image_env = img->config.env;
+  sb->image_workdir = img->config.workdir;
+  sb->image_user = img->config.user;
+  sb->image_argv = img->config.entrypoint;
+  sb->image_argv.insert(sb->image_argv.end(), img->config.cmd.begin(), img->config.cmd.end());
   // From here every resource (row, reservation, run dir, overlay, helper,
   // VM) is released by this guard on ANY exception, until the commit
   // point: `failed` with the reason, nothing else left.
@@ -328,7 +372,8 @@ std::shared_ptr<Live> Engine::Impl::launch(const SandboxSpec& checked, const sto
   StartSlot slot(impl);
   auto t0 = std::chrono::steady_clock::now();
   std::optional<Impl::BootFailure> failure;
-  std::optional<templates::Template> tpl = impl.template_for(*img, checked, accel.accel, id);
+  std::optional<templates::Template> tpl;
+  if (!from) tpl = impl.template_for(*img, checked, accel.accel, id);
   if (tpl) {
     // A clone whose restore fails is destroyed and retried once; then the
     // template is suspect (removed, rebuilt by a later create) and this
@@ -354,7 +399,7 @@ std::shared_ptr<Live> Engine::Impl::launch(const SandboxSpec& checked, const sto
     }
   }
   for (int attempt = 1; !tpl && attempt <= kBootAttempts; ++attempt) {
-    failure = impl.boot_once(*sb, *img, accel.accel);
+    failure = impl.boot_once(*sb, *img, accel.accel, nullptr, from);
     if (!failure) break;
     spdlog::warn("sandbox {}: boot attempt {} failed: {}", id, attempt, failure->cause);
     try {
@@ -367,7 +412,7 @@ std::shared_ptr<Live> Engine::Impl::launch(const SandboxSpec& checked, const sto
       spdlog::error("sandbox {}: audit: {}", id, e.what());
     }
   }
-  sb->rec.info.start = tpl ? "clone" : "boot";
+  sb->rec.info.start = tpl ? "clone" : from && from->memory ? "snapshot" : "boot";
   if (failure) {
     fail_reason = "boot failed: " + failure->cause;
     std::string msg = "sandbox " + id + " did not boot (" + std::to_string(kBootAttempts) +
@@ -402,10 +447,14 @@ std::shared_ptr<Live> Engine::Impl::launch(const SandboxSpec& checked, const sto
                               {"boot_ms", done.boot_ms},
                               {"start", done.start},
                               {"template", tpl ? tpl->key : std::string()},
+                              {"from", from ? from->name : std::string()},
                               {"pid", done.pid}},
                   .journal_required = true,
                   .pid = done.pid,
-                  .boot_ms = done.boot_ms});
+                  .boot_ms = done.boot_ms,
+                  // The registry row was inserted before the start was
+                  // known (clone, snapshot): GET reads it from there.
+                  .write_record = true});
   {
     std::lock_guard lock(impl.mu);
     impl.live[id] = sb;

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "engine/engine_impl.h"
+#include "engine/types_json.h"
 
 namespace airlock::engine {
 namespace fs = std::filesystem;
@@ -47,6 +48,10 @@ void EngineMetrics::net_event(const std::string& event, const nlohmann::json& fi
   }
 }
 
+void EngineMetrics::snapshot_op(const std::string& op, double seconds) {
+  snapshot_seconds_.observe({{"op", op}}, seconds);
+}
+
 void EngineMetrics::write(metrics::Writer& out) const {
   out.counter("airlock_creates_total",
               "Sandbox creates by start path (pool, clone, boot; none = refused before one was "
@@ -68,6 +73,10 @@ void EngineMetrics::write(metrics::Writer& out) const {
               flows_.values());
   out.counter("airlock_network_bytes_total", "Payload bytes of ended network flows, by direction",
               net_bytes_.values());
+  out.histogram("airlock_snapshot_duration_seconds",
+                "Time of successful pause, resume, snapshot_disk, snapshot_memory, restore and "
+                "fork operations, by op",
+                snapshot_seconds_.values());
 }
 
 namespace {
@@ -97,10 +106,14 @@ void Engine::write_metrics(metrics::Writer& out) {
         State::stopping, State::deleted, State::timed_out, State::failed})
     by_state[{{"state", to_string(s)}}] = 0;
   double journal_bytes = 0, qemu_rss = 0, qemus = 0;
+  // Live sandboxes per owner ("operator" for the unix socket's).
+  std::map<Labels, double> by_tenant{{{{"tenant", "operator"}}, 0}};
   for (const auto& sb : list({}, true)) {
     // Warm-pool members are not anyone's sandbox: the pool gauges count them.
     if (sb.spec.metadata.count(kPoolMarker)) continue;
     by_state[{{"state", to_string(sb.state)}}] += 1;
+    if (!is_terminal(sb.state))
+      by_tenant[{{"tenant", sb.spec.tenant.empty() ? "operator" : sb.spec.tenant}}] += 1;
     try {
       journal_bytes += static_cast<double>(impl.journal.stats(sb.id).bytes);
     } catch (const std::exception& e) {
@@ -141,6 +154,17 @@ void Engine::write_metrics(metrics::Writer& out) {
   out.gauge("airlock_qemu_processes", "QEMU processes of running sandboxes", qemus);
   out.gauge("airlock_qemu_resident_memory_bytes",
             "Resident memory (VmRSS) of the running sandboxes' QEMU processes", qemu_rss);
+  out.gauge("airlock_tenant_sandboxes",
+            "Live (not ended) sandboxes by owning tenant (operator = the unix socket's)",
+            by_tenant);
+  std::map<Labels, double> disk;
+  nlohmann::json used = disk_usage();
+  for (const auto& [kind, bytes] : used["bytes"].items())
+    if (kind != "total") disk[{{"kind", kind}}] = bytes.get<double>();
+  out.gauge("airlock_disk_bytes",
+            "Host disk used by airlock, by kind (images, layers, snapshots, templates, overlays, "
+            "journals)",
+            disk);
 }
 
 nlohmann::json Engine::readiness() {

@@ -26,6 +26,10 @@ class EngineMetrics {
   // denied; net_flow_end: its byte counts).
   void net_event(const std::string& event, const nlohmann::json& fields);
 
+  // A pause, resume, snapshot (disk/memory), restore or fork finished
+  // successfully in `seconds`.
+  void snapshot_op(const std::string& op, double seconds);
+
   void write(metrics::Writer& out) const;
 
  private:
@@ -36,6 +40,7 @@ class EngineMetrics {
   metrics::CounterVec failures_;
   metrics::CounterVec flows_;
   metrics::CounterVec net_bytes_;
+  metrics::HistogramVec snapshot_seconds_{metrics::latency_buckets()};
 };
 
 }  // namespace airlock::engine

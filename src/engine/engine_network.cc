@@ -248,6 +248,7 @@ class NetEventReader {
     ::close(wake_[0]);
     ::close(wake_[1]);
   }
+  std::atomic<uint64_t> bytes_out{0}, bytes_in{0};  // of ended flows (stats)
   NetEventReader(const NetEventReader&) = delete;
   NetEventReader& operator=(const NetEventReader&) = delete;
 
@@ -284,6 +285,14 @@ class NetEventReader {
     for (const auto& r : records) {
       try {
         if (metrics_) metrics_->net_event(r.event, r.fields);  // checked records only
+        if (r.event == "net_flow_end") {
+          auto num = [&](const char* k) {
+            auto it = r.fields.find(k);
+            return it != r.fields.end() && it->is_number_unsigned() ? it->get<uint64_t>() : 0;
+          };
+          bytes_out += num("bytes_out");
+          bytes_in += num("bytes_in");
+        }
         journal_.append(id_, r.event, r.fields);
       } catch (const std::exception& e) {
         spdlog::error("sandbox {}: cannot journal {}: {}", id_, r.event, e.what());
@@ -344,6 +353,10 @@ class NetEventReader {
   bool warned_peer_ = false;
   std::thread thread_;
 };
+
+std::pair<uint64_t, uint64_t> net_flow_bytes(const NetEventReader& reader) {
+  return {reader.bytes_out.load(), reader.bytes_in.load()};
+}
 
 std::shared_ptr<NetEventReader> attach_net_events(AuditJournal& journal, const std::string& id,
                                                   const fs::path& run_dir, pid_t helper_pid,

@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <chrono>
+#include <csignal>
 
 #include "common/error.h"
 #include "engine/engine.h"
@@ -28,12 +29,24 @@ channel::Deadline transfer_deadline(const Live& sb) {
   return Clock::now() + std::chrono::milliseconds(std::min<int64_t>(left_ms, 3600 * 1000));
 }
 
+// A pause ends foreground execs (engine_pause.cc, kill_foreground_execs):
+// their callers get this, whether the kill's exit status or the channel's
+// close reached the call first.
+[[noreturn]] void throw_paused_during_call(Live& sb) {
+  throw Error(Errc::conflict, "sandbox " + sb.rec.info.id +
+                                  " was paused during the call: a pause ends foreground execs "
+                                  "(this one was killed); background execs survive it");
+}
+
 // A guest failure on a sandbox that was stopped meanwhile is reported as
 // what it is: the action no longer fits the sandbox's state. If the guest
 // went away under the call (QEMU died, agent lost), the reaper notices
 // within about a second and classifies it; the call waits for that (5 s at
 // most) so its error names the cause (vmm_died, guest_panic, ...).
 [[noreturn]] void rethrow_for(Live& sb, const Error& e) {
+  // Paused under the call (pause closes the channel): typed.
+  if (State now = sb.state(); now == State::pausing || now == State::paused)
+    throw_paused_during_call(sb);
   auto [st, failure, reason] =
       sb.wait_ended(sb.channel && sb.channel->closed() ? std::chrono::milliseconds(5000)
                                                        : std::chrono::milliseconds(0));
@@ -103,20 +116,45 @@ void validate_exec_extras(const ExecRequest& r) {
                 "output_limit_bytes");
 }
 
+}  // namespace
+
+void read_exec_outcome(const nlohmann::json& r, ExecResult& res) {
+  read_outcome(r, res);
+  res.stdout_dropped = count_field(r, "stdout_dropped");
+  res.stderr_dropped = count_field(r, "stderr_dropped");
+  res.truncated = res.stdout_dropped > 0 || res.stderr_dropped > 0;
+}
+
+[[noreturn]] void rethrow_exec_error(Live& sb, const Error& e) { rethrow_for(sb, e); }
+
+namespace {
+
 // The guest exec request for `request` (argv, env, cwd, user, timeout, limits).
+// An exec giving neither argv nor cmd (and no pty) runs the image's
+// Entrypoint + Cmd, as `docker run IMAGE` does; `copy` holds the result.
+const ExecRequest& with_image_command(const Live& sb, const ExecRequest& r, ExecRequest& copy) {
+  if (r.pty || !r.argv.empty() || !r.cmd.empty() || sb.image_argv.empty()) return r;
+  copy = r;
+  copy.argv = sb.image_argv;
+  return copy;
+}
+
 nlohmann::json guest_exec_request(const Live& sb, const ExecRequest& request) {
   std::vector<std::string> argv =
       request.cmd.empty() ? request.argv : std::vector<std::string>{"/bin/sh", "-c", request.cmd};
-  // The sandbox's env is the default; the request's own entries win.
-  std::map<std::string, std::string> env = sb.rec.info.spec.env;
+  // The image's env, then the sandbox's, then the request's own entries win.
+  std::map<std::string, std::string> env = sb.image_env;
+  for (const auto& [k, v] : sb.rec.info.spec.env) env[k] = v;
   for (const auto& [k, v] : request.env) env[k] = v;
   nlohmann::json req{{"env", env}};
   // A pty exec without a command gets the user's login shell, in the
   // user's home (the guest's defaults).
   if (!argv.empty()) req["argv"] = argv;
-  if (!request.cwd.empty() || !request.pty) req["cwd"] = request.cwd.empty() ? "/" : request.cwd;
+  std::string cwd = request.cwd.empty() ? sb.image_workdir : request.cwd;
+  if (!cwd.empty() || !request.pty) req["cwd"] = cwd.empty() ? "/" : cwd;
   if (request.pty) req["pty"] = {{"cols", request.pty->cols}, {"rows", request.pty->rows}};
-  if (!request.user.empty()) req["user"] = request.user;
+  std::string user = request.user.empty() ? sb.image_user : request.user;
+  if (!user.empty()) req["user"] = user;
   if (request.timeout_s > 0) req["timeout_ms"] = static_cast<int64_t>(request.timeout_s * 1000);
   nlohmann::json limits = nlohmann::json::object();
   if (request.limits.pids) limits["pids"] = request.limits.pids;
@@ -150,6 +188,14 @@ ExecStatus status_from_guest(const nlohmann::json& j) {
 }  // namespace
 
 namespace {
+
+// The names of the environment an exec was given, never the values (they
+// hold secrets), for the journal.
+nlohmann::json env_keys(const ExecRequest& request) {
+  nlohmann::json keys = nlohmann::json::array();
+  for (const auto& [k, v] : request.env) keys.push_back(k);
+  return keys;
+}
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -191,12 +237,14 @@ ExecStatus Engine::exec_background(const std::string& id, const ExecRequest& req
   }
 }
 
-ExecResult Engine::exec_counted(const std::string& id, const ExecRequest& request,
+ExecResult Engine::exec_counted(const std::string& id, const ExecRequest& given,
                                 const ExecCallbacks& callbacks) {
   auto& impl = *impl_;
   Trace trace("exec", id);
   auto sb = impl.running(id);
   ActivityGuard active(*sb);
+  ExecRequest with_image;
+  const ExecRequest& request = with_image_command(*sb, given, with_image);
   validate_exec(request);
   validate_exec_extras(request);
   if (request.background)
@@ -217,6 +265,12 @@ ExecResult Engine::exec_counted(const std::string& id, const ExecRequest& reques
 
   ExecResult result;
   result.exec_id = random_id("ex-");
+  // Named in the guest too: if this daemon dies, the exec runs on there,
+  // detached, keeping its last exec_buffer_bytes of output for attach_exec.
+  if (!request.pty) {
+    req["exec_id"] = result.exec_id;
+    req["output_buffer_bytes"] = impl.cfg.exec_buffer_bytes;
+  }
   uint32_t stream = sb->channel->open_stream();
   {
     std::lock_guard lock(sb->mu);
@@ -246,15 +300,20 @@ ExecResult Engine::exec_counted(const std::string& id, const ExecRequest& reques
   handlers.on_start = [&](int pid) {
     if (callbacks.on_start) callbacks.on_start(result.exec_id, pid);
   };
+  // The journal records the SHA-256 of exactly the bytes handed to the
+  // caller, hashed here on the host as they pass (never the guest's word).
+  Sha256 out_hash, err_hash;
   handlers.on_output = [&](int ch, std::string_view bytes) {
     (ch == 1 ? result.stdout_bytes : result.stderr_bytes) += bytes.size();
+    (ch == 1 ? out_hash : err_hash).update(bytes);
     return callbacks.on_output ? callbacks.on_output(ch, bytes) : true;
   };
 
   nlohmann::json audit{{"exec_id", result.exec_id},
                        {"argv", argv},
                        {"cwd", req.value("cwd", nlohmann::json("~"))},
-                       {"user", request.user.empty() ? "root" : request.user}};
+                       {"user", request.user.empty() ? "root" : request.user},
+                       {"env_keys", env_keys(request)}};
   if (request.pty) audit["pty"] = true;
   auto t0 = std::chrono::steady_clock::now();
   auto finish = [&] {
@@ -278,8 +337,9 @@ ExecResult Engine::exec_counted(const std::string& id, const ExecRequest& reques
     }
   };
   // The start is on record before the guest runs anything: a daemon killed
-  // mid-exec leaves exec_start without an end, which the next daemon's
-  // recover() closes as `interrupted`.
+  // mid-exec leaves exec_start without an end; the next daemon's recover()
+  // marks it detached (attach_exec writes the end) or, if the sandbox is
+  // gone, closes it as `interrupted`.
   try {
     impl.journal.append(id, "exec_start", audit);  // write(2) survives a daemon kill
   } catch (...) {
@@ -327,8 +387,15 @@ ExecResult Engine::exec_counted(const std::string& id, const ExecRequest& reques
   trace.note("agent_us", static_cast<int64_t>(count_field(r, "agent_us")));
   trace.note("run_us", static_cast<int64_t>(count_field(r, "run_us")));
   audit.update(to_json(result));
+  audit["stdout_sha256"] = out_hash.hex();
+  audit["stderr_sha256"] = err_hash.hex();
+  // Killed by a pause (kill_foreground_execs): on record as such, typed.
+  State now = sb->state();
+  bool paused = result.signal == SIGKILL && (now == State::pausing || now == State::paused);
+  if (paused) audit["ended_by"] = "pause";
   impl.journal.append(id, "exec", audit);
   trace.mark("journal_end");
+  if (paused) throw_paused_during_call(*sb);
   return result;
 }
 
@@ -360,10 +427,12 @@ void Engine::kill_exec(const std::string& id, const std::string& exec_id, int si
   impl_->journal.append(id, "exec_kill", {{"exec_id", exec_id}, {"signal", signal}});
 }
 
-ExecStatus Engine::exec_background_counted(const std::string& id, const ExecRequest& request) {
+ExecStatus Engine::exec_background_counted(const std::string& id, const ExecRequest& given) {
   auto& impl = *impl_;
   auto sb = impl.running(id);
   ActivityGuard active(*sb);
+  ExecRequest with_image;
+  const ExecRequest& request = with_image_command(*sb, given, with_image);
   validate_exec(request);
   validate_exec_extras(request);
   if (request.stdin_data)
@@ -378,6 +447,7 @@ ExecStatus Engine::exec_background_counted(const std::string& id, const ExecRequ
                        {"argv", req["argv"]},
                        {"cwd", req["cwd"]},
                        {"user", request.user.empty() ? "root" : request.user},
+                       {"env_keys", env_keys(request)},
                        {"background", true}};
   nlohmann::json r;
   try {
@@ -428,18 +498,39 @@ ExecStatus Engine::wait_exec(const std::string& id, const std::string& exec_id, 
 
 uint64_t Engine::write_file(const std::string& id, const std::string& path, uint32_t mode,
                             const ChunkSource& source) {
+  return write_file_as(id, path, mode, source, {});
+}
+
+uint64_t Engine::write_file_as(const std::string& id, const std::string& path, uint32_t mode,
+                               const ChunkSource& source, const std::string& owner) {
   auto sb = impl_->running(id);
   ActivityGuard active(*sb);
   validate_guest_path(path);
   if (mode > 07777) throw Error(Errc::invalid_argument, "mode must be at most 07777", "mode");
+  if (owner.size() > 64 || owner.find('\0') != std::string::npos)
+    throw Error(Errc::invalid_argument, "user must be a name or uid of at most 64 bytes", "user");
   uint64_t n;
+  // Hashed as the bytes go to the guest: the journal names what was written.
+  Sha256 hash;
+  ChunkSource hashed = [&]() -> std::optional<std::string> {
+    auto chunk = source();
+    if (chunk) hash.update(*chunk);
+    return chunk;
+  };
   try {
-    n = sb->channel->write_file(path, mode, /*parents=*/true, source, transfer_deadline(*sb));
+    n = sb->channel->write_file(path, mode, /*parents=*/true, hashed, transfer_deadline(*sb),
+                                owner);
   } catch (const Error& e) {
     impl_->journal.append(id, "file", {{"op", "write"}, {"path", path}, {"error", e.what()}});
     rethrow_for(*sb, e);
   }
-  impl_->journal.append(id, "file", {{"op", "write"}, {"path", path}, {"bytes", n}});
+  impl_->journal.append(id, "file",
+                        {{"op", "write"},
+                         {"path", path},
+                         {"bytes", n},
+                         {"size", n},
+                         {"mode", mode},
+                         {"sha256", hash.hex()}});
   return n;
 }
 
@@ -479,14 +570,7 @@ nlohmann::json Engine::Impl::json_op(const std::string& id, nlohmann::json req, 
 }
 
 nlohmann::json Engine::list_files(const std::string& id, const std::string& path) {
-  auto r = impl_->json_op(id, {{"op", "list"}, {"path", path}}, false);
-  if (!r.contains("entries") || !r["entries"].is_array())
-    throw Error(Errc::guest_error, "guest list response has no entries array");
-  return {{"entries", r["entries"]}};
-}
-
-nlohmann::json Engine::stat_file(const std::string& id, const std::string& path) {
-  return impl_->json_op(id, {{"op", "stat"}, {"path", path}}, false);
+  return list_files(id, path, 1);
 }
 
 void Engine::make_dir(const std::string& id, const std::string& path, bool parents) {

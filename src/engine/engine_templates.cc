@@ -114,6 +114,8 @@ std::optional<templates::Template> Engine::Impl::template_for(const storage::Ima
                                                               vmm::Accel accel,
                                                               const std::string& id) {
   if (!cfg.templates || !templates) return std::nullopt;
+  // A recipe build step's layer (a *.qcow2 rootfs) boots once: no template.
+  if (img.rootfs.extension() == ".qcow2") return std::nullopt;
   auto note = [&](const char* event, const nlohmann::json& fields) {
     try {
       journal.append(id, event, fields);

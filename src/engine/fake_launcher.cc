@@ -1,5 +1,6 @@
 #include "engine/fake_launcher.h"
 
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -58,6 +59,22 @@ class FakeVm final : public VmHandle {
   uint64_t save_state(const fs::path&, std::chrono::milliseconds) override {
     throw Error(Errc::unavailable, "the fake launcher cannot save a VM's state");
   }
+  // The fake cannot copy processes: a "saved" fake VM is a marker file, and
+  // a restore starts a fresh agent (fake tests check the state machine, not
+  // that processes survive; the integration suite does that with QEMU).
+  uint64_t save_memory(const fs::path& path, std::chrono::milliseconds) override {
+    if (launcher_.before_save) launcher_.before_save(path);
+    std::ofstream out(path, std::ios::binary);
+    out << "fake vm state of " << run_dir_.string() << "\n";
+    out.close();
+    if (!out) throw Error(Errc::internal, "cannot write " + path.string());
+    ::kill(pid_, SIGSTOP);
+    std::error_code ec;
+    return fs::file_size(path, ec);
+  }
+  void stop_cpus() override { ::kill(pid_, SIGSTOP); }
+  void resume_cpus() override { ::kill(pid_, SIGCONT); }
+  std::string ram_block() const override { return {}; }
   void kill() override {
     if (killed_) return;
     if (alive_with_arg(pid_, run_dir_.string())) kill_process_tree(pid_);
@@ -103,11 +120,20 @@ std::unique_ptr<VmHandle> FakeLauncher::start(const vmm::VmConfig& config) {
   std::vector<char*> argv{exe.data(),   const_cast<char*>("--run-dir"),
                           dir.data(),   const_cast<char*>("--agent"),
                           agent.data(), nullptr};
+  // Its output (and its agent's) goes to a file of its run dir, not to the
+  // test's stdout: an orphan left by a crashed test would otherwise hold
+  // ctest's output pipe open and make it wait out the test's timeout.
+  std::string out = (config.run_dir / "fake-vm.out").string();
   // Detached like QEMU (double fork): it must outlive an engine restart.
   pid_t child = ::fork();
   if (child < 0) throw_errno("fork");
   if (child == 0) {
     if (::fork() == 0) {
+      int fd = ::open(out.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+      if (fd >= 0) {
+        ::dup2(fd, 1);
+        ::dup2(fd, 2);
+      }
       ::close_range(3, ~0U, 0);
       ::execv(argv[0], argv.data());
       ::_exit(127);

@@ -30,6 +30,9 @@ class FakeLauncher final : public Launcher {
   std::function<void(const vmm::VmConfig&)> before_start;
   // Every alive() call sleeps this long first (a slow /proc or cgroup read).
   std::atomic<int> alive_delay_ms{0};
+  // Runs before a fake save_memory writes its file (throw to simulate a
+  // failed save, e.g. a full disk).
+  std::function<void(const std::filesystem::path&)> before_save;
   std::atomic<int> starts{0};
 
  private:

@@ -16,6 +16,13 @@ class QemuVm final : public VmHandle {
                       std::chrono::milliseconds timeout) override {
     return vm_->save_state(path, timeout);
   }
+  uint64_t save_memory(const std::filesystem::path& path,
+                       std::chrono::milliseconds timeout) override {
+    return vm_->save_memory(path, timeout);
+  }
+  void stop_cpus() override { vm_->stop_cpus(); }
+  void resume_cpus() override { vm_->resume_cpus(); }
+  std::string ram_block() const override { return vm_->ram_block(); }
   void kill() override { vm_->kill(); }
 
  private:

@@ -39,6 +39,14 @@ class VmHandle {
   // Pauses and writes the device state (templates); see vmm::Vm::save_state.
   virtual uint64_t save_state(const std::filesystem::path& path,
                               std::chrono::milliseconds timeout) = 0;
+  // Pause, snapshots, fork (vmm::Vm::save_memory and friends): the whole
+  // VM state, RAM included, to `path`; the VM stays stopped.
+  virtual uint64_t save_memory(const std::filesystem::path& path,
+                               std::chrono::milliseconds timeout) = 0;
+  virtual void stop_cpus() = 0;
+  virtual void resume_cpus() = 0;
+  // vmm::VmConfig::ram_block for a restore of this VM's saved state.
+  virtual std::string ram_block() const = 0;
   // SIGKILL, wait until gone, release what the VMM holds (cgroup, uid
   // lease, sockets). Idempotent; Error(internal) if it will not die.
   virtual void kill() = 0;

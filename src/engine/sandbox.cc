@@ -18,8 +18,8 @@ int64_t steady_ms() {
 namespace {
 
 // The closed set of moves. Who triggers each is in docs/design.md ("State
-// and lifecycle"); pausing/paused/snapshotting are reserved for pause,
-// snapshot and fork (nothing enters them yet).
+// and lifecycle"): pausing/paused for pause and resume, snapshotting for
+// snapshot and fork.
 constexpr std::pair<State, State> kTransitions[] = {
     {State::starting, State::running},      // create committed, pool hand-out
     {State::starting, State::failed},       // boot failed
@@ -28,6 +28,7 @@ constexpr std::pair<State, State> kTransitions[] = {
     {State::running, State::pausing},       // pause
     {State::running, State::snapshotting},  // snapshot / fork of a running one
     {State::pausing, State::paused},        {State::pausing, State::stopping},
+    {State::pausing, State::running},  // the save failed: the VM continues
     {State::paused, State::running},  // resume
     {State::paused, State::snapshotting},   {State::paused, State::stopping},
     {State::snapshotting, State::running},  {State::snapshotting, State::paused},

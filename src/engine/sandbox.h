@@ -22,6 +22,7 @@
 #include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "engine/audit/journal.h"
 #include "engine/channel/guest_channel.h"
@@ -135,11 +136,23 @@ class Sandbox {
   // not "unknown") until kMaxEndedStdinPipes newer ones ended.
   std::map<std::string, std::shared_ptr<StdinPipe>> stdin_pipes;
   static constexpr size_t kMaxEndedStdinPipes = 64;
+  // Foreground execs of a previous daemon still running in the guest
+  // (exec_id -> their exec_start record): the one attach_exec() that sees
+  // one end writes its journal record; teardown closes the rest.
+  std::map<std::string, nlohmann::json> detached_execs;
   pid_t net_pid = 0;  // the airlock-net helper (0 = none: mode "none")
   // Reads, checks and journals the helper's events (attach_net_events);
   // reset it after kill_net_helper (it drains what the helper wrote).
   std::shared_ptr<NetEventReader> net_events;
   std::mutex net_mu;  // serialises policy changes
+  // Held by pause, resume, snapshot, fork and teardown for their whole
+  // run: one of them at a time, and a destroy waits for a pause to finish
+  // instead of killing the VM under it (recursive: a failing pause tears
+  // down).
+  std::recursive_mutex op_mu;
+  // Channels closed by a pause: kept until the sandbox goes, since an exec
+  // call may still be returning from one.
+  std::vector<std::unique_ptr<channel::GuestChannel>> old_channels;
 
   // Deadlines and activity, on steady_ms().
   std::atomic<int64_t> expires_steady_ms{0};
@@ -151,6 +164,11 @@ class Sandbox {
   int64_t last_ping_ms = 0;
   int64_t closed_seen_ms = 0;
   std::string memory_cgroup;
+  // The image's exec defaults (ImageConfig env/workdir/user), set at
+  // create/recover; an exec's own env, cwd and user win, then the sandbox's env.
+  std::map<std::string, std::string> image_env;
+  std::string image_workdir, image_user;
+  std::vector<std::string> image_argv;  // Entrypoint + Cmd: an exec giving no command runs it
 
  private:
   void apply(State from, State to, const Change& change);  // under state_mu_

@@ -52,6 +52,8 @@ nlohmann::json spec_to_json(const SandboxSpec& spec) {
                       {"network", spec.network},
                       {"idle_timeout", spec.idle_timeout_s}};
   if (!spec.tenant.empty()) j["tenant"] = spec.tenant;
+  if (!spec.from.empty()) j["from"] = spec.from;
+  if (spec.on_idle != "destroy") j["on_idle"] = spec.on_idle;
   return j;
 }
 
@@ -66,6 +68,8 @@ SandboxSpec spec_from_json(const nlohmann::json& j) {
     spec.timeout_s = j.value("timeout", spec.timeout_s);
     spec.idle_timeout_s = j.value("idle_timeout", spec.idle_timeout_s);
     spec.tenant = j.value("tenant", spec.tenant);
+    spec.from = j.value("from", spec.from);
+    spec.on_idle = j.value("on_idle", spec.on_idle);
     if (j.contains("env")) spec.env = j.at("env").get<std::map<std::string, std::string>>();
     if (j.contains("network") && j.at("network").is_object()) spec.network = j.at("network");
     if (j.contains("metadata"))

@@ -62,6 +62,8 @@ void validate_spec(const SandboxSpec& spec) {
   check_range(spec.timeout_s, 1, kMaxTimeoutS, "timeout");
   // 0 = no idle timeout.
   if (spec.idle_timeout_s != 0) check_range(spec.idle_timeout_s, 1, kMaxTimeoutS, "idle_timeout");
+  if (spec.on_idle != "destroy" && spec.on_idle != "pause")
+    throw Error(Errc::invalid_argument, "on_idle must be \"pause\" or \"destroy\"", "on_idle");
   check_map(spec.env, "env", kMaxEnvValueBytes, true);
   check_map(spec.metadata, "metadata", kMaxMetadataValueBytes, false);
 }

@@ -19,6 +19,7 @@
 #include "guest/jobs.h"
 #include "guest/log.h"
 #include "guest/ops.h"
+#include "guest/output_log.h"
 #include "protocol/messages.h"
 
 namespace airlock::guest {
@@ -32,10 +33,11 @@ void set_nonblock(int fd) { fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
 
 class Exec : public Stream {
  public:
-  Exec(Server& server, uint32_t id)
+  Exec(Server& server, uint32_t id, size_t log_capacity)
       : Stream(server, id),
         tree_(server, "exec-" + std::to_string(id)),
-        received_(std::chrono::steady_clock::now()) {}
+        received_(std::chrono::steady_clock::now()),
+        log_(log_capacity) {}
   ~Exec() override { release(); }
 
   void start(const ExecSpec& spec);
@@ -48,15 +50,28 @@ class Exec : public Stream {
     tree_.kill();
     release();
   }
+  std::string detach_key() const override { return exec_id_; }
+  json detach() override;
+  void attach(uint32_t stream, uint64_t offset) override;
+  bool ended() const override { return done_; }
 
  private:
   struct Out {
     int fd = -1;
     uint64_t credit = kInitialCredit;
-    uint64_t sent = 0;     // forwarded to the host
+    uint64_t sent = 0;     // read below the cap (into the log)
     uint64_t dropped = 0;  // read beyond the cap and discarded
     bool watched = false;
+    bool closed = false;    // the pipe reached eof
+    bool eof_sent = false;  // ... and the current host was told so
   };
+  // Sends from the log at cursor_ as the host's credit allows; then the
+  // eofs and the response once everything was sent.
+  void pump() override;
+  void update_watches() {
+    update_watch(1);
+    update_watch(2);
+  }
   void on_output(uint8_t ch);
   void update_watch(uint8_t ch);
   void write_stdin();
@@ -81,6 +96,13 @@ class Exec : public Stream {
   uint64_t in_window_ = kInitialCredit;
   uint64_t in_bytes_ = 0;
   bool exited_ = false, done_ = false;
+  json result_;  // the response, once done_
+  // Detach and attach: the exec's output log, the next offset to send, and
+  // whether a host stream is attached (a detached exec sends nothing).
+  std::string exec_id_;  // empty: not detachable (pty, or a host without it)
+  OutputLog log_;
+  uint64_t cursor_ = 0;
+  bool attached_ = true;
   int master_ = -1;  // pty execs: the master (read side = out_[1].fd, write side = in_fd_)
 };
 
@@ -123,6 +145,7 @@ void Exec::on_resize(uint16_t cols, uint16_t rows) {
 
 void Exec::start(const ExecSpec& spec) {
   limit_ = spec.output_limit;
+  if (!spec.pty) exec_id_ = spec.exec_id;
   if (spec.pty) {
     int master = -1, slave = -1;
     open_pty(spec.cols, spec.rows, master, slave);
@@ -199,9 +222,13 @@ void Exec::start(const ExecSpec& spec) {
 // Below the cap a pipe is read only while the host has granted credit: with
 // none left the fd leaves the epoll set, the pipe fills and the child blocks
 // in write(). Beyond the cap it is always read, and what is read is dropped.
+// Detached, it is always read (into the log, which evicts its oldest bytes).
+// Attached, only once everything in the log was sent (a resuming host first
+// gets the backlog, in order).
 void Exec::update_watch(uint8_t ch) {
   Out& o = out_[ch];
-  bool want = o.fd >= 0 && (o.credit > 0 || o.sent >= limit_);
+  bool want = o.fd >= 0 && (!attached_ || o.sent >= limit_ ||
+                            (o.credit > 0 && cursor_ == log_.end()));
   if (want && !o.watched) server_.watch(o.fd, EPOLLIN, [this, ch](uint32_t) { on_output(ch); });
   if (!want && o.watched) server_.unwatch(o.fd);
   o.watched = want;
@@ -211,14 +238,15 @@ void Exec::on_output(uint8_t ch) {
   Out& o = out_[ch];
   char buf[protocol::kMaxPayload];
   const uint64_t room = o.sent < limit_ ? limit_ - o.sent : 0;
-  size_t want = room > 0 ? std::min<uint64_t>({o.credit, sizeof buf, room}) : sizeof buf;
+  uint64_t want = sizeof buf;
+  if (room > 0) want = std::min<uint64_t>({attached_ ? o.credit : want, want, room});
   ssize_t n = read(o.fd, buf, want);
   if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
   if (n > 0) {
     if (room > 0) {
-      server_.send_data(id_, ch, buf, n);
-      o.credit -= n;
+      log_.append(ch, buf, n);
       o.sent += n;
+      pump();
     } else {
       o.dropped += n;
     }
@@ -230,18 +258,77 @@ void Exec::on_output(uint8_t ch) {
   o.watched = false;
   if (ch == 1) master_ = -1;  // the same fd for a pty exec
   close_fd(o.fd);
-  protocol::Frame eof;
-  eof.type = protocol::Type::eof;
-  eof.channel = ch;
-  eof.stream = id_;
-  server_.send(eof);
+  o.closed = true;
+  pump();  // the eof goes after the data still in the log
   maybe_finish();
+}
+
+void Exec::pump() {
+  if (!attached_) return;
+  while (cursor_ < log_.end()) {
+    auto [ch, bytes] = log_.at(cursor_);
+    Out& o = out_[ch];
+    size_t n = std::min<uint64_t>({bytes.size(), o.credit, protocol::kMaxPayload});
+    if (n == 0) break;  // in order: wait for this channel's credit
+    server_.send_data(id_, ch, bytes.data(), n);
+    o.credit -= n;
+    cursor_ += n;
+  }
+  log_.mark_sent(cursor_);
+  if (cursor_ < log_.end()) return;
+  for (uint8_t ch : {1, 2}) {
+    Out& o = out_[ch];
+    if (!o.closed || o.eof_sent) continue;
+    o.eof_sent = true;
+    protocol::Frame eof;
+    eof.type = protocol::Type::eof;
+    eof.channel = ch;
+    eof.stream = id_;
+    server_.send(eof);
+  }
+  update_watches();
+  if (done_) {
+    attached_ = false;  // finish() destroys this stream
+    server_.finish(id_, result_);
+  }
+}
+
+json Exec::detach() {
+  attached_ = false;
+  // Nobody feeds stdin any more: the process reads eof (it would otherwise
+  // wait forever for a host that may never come back).
+  in_buf_.clear();
+  in_watched_ = false;
+  close_fd(in_fd_);
+  update_watches();
+  return {{"detached", true}, {"offset", cursor_}};
+}
+
+void Exec::attach(uint32_t stream, uint64_t offset) {
+  if (offset > log_.end())
+    throw Error(Errc::invalid_argument,
+                "offset " + std::to_string(offset) + " is beyond the end of the output (" +
+                    std::to_string(log_.end()) + " bytes so far)",
+                "offset");
+  id_ = stream;
+  attached_ = true;
+  cursor_ = std::max(offset, log_.start());
+  for (uint8_t ch : {1, 2}) {
+    out_[ch].credit = kInitialCredit;
+    out_[ch].eof_sent = false;
+  }
+  json ev{{"attached", true},      {"exec_id", exec_id_},   {"pid", tree_.pid()},
+          {"offset", cursor_},     {"dropped", cursor_ - offset}, {"end", log_.end()},
+          {"running", !done_},     {"lost", log_.lost()}};
+  server_.send_json(protocol::Type::event, id_, ev);
+  // The server pumps the backlog once the stream is registered again.
 }
 
 void Exec::on_credit(uint8_t ch, uint32_t bytes) {
   if (ch != 1 && ch != 2) return;
   out_[ch].credit = std::min<uint64_t>(out_[ch].credit + bytes, UINT32_MAX);
-  update_watch(ch);
+  pump();
+  if (attached_) update_watch(ch);
 }
 
 void Exec::on_data(uint8_t ch, const std::string& bytes) {
@@ -305,12 +392,18 @@ void Exec::maybe_finish() {
   r["stderr_dropped"] = out_[2].dropped;
   r["truncated"] = out_[1].dropped > 0 || out_[2].dropped > 0;
   r["stdin_bytes"] = in_bytes_;
+  if (!exec_id_.empty()) {
+    r["exec_id"] = exec_id_;
+    r["output_lost"] = log_.lost();
+    r["output_end"] = log_.end();
+  }
   release();
   // Request to reply inside the agent (cgroup set-up, spawn, wait, reap).
   r["agent_us"] = std::chrono::duration_cast<std::chrono::microseconds>(
                       std::chrono::steady_clock::now() - received_)
                       .count();
-  server_.finish(id_, r);
+  result_ = std::move(r);
+  pump();  // attached: sends the response once the log is drained
 }
 
 void Exec::release() {
@@ -332,7 +425,10 @@ std::unique_ptr<Stream> start_exec(Server& server, uint32_t id, const json& req)
     server.finish(id, server.jobs().start(spec));
     return nullptr;
   }
-  auto e = std::make_unique<Exec>(server, id);
+  // Every exec sends through its log; one frame's worth is the least it
+  // needs. A pty exec cannot detach and keeps just that.
+  auto e = std::make_unique<Exec>(
+      server, id, std::max<uint64_t>(spec.pty ? 0 : spec.output_buffer, protocol::kMaxPayload));
   e->start(spec);
   return e;
 }

@@ -198,6 +198,8 @@ ExecSpec parse_exec_spec(const json& req) {
   s.output_limit = static_cast<uint64_t>(
       protocol::optional_int(req, "output_limit_bytes", kDefaultOutputLimit, 0, int64_t{1} << 40));
   s.background = protocol::optional_bool(req, "background", false);
+  s.output_buffer = static_cast<uint64_t>(protocol::optional_int(
+      req, "output_buffer_bytes", kDefaultOutputBuffer, 0, int64_t{1} << 30));
   if (auto id = protocol::optional_string(req, "exec_id")) {
     bool ok = !id->empty() && id->size() <= 64;
     for (char c : *id)

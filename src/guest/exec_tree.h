@@ -35,6 +35,8 @@ struct ExecLimits {
   double cpu_seconds = 0;  // CPU time of the whole tree (0.01 .. 31536000)
 };
 
+inline constexpr uint64_t kDefaultOutputBuffer = 1 << 20;
+
 struct ExecSpec {
   std::vector<std::string> argv;
   User user;
@@ -45,7 +47,11 @@ struct ExecSpec {
   ExecLimits limits;
   uint64_t output_limit = kDefaultOutputLimit;  // per stream, bytes
   bool background = false;
-  std::string exec_id;  // the host's name for a background exec (optional)
+  // The host's name for the exec (optional). A foreground exec with one
+  // can detach and be attached again (output_log.h).
+  std::string exec_id;
+  // Bytes of output a foreground exec keeps for re-attachment (its log).
+  uint64_t output_buffer = kDefaultOutputBuffer;
   // A terminal instead of pipes ("pty": {"cols","rows"}): stdin, stdout and
   // stderr are the slave of a fresh pty, which becomes the controlling
   // terminal of the exec's session. Without argv, the user's shell runs (-l).

@@ -11,11 +11,15 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <climits>
 #include <cstring>
+#include <map>
+#include <optional>
 #include <random>
 
 #include "common/error.h"
 #include "guest/ops.h"
+#include "guest/users.h"
 #include "protocol/messages.h"
 
 namespace airlock::guest {
@@ -42,8 +46,26 @@ double mtime_of(const struct stat& st) {
   return static_cast<double>(st.st_mtim.tv_sec) + st.st_mtim.tv_nsec / 1e9;
 }
 
-// mkdir -p; existing directories are fine.
-void make_dirs(const std::string& path, mode_t mode) {
+// The optional "owner" field (a user name or uid): what a write, mkdir or
+// move creates is chowned to that user and its primary group, as envd does
+// for the user an E2B call runs as. not_found for an unknown name.
+std::optional<User> parse_owner(const json& req) {
+  auto it = req.find("owner");
+  if (it == req.end() || it->is_null()) return std::nullopt;
+  if (!it->is_string() || it->get<std::string>().empty() || it->get<std::string>().size() > 64)
+    throw Error(Errc::invalid_argument, "owner must be a user name or uid", "owner");
+  auto u = lookup_user(it->get<std::string>());
+  if (!u) throw GuestError(code::not_found, "no user " + it->get<std::string>());
+  return u;
+}
+
+void chown_to(const std::string& path, const std::optional<User>& owner) {
+  if (owner && lchown(path.c_str(), owner->uid, owner->gid) != 0) throw_sys("chown " + path);
+}
+
+// mkdir -p; existing directories are fine. Directories it makes belong to
+// `owner` if given.
+void make_dirs(const std::string& path, mode_t mode, const std::optional<User>& owner = {}) {
   struct stat st {};
   if (stat(path.c_str(), &st) == 0) {
     if (!S_ISDIR(st.st_mode)) {
@@ -52,8 +74,105 @@ void make_dirs(const std::string& path, mode_t mode) {
     }
     return;
   }
-  if (path != "/") make_dirs(dirname_of(path), 0755);
-  if (mkdir(path.c_str(), mode) != 0 && errno != EEXIST) throw_sys("mkdir " + path);
+  if (path != "/") make_dirs(dirname_of(path), 0755, owner);
+  if (mkdir(path.c_str(), mode) != 0) {
+    if (errno != EEXIST) throw_sys("mkdir " + path);
+    return;
+  }
+  chown_to(path, owner);
+}
+
+// Names of uids/gids for one response (each /etc file read once per id).
+class Names {
+ public:
+  const std::string& user(uid_t uid) {
+    auto it = users_.find(uid);
+    return it != users_.end() ? it->second : users_[uid] = user_name(uid);
+  }
+  const std::string& group(gid_t gid) {
+    auto it = groups_.find(gid);
+    return it != groups_.end() ? it->second : groups_[gid] = group_name(gid);
+  }
+
+ private:
+  std::map<uid_t, std::string> users_;
+  std::map<gid_t, std::string> groups_;
+};
+
+// One entry of list/stat/move (lstat `st` of `path`): a symlink also
+// carries its fully resolved target (the link's own path if it does not
+// resolve) and, when that exists, the target's type and mode.
+json entry_of(const std::string& path, const struct stat& st, Names& names) {
+  json j = {{"name", path == "/" ? "/" : basename_of(path)},
+            {"path", path},
+            {"type", type_name(st.st_mode)},
+            {"size", st.st_size},
+            {"mode", st.st_mode & 07777},
+            {"mtime", mtime_of(st)},
+            {"uid", st.st_uid},
+            {"gid", st.st_gid},
+            {"owner", names.user(st.st_uid)},
+            {"group", names.group(st.st_gid)}};
+  if (S_ISLNK(st.st_mode)) {
+    char buf[PATH_MAX];
+    j["target"] = realpath(path.c_str(), buf) ? std::string(buf) : path;
+    struct stat ts {};
+    if (stat(path.c_str(), &ts) == 0) {
+      j["target_type"] = type_name(ts.st_mode);
+      j["target_mode"] = ts.st_mode & 07777;
+    }
+  }
+  return j;
+}
+
+json stat_entry(const std::string& path, const std::string& op) {
+  struct stat st {};
+  if (lstat(path.c_str(), &st) != 0) throw_sys(op + " " + path);
+  Names names;
+  return entry_of(path, st, names);
+}
+
+std::string join(const std::string& dir, const std::string& name) {
+  return dir == "/" ? "/" + name : dir + "/" + name;
+}
+
+// Depth-first walk for list: children sorted by name, symlinks not
+// followed, `depth` levels below `dir`; the first `skip` entries are
+// passed over (the host pages with "offset"). Stops adding once the
+// response would not fit one frame (`full`).
+void walk(const std::string& dir, int depth, Names& names, json& entries, size_t& bytes,
+          bool& full, uint64_t& skip) {
+  DIR* d = opendir(dir.c_str());
+  if (!d) return;  // unreadable or raced away below the top: skipped, like envd
+  std::vector<std::pair<std::string, struct stat>> items;
+  while (dirent* e = readdir(d)) {
+    std::string name = e->d_name;
+    if (name == "." || name == "..") continue;
+    struct stat st {};
+    if (fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0) continue;  // raced away
+    items.emplace_back(std::move(name), st);
+  }
+  closedir(d);
+  std::sort(items.begin(), items.end(),
+            [](const auto& a, const auto& b) { return a.first < b.first; });
+  for (auto& [name, st] : items) {
+    if (full) return;
+    const std::string path = join(dir, name);
+    const bool descend = depth > 1 && S_ISDIR(st.st_mode);
+    if (skip > 0) {
+      --skip;
+      if (descend) walk(path, depth - 1, names, entries, bytes, full, skip);
+      continue;
+    }
+    json j = entry_of(path, st, names);
+    bytes += j.dump(-1, ' ', false, json::error_handler_t::replace).size() + 1;
+    if (bytes > protocol::kMaxPayload - 64) {
+      full = true;
+      return;
+    }
+    entries.push_back(std::move(j));
+    if (descend) walk(path, depth - 1, names, entries, bytes, full, skip);
+  }
 }
 
 mode_t parse_mode(const json& req, int64_t fallback) {
@@ -69,8 +188,9 @@ class WriteFile : public Stream {
     path_ = require_path(req);
     if (path_ == "/") throw GuestError(code::is_a_directory, "write_file /: is a directory");
     mode_ = parse_mode(req, 0644);
+    owner_ = parse_owner(req);
     const std::string dir = dirname_of(path_);
-    if (protocol::optional_bool(req, "parents", false)) make_dirs(dir, 0755);
+    if (protocol::optional_bool(req, "parents", false)) make_dirs(dir, 0755, owner_);
     struct stat st {};
     if (stat(path_.c_str(), &st) == 0 && S_ISDIR(st.st_mode))
       throw GuestError(code::is_a_directory, "write_file " + path_ + ": is a directory");
@@ -82,6 +202,8 @@ class WriteFile : public Stream {
       fd_ = open(tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
       if (fd_ < 0 && (errno != EEXIST || attempt > 10)) throw_sys("write_file " + path_);
     }
+    if (owner_ && fchown(fd_, owner_->uid, owner_->gid) != 0)
+      throw_sys("write_file chown " + path_);
   }
 
   void on_data(uint8_t ch, const std::string& bytes) override {
@@ -134,6 +256,7 @@ class WriteFile : public Stream {
  private:
   std::string path_, tmp_;
   mode_t mode_ = 0644;
+  std::optional<User> owner_;
   int fd_ = -1;
   uint64_t size_ = 0;
   uint64_t window_ = kInitialCredit;
@@ -235,60 +358,55 @@ std::unique_ptr<Stream> start_read_file(Server& server, uint32_t id, const json&
 
 json op_list(const json& req) {
   const std::string path = require_path(req);
+  const int depth = static_cast<int>(protocol::optional_int(req, "depth", 1, 1, 64));
+  uint64_t skip = static_cast<uint64_t>(protocol::optional_int(req, "offset", 0, 0, 1 << 30));
   DIR* d = opendir(path.c_str());
   if (!d) throw_sys("list " + path);
-  json entries = json::array();
-  std::vector<std::pair<std::string, json>> items;
-  while (dirent* e = readdir(d)) {
-    std::string name = e->d_name;
-    if (name == "." || name == "..") continue;
-    struct stat st {};
-    if (fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0) continue;  // raced away
-    items.emplace_back(name, json{{"name", name},
-                                  {"type", type_name(st.st_mode)},
-                                  {"size", st.st_size},
-                                  {"mode", st.st_mode & 07777},
-                                  {"mtime", mtime_of(st)}});
-  }
   closedir(d);
-  std::sort(items.begin(), items.end(),
-            [](const auto& a, const auto& b) { return a.first < b.first; });
   // One response must fit one frame: stop before kMaxPayload and say so.
+  json entries = json::array();
+  Names names;
   size_t bytes = 64;
   bool truncated = false;
-  for (auto& [name, j] : items) {
-    bytes += j.dump(-1, ' ', false, json::error_handler_t::replace).size() + 1;
-    if (bytes > protocol::kMaxPayload - 64) {
-      truncated = true;
-      break;
-    }
-    entries.push_back(std::move(j));
-  }
+  walk(path, depth, names, entries, bytes, truncated, skip);
   json r = {{"entries", std::move(entries)}};
   if (truncated) r["truncated"] = true;
   return r;
 }
 
-json op_stat(const json& req) {
-  const std::string path = require_path(req);
+json op_stat(const json& req) { return stat_entry(require_path(req), "stat"); }
+
+json op_move(const json& req) {
+  const std::string from = require_path(req);
+  json dest_req = {{"path", req.contains("dest") ? req["dest"] : json()}};
+  if (!req.contains("dest")) throw Error(Errc::invalid_argument, "dest is required", "dest");
+  std::string to;
+  try {
+    to = require_path(dest_req);
+  } catch (const Error& e) {
+    throw Error(Errc::invalid_argument, std::string(e.what()), "dest");
+  }
+  if (from == "/" || to == "/")
+    throw Error(Errc::invalid_argument, "refusing to move / or onto /",
+                from == "/" ? "path" : "dest");
+  auto owner = parse_owner(req);
   struct stat st {};
-  if (lstat(path.c_str(), &st) != 0) throw_sys("stat " + path);
-  return {{"name", path == "/" ? "/" : basename_of(path)},
-          {"type", type_name(st.st_mode)},
-          {"size", st.st_size},
-          {"mode", st.st_mode & 07777},
-          {"mtime", mtime_of(st)},
-          {"uid", st.st_uid},
-          {"gid", st.st_gid}};
+  if (lstat(from.c_str(), &st) != 0) throw_sys("move " + from);
+  if (protocol::optional_bool(req, "parents", false)) make_dirs(dirname_of(to), 0755, owner);
+  if (rename(from.c_str(), to.c_str()) != 0) throw_sys("move " + from + " to " + to);
+  return stat_entry(to, "move");
 }
 
 json op_mkdir(const json& req) {
   const std::string path = require_path(req);
   const mode_t mode = parse_mode(req, 0755);
+  auto owner = parse_owner(req);
   if (protocol::optional_bool(req, "parents", false)) {
-    make_dirs(path, mode);
+    make_dirs(path, mode, owner);
   } else if (mkdir(path.c_str(), mode) != 0) {
     throw_sys("mkdir " + path);
+  } else {
+    chown_to(path, owner);
   }
   return json::object();
 }
@@ -311,6 +429,13 @@ json op_remove(const json& req) {
     if (errno == EEXIST) errno = ENOTEMPTY;
     throw_sys("remove " + path);
   }
+  return json::object();
+}
+
+// Flushes every filesystem to its disk, so the host's read of the disk
+// layers (airlock diff) sees what the guest wrote.
+json op_sync(const json&) {
+  ::sync();
   return json::object();
 }
 

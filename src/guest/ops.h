@@ -36,9 +36,11 @@ std::unique_ptr<Stream> start_write_file(Server& server, uint32_t id, const nloh
 std::unique_ptr<Stream> start_read_file(Server& server, uint32_t id, const nlohmann::json& req);
 nlohmann::json op_list(const nlohmann::json& req);
 nlohmann::json op_stat(const nlohmann::json& req);
+nlohmann::json op_move(const nlohmann::json& req);
 nlohmann::json op_mkdir(const nlohmann::json& req);
 nlohmann::json op_remove(const nlohmann::json& req);
 nlohmann::json op_info(const nlohmann::json& req);
+nlohmann::json op_sync(const nlohmann::json& req);  // sync(2): {} once flushed
 // watch.cc
 std::unique_ptr<Stream> start_watch(Server& server, uint32_t id, const nlohmann::json& req);
 // {"watches", "watched_dirs", "max_watches", "max_watched_dirs"} (for info).

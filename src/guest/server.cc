@@ -64,6 +64,8 @@ Server::Server(ServerOptions options) : opts_(std::move(options)) {
 Server::~Server() {
   for (auto& [id, s] : streams_) s->abort();
   streams_.clear();
+  for (auto& [key, s] : detached_) s->abort();
+  detached_.clear();
   graveyard_.clear();
   jobs_.reset();  // kills the background execs' trees
   // Leaving (test mode only): do not leave exec cgroups behind. Kill what is
@@ -245,12 +247,21 @@ void Server::on_port(uint32_t events) {
 }
 
 void Server::connection_reset(const char* why, bool reset_decoder) {
-  if (!streams_.empty()) logf("%s: aborting %zu open streams", why, streams_.size());
+  if (!streams_.empty()) logf("%s: ending %zu open streams", why, streams_.size());
+  // Execs that can be re-attached keep running into their output log;
+  // everything else is aborted.
+  std::vector<std::unique_ptr<Stream>> keep;
   for (auto& [id, s] : streams_) {
+    if (!s->detach_key().empty()) {
+      s->detach();
+      keep.push_back(std::move(s));
+      continue;
+    }
     s->abort();
     graveyard_.push_back(std::move(s));
   }
   streams_.clear();
+  for (auto& s : keep) park(std::move(s));
   out_.clear();
   out_off_ = 0;
   // A new hello arrives through the decoder: the frames after it stay.
@@ -356,6 +367,21 @@ void Server::handle(Frame& f) {
       std::string bad = "signal frame must be {\"signal\": 1..64} or {\"resize\": {cols, rows}}";
       try {
         json j = protocol::parse_json(f);
+        if (auto d = j.find("detach"); d != j.end() && *d == true) {
+          // The host lets go of the exec without ending it (§5, detach).
+          if (s.detach_key().empty()) {
+            s.abort();
+            finish(f.stream, protocol::error_json(protocol::code::protocol_error,
+                                                  "only a foreground exec with an exec_id "
+                                                  "can be detached"));
+            return;
+          }
+          json r = s.detach();
+          send_json(Type::response, f.stream, r);
+          auto node = streams_.extract(f.stream);
+          park(std::move(node.mapped()));
+          return;
+        }
         if (auto r = j.find("resize"); r != j.end()) {
           parse_winsize(*r, "resize", cols, rows);
           resize = true;
@@ -390,10 +416,11 @@ void Server::handle_hello(const Frame& f) {
   if (state_ == State::serving) connection_reset("new hello", /*reset_decoder=*/false);
   state_ = State::serving;  // so the reply can be sent
   json req;
+  int64_t version = -1;
   try {
     req = protocol::parse_json(f);
-    int64_t version = protocol::optional_int(req, "version", -1);
-    if (version != protocol::kVersion)
+    version = protocol::optional_int(req, "version", -1);
+    if (version < protocol::kMinVersion || version > protocol::kVersion)
       throw GuestError(protocol::code::unsupported_version,
                        "protocol version " + std::to_string(version) +
                            " is not supported (this agent speaks version " +
@@ -410,7 +437,7 @@ void Server::handle_hello(const Frame& f) {
   utsname u{};
   uname(&u);
   send_json(Type::hello, 0,
-            {{"version", protocol::kVersion},
+            {{"version", version},
              {"agent_version", protocol::kAgentVersion},
              {"kernel", u.release}});
 }
@@ -440,6 +467,11 @@ void Server::handle_request(Frame& f) {
       stream = start_read_file(*this, id, req);
     } else if (op == "watch") {
       stream = start_watch(*this, id, req);
+    } else if (op == "attach") {
+      // Registered first: sending the backlog may finish (and so close) it.
+      auto& s = streams_[id] = start_attach(id, req);
+      s->pump();
+      return;
     } else if (op == "wait_job") {
       stream = jobs_->wait(id, req);
     } else if (op == "job_stdin") {
@@ -452,12 +484,16 @@ void Server::handle_request(Frame& f) {
         result = op_list(req);
       else if (op == "stat")
         result = op_stat(req);
+      else if (op == "move")
+        result = op_move(req);
       else if (op == "mkdir")
         result = op_mkdir(req);
       else if (op == "remove")
         result = op_remove(req);
       else if (op == "info")
         result = op_info(req);
+      else if (op == "sync")
+        result = op_sync(req);
       else if (op == "jobs")
         result = jobs_->list();
       else if (op == "kill_job")
@@ -479,6 +515,40 @@ void Server::handle_request(Frame& f) {
     finish(id, protocol::error_json(protocol::code::internal,
                                     (op.empty() ? "" : op + ": ") + e.what()));
   }
+}
+
+// ---- detach and attach ------------------------------------------------------
+
+void Server::park(std::unique_ptr<Stream> s) {
+  std::string key = s->detach_key();
+  detached_.emplace_back(std::move(key), std::move(s));
+  // Bounded: running execs are never dropped, the oldest ended ones are.
+  for (size_t i = 0; detached_.size() > kMaxDetached && i < detached_.size();) {
+    if (detached_[i].second->ended()) {
+      detached_[i].second->abort();
+      graveyard_.push_back(std::move(detached_[i].second));
+      detached_.erase(detached_.begin() + i);
+    } else {
+      ++i;
+    }
+  }
+}
+
+std::unique_ptr<Stream> Server::start_attach(uint32_t id, const json& req) {
+  std::string exec_id = protocol::require_string(req, "exec_id");
+  int64_t offset = protocol::optional_int(req, "offset", 0, 0, INT64_MAX);
+  for (auto it = detached_.begin(); it != detached_.end(); ++it) {
+    if (it->first != exec_id) continue;
+    it->second->attach(id, static_cast<uint64_t>(offset));  // throws on a bad offset
+    std::unique_ptr<Stream> s = std::move(it->second);
+    detached_.erase(it);
+    return s;
+  }
+  for (auto& [sid, s] : streams_)
+    if (s->detach_key() == exec_id)
+      throw GuestError(protocol::code::exists,
+                       "attach " + exec_id + ": the exec is attached to another stream");
+  throw GuestError(protocol::code::not_found, "attach " + exec_id + ": no such detached exec");
 }
 
 // ---- children ---------------------------------------------------------------

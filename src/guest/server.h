@@ -44,6 +44,20 @@ class Stream {
   // The connection is gone or reset: release everything, send nothing.
   virtual void abort() = 0;
 
+  // Detach and attach (api/guest-protocol.md §5, foreground execs with an
+  // exec_id): the name a detached stream waits under; empty = the stream
+  // cannot detach (it is aborted when the host goes away).
+  virtual std::string detach_key() const { return {}; }
+  // The host went away (or sent {"detach": true}): keep running, keep the
+  // output in the log, send nothing. Returns {"detached": true, "offset": N}.
+  virtual nlohmann::json detach() { return nlohmann::json::object(); }
+  // An `attach` request on `stream` resumes it from byte `offset` of its
+  // output. Throws GuestError / Error(invalid_argument) for a bad offset.
+  virtual void attach(uint32_t /*stream*/, uint64_t /*offset*/) {}
+  // A detached stream whose process has ended (the first to go when the
+  // table of detached streams is full).
+  virtual bool ended() const { return false; }
+
  protected:
   // Sends {"error":{code,message}} as the response and closes the stream.
   void fail(const char* code, const std::string& message);
@@ -101,6 +115,11 @@ class Server {
   void handle_hello(const protocol::Frame& frame);
   void handle_request(protocol::Frame& frame);
   void connection_reset(const char* why, bool reset_decoder = true);
+  // Moves stream `s` (detachable) into detached_; evicts the oldest ended
+  // detached streams beyond kMaxDetached.
+  void park(std::unique_ptr<Stream> s);
+  std::unique_ptr<Stream> start_attach(uint32_t id, const nlohmann::json& req);
+  static constexpr size_t kMaxDetached = 64;
   void flush();
   void on_sigchld();
   void collect_garbage();
@@ -122,6 +141,8 @@ class Server {
   bool port_writable_ = true;
 
   std::map<uint32_t, std::unique_ptr<Stream>> streams_;
+  // Detached foreground execs by exec_id, in the order they were parked.
+  std::vector<std::pair<std::string, std::unique_ptr<Stream>>> detached_;
   std::vector<std::unique_ptr<Stream>> graveyard_;
   std::unordered_map<pid_t, std::function<void(int)>> children_;
   std::vector<std::string> lingering_;

@@ -65,4 +65,20 @@ std::optional<User> lookup_user(const std::string& spec, const std::string& pass
   return found;
 }
 
+namespace {
+// Field 0 of the first line of `file` whose field 2 is `id`.
+std::string name_of(unsigned long id, const std::string& file) {
+  std::ifstream in(file);
+  std::string line;
+  while (std::getline(in, line)) {
+    auto f = split(line, ':');
+    if (f.size() >= 3 && !f[0].empty() && number(f[2]) == id) return f[0];
+  }
+  return std::to_string(id);
+}
+}  // namespace
+
+std::string user_name(uid_t uid, const std::string& passwd) { return name_of(uid, passwd); }
+std::string group_name(gid_t gid, const std::string& group) { return name_of(gid, group); }
+
 }  // namespace airlock::guest

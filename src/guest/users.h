@@ -23,4 +23,9 @@ struct User {
 std::optional<User> lookup_user(const std::string& spec, const std::string& passwd = "/etc/passwd",
                                 const std::string& group = "/etc/group");
 
+// The name of a uid (passwd) or gid (group) for listings; the decimal id
+// when there is no entry, as `ls -l` shows it.
+std::string user_name(uid_t uid, const std::string& passwd = "/etc/passwd");
+std::string group_name(gid_t gid, const std::string& group = "/etc/group");
+
 }  // namespace airlock::guest

@@ -31,6 +31,10 @@ TEST(Users, LookupByNameUidAndGroups) {
   EXPECT_EQ(n->uid, 4242u);
   EXPECT_EQ(n->home, "/");
   EXPECT_FALSE(lookup_user("mallory", dir + "/passwd", dir + "/group"));
+  EXPECT_EQ(user_name(1000, dir + "/passwd"), "alice");
+  EXPECT_EQ(user_name(4242, dir + "/passwd"), "4242");
+  EXPECT_EQ(group_name(10, dir + "/group"), "wheel");
+  EXPECT_EQ(group_name(77, dir + "/group"), "77");
   std::remove((dir + "/passwd").c_str());
   std::remove((dir + "/group").c_str());
   rmdir(dir.c_str());

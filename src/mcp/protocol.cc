@@ -101,10 +101,14 @@ void Protocol::notification(const std::string& method, const json& params) {
   if (method != "notifications/cancelled" || !params.is_object() || !params.contains("requestId"))
     return;
   std::string key = params["requestId"].dump();
-  if (session_.cancel(key)) {
+  {
+    // Marked before the kill: the killed call may return at once, and its
+    // reply must already know it is not to be sent.
     std::lock_guard lock(mu_);
-    if (in_flight_.count(key)) cancelled_.insert(key);  // else its reply is already out
+    if (!in_flight_.count(key)) return;  // its reply is already out
+    cancelled_.insert(key);
   }
+  session_.cancel(key);
 }
 
 json Protocol::dispatch(const std::string& method, const json& params,

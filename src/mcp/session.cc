@@ -162,15 +162,23 @@ void Session::set_observer(std::function<void(const std::string&, bool)> observe
 }
 
 bool Session::cancel(const std::string& call_key) {
-  std::pair<std::string, std::string> target;
+  Running target;
   {
     std::lock_guard lock(mu_);
     auto it = running_.find(call_key);
     if (it == running_.end()) return false;
+    if (it->second.exec_id.empty()) {  // not started yet: exec kills it on its start event
+      it->second.cancel_pending = true;
+      return true;
+    }
     target = it->second;
   }
+  return kill(target);
+}
+
+bool Session::kill(const Running& target) {
   try {
-    client_.call("DELETE", id_path(target.first) + "/exec/" + cli::url_encode(target.second));
+    client_.call("DELETE", id_path(target.sandbox_id) + "/exec/" + cli::url_encode(target.exec_id));
   } catch (const Error&) {
     return false;  // it ended meanwhile (404), or the sandbox went away
   }
@@ -236,11 +244,21 @@ json Session::exec(const json& args, const std::string& call_key) {
       s->running_.erase(key);
     }
   } forget{this, call_key};
+  if (!call_key.empty()) {
+    std::lock_guard lock(mu_);
+    running_[call_key] = Running{sid, "", false};
+  }
   json exit = client_.exec(sid, body, [&](const json& ev) {
     std::string type = ev.value("type", "");
     if (type == "start" && !call_key.empty()) {
-      std::lock_guard lock(mu_);
-      running_[call_key] = {sid, ev.value("exec_id", "")};
+      Running now;
+      {
+        std::lock_guard lock(mu_);
+        Running& r = running_[call_key];
+        r.exec_id = ev.value("exec_id", "");
+        now = r;
+      }
+      if (now.cancel_pending) kill(now);  // cancelled while it was starting
     }
     if (type != "stdout" && type != "stderr") return;
     auto bytes = daemon::base64_decode(ev.value("data", ""));

@@ -42,8 +42,9 @@ class Session {
                       bool structured = true, const std::string& call_key = "");
 
   // notifications/cancelled: kills the command that call `call_key` runs in
-  // its sandbox, if it runs one (its result then says reason "killed").
-  // Returns whether there was one to kill.
+  // its sandbox (its result then says reason "killed"); a cancel that
+  // arrives while that command is still being started kills it as soon as
+  // it has an exec id. Returns whether the call runs (or starts) a command.
   bool cancel(const std::string& call_key);
 
   // Destroys every sandbox this session created without keep (already gone
@@ -75,9 +76,16 @@ class Session {
   mutable std::mutex mu_;
   std::set<std::string> owned_;                             // guarded by mu_
   std::function<void(const std::string&, bool)> observer_;  // guarded by mu_
-  // call key -> {sandbox id, exec id} of the commands running now.
-  std::map<std::string, std::pair<std::string, std::string>> running_;  // guarded by mu_
-  bool closed_ = false;                                                 // guarded by mu_
+  // call key -> the command a sandbox_exec call runs (or is starting).
+  struct Running {
+    std::string sandbox_id;
+    std::string exec_id;  // empty until the daemon's start event
+    bool cancel_pending = false;
+  };
+  bool kill(const Running& target);  // DELETE of its exec; false when already gone
+
+  std::map<std::string, Running> running_;  // guarded by mu_
+  bool closed_ = false;                     // guarded by mu_
 };
 
 }  // namespace airlock::mcp

@@ -29,7 +29,11 @@
 
 namespace airlock::protocol {
 
-inline constexpr uint32_t kVersion = 1;
+// Version 2 (issue 12): foreground execs with an exec_id survive the host
+// going away (detach) and are resumed with the `attach` op.
+inline constexpr uint32_t kVersion = 2;
+// The oldest version a guest still answers (with that version).
+inline constexpr uint32_t kMinVersion = 1;
 inline constexpr size_t kHeaderSize = 12;
 inline constexpr size_t kMaxPayload = 64 * 1024;
 inline constexpr uint32_t kInitialCredit = 256 * 1024;

@@ -237,6 +237,25 @@ class TenantTest(DaemonTestCase):
             with self.assertRaises(ApiError) as e:
                 self.b.call(method, path, {} if method == "PUT" else None)
             self.assertEqual(e.exception.status, 404, path)
+        # Images have no owner yet: their management is the operator's. An
+        # upload is read before the 404 (no broken pipe for the client).
+        for method, path, body in [("GET", "/v1/images", None), ("GET", "/v1/images/minimal", None),
+                                   ("DELETE", "/v1/images/minimal", None), ("GET", "/v1/df", None),
+                                   ("POST", "/v1/prune", None),
+                                   ("POST", "/v1/images/x/import", b"\0" * (4 << 20))]:
+            with self.assertRaises(ApiError) as e:
+                self.b.call(method, path, body)
+            self.assertEqual(e.exception.status, 404, path)
+        # Stats are tenant-scoped like every sandbox route: B cannot read A's.
+        with self.assertRaises(ApiError) as e:
+            self.b.call("GET", f"/v1/sandboxes/{self.sb}/stats")
+        self.assertEqual(e.exception.status, 404)
+        st = self.a.call("GET", f"/v1/sandboxes/{self.sb}/stats")
+        self.assertEqual(st["id"], self.sb)
+        self.assertNotIn(self.sb, [s["id"] for s in self.b.call("GET", "/v1/sandboxes?stats=true")])
+        mine = self.a.call("GET", "/v1/sandboxes?stats=true")
+        self.assertIn(self.sb, [s["id"] for s in mine])
+        self.assertTrue(all("stats" in s for s in mine))
 
 
 class QuotaTest(DaemonTestCase):

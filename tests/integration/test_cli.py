@@ -162,7 +162,9 @@ class CliStreamTest(DaemonTestCase):
 
     def test_daemon_killed_mid_exec_is_a_lost_connection(self):
         sid = self.api.create()["id"]
-        p = airlock_popen(self.env, "exec", sid, "--", "sh", "-c", "echo a; sleep 60; echo b")
+        # Without reattaching (test_reattach covers the CLI resuming).
+        env = dict(self.env, AIRLOCK_REATTACH_SECONDS="0")
+        p = airlock_popen(env, "exec", sid, "--", "sh", "-c", "echo a; sleep 60; echo b")
         try:
             self.assertEqual(read_line_within(p.stdout, 120), b"a\n")
             self.assertIsNone(p.poll())

@@ -117,6 +117,14 @@ class MetricsTest(Scrapes, DaemonTestCase):
         self.assertGreaterEqual(self.value(s1, "airlock_qemu_processes"), 1)
         self.assertGreater(self.value(s1, "airlock_qemu_resident_memory_bytes"), 16 << 20)
         self.assertGreater(self.value(s1, "airlock_journal_bytes"), self.value(s0, "airlock_journal_bytes"))
+        # Per-tenant live sandboxes (the unix socket's are the operator's)
+        # and the host disk airlock uses, by kind.
+        self.assertEqual(self.moved(s0, s1, "airlock_tenant_sandboxes", tenant="operator"), 1)
+        self.assertGreater(self.value(s1, "airlock_disk_bytes", kind="overlays"),
+                           self.value(s0, "airlock_disk_bytes", kind="overlays"))
+        self.assertGreater(self.value(s1, "airlock_disk_bytes", kind="journals"), 0)
+        for kind in ("images", "layers", "snapshots", "templates", "overlays", "journals"):
+            self.assertIn(("airlock_disk_bytes", frozenset({("kind", kind)})), s1, kind)
 
         exec_route = "/v1/sandboxes/{id}/exec"
         self.assertEqual(self.moved(s0, s1, "airlock_http_requests_total", route=exec_route, status="200"),

@@ -120,6 +120,30 @@ class ExecTest(DaemonTestCase):
             self.api.get_file(self.sid, "/tmp/d/e/f.txt")
         self.assertEqual(cm.exception.status, 404)
 
+    def test_move_and_list_with_depth(self):
+        base = f"/v1/sandboxes/{self.sid}/files"
+        self.api.put_file(self.sid, "/tmp/mv/a/one.txt", b"1")
+        self.api.exec(self.sid, argv=["ln", "-s", "/tmp/mv/a", "/tmp/mv/link"])
+        moved = self.api.call("POST", f"{base}/move", {"from": "/tmp/mv/a/one.txt", "to": "/tmp/mv/b/c/two.txt"})
+        self.assertEqual((moved["path"], moved["name"], moved["size"]), ("/tmp/mv/b/c/two.txt", "two.txt", 1))
+        self.assertEqual((moved["owner"], moved["group"]), ("root", "root"))
+        deep = self.api.call("GET", f"{base}/list?path=/tmp/mv&depth=3")["entries"]
+        self.assertEqual([e["path"] for e in deep],
+                         ["/tmp/mv/a", "/tmp/mv/b", "/tmp/mv/b/c", "/tmp/mv/b/c/two.txt", "/tmp/mv/link"])
+        self.assertEqual((deep[-1]["target"], deep[-1]["target_type"]), ("/tmp/mv/a", "dir"))
+        self.assertEqual(len(self.api.call("GET", f"{base}/list?path=/tmp/mv")["entries"]), 3)
+        with self.assertRaises(ApiError) as cm:
+            self.api.call("POST", f"{base}/move", {"from": "/tmp/mv/nope", "to": "/tmp/mv/x"})
+        self.assertEqual(cm.exception.status, 404)
+        for body, field in (({"from": "/tmp/mv/b", "to": "relative"}, "to"),
+                            ({"from": "/tmp/mv/b"}, "to"), ({"from": "/tmp/mv/b", "to": "/x", "y": 1}, "y")):
+            with self.assertRaises(ApiError) as cm:
+                self.api.call("POST", f"{base}/move", body)
+            self.assertEqual((cm.exception.status, cm.exception.field), (400, field))
+        with self.assertRaises(ApiError) as cm:
+            self.api.call("GET", f"{base}/list?path=/tmp/mv&depth=0")
+        self.assertEqual((cm.exception.status, cm.exception.field), (400, "depth"))
+
     def test_bad_exec_input(self):
         for body, field in ((dict(argv="ls"), "argv"), (dict(argv=[]), "argv"),
                             (dict(argv=["ls"], bogus=1), "bogus"),

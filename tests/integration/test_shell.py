@@ -101,8 +101,8 @@ class ShellTest(DaemonTestCase):
         name, code, stty = self.start(f"{AIRLOCK} shell {self.sid}")
         # Computed in the guest, so the typed command line cannot match.
         self.keys(name, "echo READY-$((6*7)); stty size", "Enter")
-        s = self.wait_screen(name, "READY-42")
-        self.assertIn("24 80", s)
+        self.wait_screen(name, "READY-42")
+        self.wait_screen(name, "24 80")  # stty's answer comes after the echo's
         # TERM is the local terminal's (tmux sets it in its panes).
         term = self.tmux("show-options", "-gv", "default-terminal").strip()
         self.keys(name, "echo TERM=$TERM", "Enter")
@@ -121,7 +121,14 @@ class ShellTest(DaemonTestCase):
         # A full-screen program: vi draws its status line on the last row,
         # and redraws there when the window shrinks under it.
         self.keys(name, "clear; vi /tmp/typed.txt", "Enter")
-        self.wait_screen(name, "/tmp/typed.txt")
+        # The typed command line shows the name too, before clear and vi run:
+        # wait for the status line on the last row itself.
+        deadline = time.time() + 15
+        while time.time() < deadline:
+            lines = self.screen(name).splitlines()
+            if len(lines) > 39 and "/tmp/typed.txt" in lines[39]:
+                break
+            time.sleep(0.2)
         self.assertIn("/tmp/typed.txt", self.screen(name).splitlines()[39])
         self.keys(name, "ihello from vi", "Escape")
         self.wait_screen(name, "hello from vi")
@@ -136,6 +143,14 @@ class ShellTest(DaemonTestCase):
         self.assertEqual(len(lines), 30)
         self.assertIn("/tmp/typed.txt", lines[29], "vi did not redraw at the new size")
         self.keys(name, ":wq", "Enter")
+        # Keys typed before vi has exited go to vi (seen under load): wait
+        # until it is gone from the guest.
+        deadline = time.time() + 15
+        while time.time() < deadline:
+            out, _, _ = self.api.exec(self.sid, argv=["sh", "-c", "pidof vi || true"])
+            if not out.strip():
+                break
+            time.sleep(0.2)
         self.keys(name, "clear; cat /tmp/typed.txt | tr a-z A-Z", "Enter")
         self.wait_screen(name, "HELLO FROM VI")
 
@@ -211,6 +226,51 @@ class ShellTest(DaemonTestCase):
         self.assertIn("connection to airlockd was lost", self.screen(name))
         type(self).start_daemon()
 
+    def top_order(self, name):
+        """The sandbox ids in top's rows, top to bottom."""
+        return [l.split()[0] for l in self.screen(name).splitlines() if l.startswith("sb-")]
+
+    def test_top_lists_sorts_refreshes_and_quits(self):
+        """`airlock top` in a real terminal: lists the running sandbox with
+        its stats, re-sorts on a key, refreshes, quits on q and restores the
+        terminal."""
+        time.sleep(1.1)  # a younger second sandbox: ages differ by at least a second
+        second = self.api.create()["id"]
+        self.addCleanup(self.api.delete, second)
+        name, code, stty = self.start(f"{AIRLOCK} top --interval 0.5", cols=140, rows=20)
+        self.wait_screen(name, second)
+        s = self.wait_screen(name, self.sid)
+        self.assertIn("sort: cpu", s)
+        for col in ("CPU%", "MEM", "DISK", "NET RX", "NET TX", "AGE"):
+            self.assertIn(col, s)
+        row = next(l for l in s.splitlines() if l.startswith(self.sid))
+        self.assertIn("running", row)
+        self.assertRegex(row, r"MiB")  # QEMU's resident memory
+        self.keys(name, "m")
+        self.wait_screen(name, "sort: mem")
+        self.keys(name, "a")
+        self.wait_screen(name, "sort: age")
+        self.assertEqual(self.top_order(name), [self.sid, second])  # oldest first
+        self.keys(name, "i")
+        self.wait_screen(name, "sort: id")
+        self.assertEqual(self.top_order(name), sorted([self.sid, second]))
+        self.keys(name, "a")
+        self.wait_screen(name, "sort: age")
+        # It refreshes: the age column moves on by itself.
+        first = next(l for l in self.screen(name).splitlines() if l.startswith(self.sid)).split()[-1]
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            now = next((l for l in self.screen(name).splitlines() if l.startswith(self.sid)), "").split()
+            if now and now[-1] != first:
+                break
+            time.sleep(0.3)
+        else:
+            self.fail(f"top did not refresh the age {first}:\n{self.screen(name)}")
+        self.keys(name, "q")
+        self.assertEqual(self.wait_file(code).strip(), "CODE=0")
+        self.assertIn(" icanon", self.wait_file(stty))  # the terminal mode is restored
+        self.assertIn(" echo", self.wait_file(stty))
+
     def test_unknown_sandbox_is_a_clear_error(self):
         r = subprocess.run([AIRLOCK, "shell", "sb-000000000000"], env=self.env, capture_output=True,
                            text=True, timeout=60)
@@ -220,3 +280,4 @@ class ShellTest(DaemonTestCase):
 
 if __name__ == "__main__":
     unittest.main()
+

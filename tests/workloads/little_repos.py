@@ -43,29 +43,33 @@ def run(*args, **kw):
     return subprocess.run(args, check=True, capture_output=True, **kw)
 
 
-def build_apt_repo(top):
+def build_apt_repo(top, extra=()):
     """A flat apt repository under top/apt: one package whose program prints
-    APT_OUTPUT; Packages from dpkg-scanpackages, a Release with its hashes
-    (unsigned: the sandbox's sources.list says [trusted=yes])."""
+    APT_OUTPUT (plus `extra`: (name, {path: script}) stub packages whose
+    programs are those scripts); Packages from dpkg-scanpackages, a Release
+    with its hashes (unsigned: the sandbox's sources.list says [trusted=yes])."""
     repo = os.path.join(top, "apt")
-    pkg = os.path.join(top, "apt-src", APT_PKG)
-    os.makedirs(os.path.join(pkg, "DEBIAN"))
-    os.makedirs(os.path.join(pkg, "usr", "bin"))
     os.makedirs(repo)
-    with open(os.path.join(pkg, "DEBIAN", "control"), "w") as f:
-        f.write(textwrap.dedent(f"""\
-            Package: {APT_PKG}
-            Version: 1.0
-            Architecture: all
-            Maintainer: airlock tests <tests@example.com>
-            Depends: python3
-            Description: a program from the airlock workload suite's apt repository
-            """))
-    prog = os.path.join(pkg, "usr", "bin", APT_PKG)
-    with open(prog, "w") as f:
-        f.write(f"#!/usr/bin/python3\nprint({APT_OUTPUT!r})\n")
-    os.chmod(prog, 0o755)
-    run("dpkg-deb", "--root-owner-group", "--build", pkg, os.path.join(repo, f"{APT_PKG}_1.0_all.deb"))
+    programs = [(APT_PKG, {f"usr/bin/{APT_PKG}": f"#!/usr/bin/python3\nprint({APT_OUTPUT!r})\n"})]
+    for name, files in programs + list(extra):
+        pkg = os.path.join(top, "apt-src", name)
+        os.makedirs(os.path.join(pkg, "DEBIAN"))
+        with open(os.path.join(pkg, "DEBIAN", "control"), "w") as f:
+            f.write(textwrap.dedent(f"""\
+                Package: {name}
+                Version: 1.0
+                Architecture: all
+                Maintainer: airlock tests <tests@example.com>
+                Depends: python3
+                Description: a program from the airlock test suites' apt repository
+                """))
+        for path, text in files.items():
+            prog = os.path.join(pkg, path)
+            os.makedirs(os.path.dirname(prog), exist_ok=True)
+            with open(prog, "w") as f:
+                f.write(text)
+            os.chmod(prog, 0o755)
+        run("dpkg-deb", "--root-owner-group", "--build", pkg, os.path.join(repo, f"{name}_1.0_all.deb"))
     packages = run("dpkg-scanpackages", "--multiversion", ".", "/dev/null", cwd=repo).stdout
     with open(os.path.join(repo, "Packages"), "wb") as f:
         f.write(packages)
@@ -83,13 +87,26 @@ def _record_hash(data):
     return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
 
 
-def build_pip_index(top):
+def build_pip_index(top, extra=()):
     """A PEP 503 simple index under top/simple with one pure-Python wheel
-    (built with zipfile: no wheel tooling needed on the host)."""
-    dist = PIP_MODULE + "-1.0"
+    (built with zipfile: no wheel tooling needed on the host), plus `extra`:
+    (distribution, module, answer) stub wheels built the same way."""
+    index = os.path.join(top, "simple")
+    os.makedirs(index)
+    entries = [(PIP_PKG, PIP_MODULE, PIP_ANSWER)] + list(extra)
+    for dist_name, module, answer in entries:
+        _build_wheel(top, index, dist_name, module, answer)
+    with open(os.path.join(index, "index.html"), "w") as f:
+        links = "".join(f'<a href="{d}/">{d}</a>' for d, _, _ in entries)
+        f.write(f'<!DOCTYPE html><html><body>{links}</body></html>\n')
+    return index
+
+
+def _build_wheel(top, index, dist_name, module, answer):
+    dist = module + "-1.0"
     files = {
-        f"{PIP_MODULE}/__init__.py": f"ANSWER = {PIP_ANSWER!r}\n\ndef answer():\n    return ANSWER\n",
-        f"{dist}.dist-info/METADATA": f"Metadata-Version: 2.1\nName: {PIP_PKG}\nVersion: 1.0\n"
+        f"{module}/__init__.py": f"ANSWER = {answer!r}\n\ndef answer():\n    return ANSWER\n",
+        f"{dist}.dist-info/METADATA": f"Metadata-Version: 2.1\nName: {dist_name}\nVersion: 1.0\n"
                                       "Summary: a wheel from the airlock workload suite\n",
         f"{dist}.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: airlock-tests\n"
                                    "Root-Is-Purelib: true\nTag: py3-none-any\n",
@@ -99,18 +116,15 @@ def build_pip_index(top):
     files[f"{dist}.dist-info/RECORD"] = record
     whl_name = f"{dist}-py3-none-any.whl"
     pkgdir = os.path.join(top, "packages")
-    os.makedirs(pkgdir)
+    os.makedirs(pkgdir, exist_ok=True)
     whl = os.path.join(pkgdir, whl_name)
     with zipfile.ZipFile(whl, "w", zipfile.ZIP_DEFLATED) as z:
         for n, c in files.items():
             z.writestr(n, c)
     with open(whl, "rb") as f:
         digest = hashlib.sha256(f.read()).hexdigest()
-    index = os.path.join(top, "simple")
-    os.makedirs(os.path.join(index, PIP_PKG))
-    with open(os.path.join(index, "index.html"), "w") as f:
-        f.write(f'<!DOCTYPE html><html><body><a href="{PIP_PKG}/">{PIP_PKG}</a></body></html>\n')
-    with open(os.path.join(index, PIP_PKG, "index.html"), "w") as f:
+    os.makedirs(os.path.join(index, dist_name))
+    with open(os.path.join(index, dist_name, "index.html"), "w") as f:
         f.write(f'<!DOCTYPE html><html><body><a href="../../packages/{whl_name}#sha256={digest}">'
                 f"{whl_name}</a></body></html>\n")
     return index

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <sys/file.h>
 #include <sys/inotify.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -59,17 +60,42 @@ void write_line(int fd, const std::string& line, Durability durability,
 }
 
 std::string make_line(const std::string& sandbox, const std::string& event,
-                      const nlohmann::json& fields) {
-  // ts/sandbox/event first so a human reading the file sees them first.
+                      const nlohmann::json& fields, uint64_t seq, const std::string& prev) {
+  // ts/sandbox/event first so a human reading the file sees them first;
+  // seq/prev next: the chain (chain.h).
   nlohmann::ordered_json rec;
   rec["ts"] = rfc3339_now();
   rec["sandbox"] = sandbox;
   rec["event"] = event;
+  rec["seq"] = seq;
+  rec["prev"] = prev;
   for (auto& [k, v] : fields.items()) {
-    if (k != "ts" && k != "sandbox" && k != "event") rec[k] = v;
+    if (k != "ts" && k != "sandbox" && k != "event" && k != "seq" && k != "prev") rec[k] = v;
   }
   // Invalid UTF-8 (argv is bytes) is replaced rather than making dump() throw.
   return rec.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+}
+
+// Reads the complete line that ends just before `end` (the offset of its
+// newline); "" if none (end == 0). Bounded by kMaxLine.
+std::string line_before(int fd, uint64_t end, size_t max_line) {
+  std::string acc;
+  uint64_t pos = end;
+  char buf[8192];
+  while (pos > 0 && acc.size() <= max_line) {
+    size_t want = static_cast<size_t>(std::min<uint64_t>(pos, sizeof buf));
+    ssize_t n = ::pread(fd, buf, want, static_cast<off_t>(pos - want));
+    if (n != static_cast<ssize_t>(want)) break;
+    std::string_view chunk(buf, want);
+    size_t nl = chunk.rfind('\n');
+    if (nl != std::string_view::npos) {
+      acc.insert(0, chunk.substr(nl + 1));
+      return acc;
+    }
+    acc.insert(0, chunk);
+    pos -= want;
+  }
+  return acc;
 }
 
 // A record line longer than this is not ours (a record is at most a request
@@ -100,8 +126,9 @@ std::string rfc3339_now() {
   return rfc3339_ms(std::chrono::duration_cast<std::chrono::milliseconds>(now).count());
 }
 
-AuditJournal::AuditJournal(std::filesystem::path dir, JournalLimits limits)
-    : dir_(std::move(dir)), limits_(limits) {
+AuditJournal::AuditJournal(std::filesystem::path dir, JournalLimits limits, JournalAnchor* anchor,
+                           std::shared_ptr<const HostKey> key)
+    : dir_(std::move(dir)), limits_(limits), anchor_(anchor), key_(std::move(key)) {
   if (limits_.max_bytes != 0 && limits_.lifecycle_reserve_bytes >= limits_.max_bytes)
     throw Error(Errc::invalid_argument,
                 "journal cap (" + std::to_string(limits_.max_bytes) +
@@ -125,10 +152,95 @@ bool AuditJournal::is_terminal(const std::string& event) {
 
 bool AuditJournal::is_lifecycle(const std::string& event) {
   static const std::set<std::string, std::less<>> kLifecycle = {
-      "created", "boot_failed",     "clone_failed",     "retry", "pooled", "adopted",
-      "file",    "network_changed", "journal_truncated"};
+      "created", "boot_failed", "clone_failed", "retry", "pooled", "adopted", "file",
+      "network_changed", "journal_truncated",
+      // What the state-keeping work (snapshots, forks, pause/resume) records.
+      "snapshot", "snapshot_deleted", "fork", "forked", "restored", "paused", "resumed"};
   // exec, exec_kill and the start/end records of an exec.
   return is_terminal(event) || kLifecycle.count(event) > 0 || event.rfind("exec", 0) == 0;
+}
+
+std::shared_ptr<AuditJournal::Chain> AuditJournal::chain_of(const std::string& sandbox) {
+  std::lock_guard lock(mu_);
+  auto& c = chains_[sandbox];
+  if (!c) c = std::make_shared<Chain>();
+  return c;
+}
+
+void AuditJournal::write_chained(int fd, const std::string& sandbox, Chain& c,
+                                 const std::string& line, Durability durability,
+                                 const std::filesystem::path& path) {
+  write_line(fd, line, durability, path);
+  c.seq += 1;
+  c.hash = sha256_hex(std::string_view(line).substr(0, line.size() - 1));
+  c.bytes += line.size();
+  if (!anchor_) return;
+  JournalHead head{c.seq, c.hash, c.bytes, {}};
+  try {
+    if (key_) head.signature = key_->sign_hex(head_message(sandbox, c.seq, c.hash));
+    anchor_->store_head(sandbox, head);
+  } catch (const std::exception&) {
+    // The record is written; a head not anchored now is anchored by the next
+    // append, and verify reports the lag meanwhile (unanchored).
+  }
+}
+
+// Learns the chain's end from the file (first append of this process, or the
+// file grew behind our back: another daemon). Repairs what a crash left and
+// puts it on record: a torn last line is cut off (journal_torn_tail, with its
+// size and hash), a head the registry had not anchored yet is noted
+// (journal_reanchored), and a file that no longer contains its anchored head
+// is noted (journal_anchor_mismatch) before anything else is appended.
+void AuditJournal::load_chain(int fd, const std::string& sandbox, Chain& c, uint64_t size,
+                              const std::filesystem::path& path) {
+  std::vector<std::pair<std::string, nlohmann::json>> notes;
+  uint64_t end = size;
+  if (size > 0) {
+    char lastc = 0;
+    if (::pread(fd, &lastc, 1, static_cast<off_t>(size - 1)) != 1)
+      throw_errno("read audit journal " + path.string());
+    if (lastc != '\n') {
+      std::string torn = line_before(fd, size, kMaxLine);
+      end = size - torn.size();
+      if (::ftruncate(fd, static_cast<off_t>(end)) != 0)
+        throw_errno("cut torn tail of audit journal " + path.string());
+      notes.push_back(
+          {"journal_torn_tail", {{"bytes", torn.size()}, {"sha256", sha256_hex(torn)}}});
+    }
+  }
+  c.bytes = end;
+  c.seq = 0;
+  c.hash = genesis_hash(sandbox);
+  if (end > 0) {
+    std::string last = line_before(fd, end - 1, kMaxLine);
+    c.hash = sha256_hex(last);
+    auto j = nlohmann::json::parse(last, nullptr, false);
+    // A line without seq (a journal from before the chain) starts a chain
+    // at seq 1 whose prev is that line's hash.
+    if (j.is_object() && j.contains("seq") && j["seq"].is_number_unsigned())
+      c.seq = j["seq"].get<uint64_t>();
+  }
+  c.loaded = true;
+  if (anchor_) {
+    std::optional<JournalHead> a;
+    try {
+      a = anchor_->load_head(sandbox);
+    } catch (const std::exception&) {
+    }
+    if (a) {
+      bool intact = a->bytes > 0 && a->bytes <= end &&
+                    sha256_hex(line_before(fd, a->bytes - 1, kMaxLine)) == a->hash;
+      if (!intact)
+        notes.push_back({"journal_anchor_mismatch",
+                         {{"anchor", {{"seq", a->seq}, {"hash", a->hash}, {"bytes", a->bytes}}},
+                          {"file", {{"seq", c.seq}, {"hash", c.hash}, {"bytes", end}}}}});
+      else if (a->seq < c.seq)
+        notes.push_back({"journal_reanchored", {{"anchored_seq", a->seq}, {"head_seq", c.seq}}});
+    }
+  }
+  for (auto& [event, fields] : notes)
+    write_chained(fd, sandbox, c, make_line(sandbox, event, fields, c.seq + 1, c.hash),
+                  Durability::sync, path);
 }
 
 bool AuditJournal::append(const std::string& sandbox, const std::string& event,
@@ -143,18 +255,31 @@ bool AuditJournal::append(const std::string& sandbox, const std::string& event,
     if (it != dropped_.end())
       fields["journal_dropped"] = {{"records", it->second.records}, {"bytes", it->second.bytes}};
   }
-  std::string line = make_line(sandbox, event, fields);
-
-  FdGuard fd{::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW,
+  // One appender per sandbox at a time: in this process (the chain's mutex)
+  // and across processes (flock on the file, e.g. a second daemon), so each
+  // record links to the one really before it.
+  auto chain = chain_of(sandbox);
+  std::lock_guard chain_lock(chain->mu);
+  FdGuard fd{::open(path.c_str(), O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW,
                     0600)};  // owner only
   if (fd.fd < 0) throw_errno("open audit journal " + path.string());
+  int fl;
+  do {
+    fl = ::flock(fd.fd, LOCK_EX);
+  } while (fl != 0 && errno == EINTR);
+  if (fl != 0) throw_errno("lock audit journal " + path.string());
+  struct stat st {};
+  if (::fstat(fd.fd, &st) != 0) throw_errno("stat audit journal " + path.string());
+  uint64_t size = static_cast<uint64_t>(st.st_size);
+  if (!chain->loaded || chain->bytes != size) {
+    load_chain(fd.fd, sandbox, *chain, size, path);
+    size = chain->bytes;
+  }
+  std::string line = make_line(sandbox, event, fields, chain->seq + 1, chain->hash);
+
   if (limits_.max_bytes != 0 && !terminal) {
     // The file's own size, not a count kept here: appends by other processes
-    // (a second daemon, the network helper) count too. Two appenders racing
-    // past the line overshoot by at most one record each.
-    struct stat st {};
-    if (::fstat(fd.fd, &st) != 0) throw_errno("stat audit journal " + path.string());
-    uint64_t size = static_cast<uint64_t>(st.st_size);
+    // (a second daemon) count too.
     bool lifecycle = durability == Durability::sync || is_lifecycle(event);
     uint64_t limit =
         lifecycle ? limits_.max_bytes : limits_.max_bytes - limits_.lifecycle_reserve_bytes;
@@ -168,25 +293,35 @@ bool AuditJournal::append(const std::string& sandbox, const std::string& event,
         // Once per journal, also across daemon restarts. Written whatever the
         // size: it is small and there is one.
         if (!already_noted(path, size)) {
-          write_line(fd.fd,
-                     make_line(sandbox, "journal_truncated",
-                               {{"max_bytes", limits_.max_bytes},
-                                {"lifecycle_reserve_bytes", limits_.lifecycle_reserve_bytes},
-                                {"dropped_records", d.records},
-                                {"dropped_bytes", d.bytes},
-                                {"first_dropped", event}}),
-                     Durability::sync, path);
+          write_chained(fd.fd, sandbox, *chain,
+                        make_line(sandbox, "journal_truncated",
+                                  {{"max_bytes", limits_.max_bytes},
+                                   {"lifecycle_reserve_bytes", limits_.lifecycle_reserve_bytes},
+                                   {"dropped_records", d.records},
+                                   {"dropped_bytes", d.bytes},
+                                   {"first_dropped", event}},
+                                  chain->seq + 1, chain->hash),
+                        Durability::sync, path);
         }
       }
       return false;
     }
   }
-  write_line(fd.fd, line, durability, path);
+  write_chained(fd.fd, sandbox, *chain, line, durability, path);
   if (event == "deleted") {
     std::lock_guard lock(mu_);
     dropped_.erase(sandbox);  // nothing of it is written after its end
   }
   return true;
+}
+
+VerifyReport AuditJournal::verify(const std::string& sandbox) const {
+  auto path = path_of(sandbox);
+  // The anchor first, the file second: whatever was anchored is in the file
+  // by then (it is written before it is anchored).
+  std::optional<JournalHead> head;
+  if (anchor_) head = anchor_->load_head(sandbox);
+  return verify_journal(path, sandbox, head, key_.get());
 }
 
 // Whether `path` (of `size` bytes) already has its journal_truncated record,

@@ -7,8 +7,20 @@
 //   {"ts":"2024-05-01T12:00:00.123Z","sandbox":"sb-0123456789ab","event":"exec",
 //    "exec_id":"...","argv":["sh","-c","exit 7"],"exit_code":7,...}
 //
-// Events the engine writes: created, boot_failed, retry, exec, file (op, path,
-// bytes), timed_out, deleted, failed, adopted.
+// Events the engine writes: created, boot_failed, retry, exec_start, exec
+// (argv, cwd, user, env_keys, exit, duration, bytes, stdout_sha256,
+// stderr_sha256), exec_attach (a reattach's delivered range and its
+// hashes: engine_attach.cc), file (op, path, bytes, sha256 for writes), net_*,
+// network_changed, timed_out, deleted, failed, adopted; the journal's own
+// journal_truncated, journal_torn_tail, journal_reanchored,
+// journal_anchor_mismatch. Whatever else changes a sandbox (snapshots,
+// forks, pauses...) appends its own event the same way: append() is the
+// one door into the chain.
+//
+// Hash chain (chain.h): every record also has "seq" and "prev" (the SHA-256
+// of the previous line), and after each append the head is anchored
+// (JournalAnchor: the registry) and signed with the host key. verify()
+// names the first broken link.
 //
 // Each record is one write(2) on an O_APPEND descriptor, so concurrent
 // appenders (threads, or a second daemon) never interleave partial lines;
@@ -40,10 +52,13 @@
 #include <cstdint>
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
+
+#include "engine/audit/chain.h"
 
 namespace airlock::engine {
 
@@ -116,7 +131,11 @@ class AuditJournal {
  public:
   // Creates `dir` if missing. Throws Error(invalid_argument, field
   // "journal_max_bytes") when the reserve does not fit in the cap.
-  explicit AuditJournal(std::filesystem::path dir, JournalLimits limits = {});
+  // `anchor` (may be null: no anchoring) receives the chain's head after
+  // every append, signed with `key` when given (chain.h).
+  explicit AuditJournal(std::filesystem::path dir, JournalLimits limits = {},
+                        JournalAnchor* anchor = nullptr,
+                        std::shared_ptr<const HostKey> key = nullptr);
 
   // Appends one record. `fields` must be a JSON object (or null); its keys
   // ts/sandbox/event are overwritten. Throws Error(invalid_argument) for an
@@ -135,6 +154,11 @@ class AuditJournal {
 
   JournalStats stats(const std::string& sandbox) const;
 
+  // Checks `sandbox`'s hash chain and its anchored head (chain.h).
+  // Error(not_found) if it has no journal.
+  VerifyReport verify(const std::string& sandbox) const;
+  const HostKey* key() const { return key_.get(); }
+
   std::filesystem::path path_of(const std::string& sandbox) const;
   const JournalLimits& limits() const { return limits_; }
 
@@ -150,11 +174,27 @@ class AuditJournal {
     bool noted = false;  // journal_truncated is on record
   };
   bool already_noted(const std::filesystem::path& path, uint64_t size) const;
+  // A sandbox's chain end as this process knows it.
+  struct Chain {
+    std::mutex mu;  // held for a whole append
+    bool loaded = false;
+    uint64_t bytes = 0;  // the file size after our last append
+    uint64_t seq = 0;
+    std::string hash;
+  };
+  std::shared_ptr<Chain> chain_of(const std::string& sandbox);
+  void load_chain(int fd, const std::string& sandbox, Chain& c, uint64_t size,
+                  const std::filesystem::path& path);
+  void write_chained(int fd, const std::string& sandbox, Chain& c, const std::string& line,
+                     Durability durability, const std::filesystem::path& path);
 
   std::filesystem::path dir_;
   JournalLimits limits_;
-  mutable std::mutex mu_;                   // dropped_
+  JournalAnchor* anchor_;
+  std::shared_ptr<const HostKey> key_;
+  mutable std::mutex mu_;                   // dropped_, chains_
   std::map<std::string, Dropped> dropped_;  // only sandboxes that hit the cap
+  std::map<std::string, std::shared_ptr<Chain>> chains_;
 };
 
 // Now as RFC 3339 UTC with milliseconds, e.g. "2024-05-01T12:00:00.123Z".

@@ -149,7 +149,7 @@ TEST_F(JournalTest, CapDropsOrdinaryRecordsCountsThemAndKeepsLifecycle) {
     else
       ++dropped, dropped_bytes_min += pad.size();
   }
-  EXPECT_GT(written, 40u);
+  EXPECT_GT(written, 25u);  // ~380 bytes each with the chain's seq and prev
   EXPECT_GT(dropped, 400u);
   auto size_at_cap = fs::file_size(j.path_of("sb-1"));
   EXPECT_LE(size_at_cap, lim.max_bytes - lim.lifecycle_reserve_bytes + 512);  // + the notice

@@ -597,10 +597,11 @@ void GuestChannel::resize(uint32_t stream, int cols, int rows) {
 }
 
 uint64_t GuestChannel::write_file(const std::string& path, uint32_t mode, bool parents,
-                                  const ChunkSource& source, Deadline deadline) {
-  auto [j, done] =
-      upload({{"op", "write_file"}, {"path", path}, {"mode", mode}, {"parents", parents}}, source,
-             deadline);
+                                  const ChunkSource& source, Deadline deadline,
+                                  const std::string& owner) {
+  nlohmann::json req = {{"op", "write_file"}, {"path", path}, {"mode", mode}, {"parents", parents}};
+  if (!owner.empty()) req["owner"] = owner;
+  auto [j, done] = upload(req, source, deadline);
   if (!done) throw Error(Errc::guest_error, "guest answered write_file before the end of data");
   auto size = j.value("size", nlohmann::json());
   if (!size.is_number_unsigned())
@@ -622,6 +623,18 @@ std::pair<nlohmann::json, bool> GuestChannel::upload(const nlohmann::json& reque
   auto st = register_stream(id);
   StreamGuard guard{[&] { unregister_stream(id); }};
   send(protocol::json_frame(Type::request, id, request));
+  // Until the guest answers, a failure here (the caller's source threw because
+  // its client's body broke off, a deadline) must not leave the guest holding
+  // the upload open (a write_file's temp file): a signal frame on a stream that
+  // is not an exec makes the guest abort it (api/guest-protocol.md).
+  bool answered = false;
+  StreamGuard cancel{[&] {
+    if (answered) return;
+    try {
+      send(protocol::json_frame(Type::signal, id, {{"signal", 9}}));
+    } catch (const Error&) {  // the connection is gone: the guest aborts everything anyway
+    }
+  }};
   bool done = false;
   std::string pending;
   for (;;) {
@@ -633,6 +646,7 @@ std::pair<nlohmann::json, bool> GuestChannel::upload(const nlohmann::json& reque
              request.value("op", std::string("upload")) + " stream " + std::to_string(id));
       continue;
     }
+    answered = true;
     return {parse_response(*f), done};
   }
 }

@@ -79,6 +79,19 @@ struct ExecHandlers {
   std::function<bool(int channel, std::string_view bytes)> on_output;
 };
 
+struct AttachHandlers {
+  // The guest's `attached` event, checked: {"offset": first byte that will
+  // come (>= the asked offset), "dropped": bytes between the asked offset
+  // and it that the guest no longer holds, "end", "running", "lost", "pid"}.
+  std::function<void(const nlohmann::json& attached)> on_attached;
+  // Output from the offset on, both channels in the order the guest read
+  // them. Returning false detaches (the exec keeps running).
+  std::function<bool(int channel, std::string_view bytes)> on_output;
+  // Asked every `tick` while nothing arrives; true detaches.
+  std::function<bool()> cancelled;
+  std::chrono::milliseconds tick{500};
+};
+
 struct WatchHandlers {
   // The guest watches: its `watching` event, checked ({"path", "dirs"}).
   std::function<void(const nlohmann::json& watching)> on_start;
@@ -147,6 +160,15 @@ class GuestChannel {
   // "stdin_total", "stdin_closed"}; `close` closes the job's stdin after.
   nlohmann::json job_stdin(const std::string& exec_id, const ChunkSource& source, bool close,
                            Deadline deadline);
+  // Resumes the detached foreground exec `exec_id` (§5 attach) from byte
+  // `offset` of its output log (stdout and stderr as one sequence). Blocks
+  // until the exec ends (returns its response, as exec() does) or the
+  // caller detaches again (returns {"detached": true, "offset": N}).
+  // Errors: not_found (no such detached exec), conflict (attached
+  // elsewhere), invalid_argument (offset beyond the end); Error(timeout) if
+  // the guest does not answer by `start_deadline`.
+  nlohmann::json attach(const std::string& exec_id, uint64_t offset,
+                        const AttachHandlers& handlers, Deadline start_deadline);
   // Sends a signal to the exec running on `stream` (no-op if it has ended).
   void signal(uint32_t stream, int signo);
   // Terminal input of the pty exec running on `stream` (an exec() with
@@ -161,8 +183,10 @@ class GuestChannel {
 
   // Streams `source` into the guest file `path` (atomic on the guest side).
   // Returns the guest's byte count.
+  // `owner` (a guest user; empty = root) owns the file and what `parents` made.
   uint64_t write_file(const std::string& path, uint32_t mode, bool parents,
-                      const ChunkSource& source, Deadline deadline);
+                      const ChunkSource& source, Deadline deadline,
+                      const std::string& owner = {});
   // Streams the guest file `path` into `sink`; returns the bytes delivered.
   // If `sink` returns false, nothing more is delivered: the guest is asked to
   // stop (signal frame) and the rest of the stream is drained and dropped.

@@ -81,7 +81,7 @@ class ForgingGuest {
     put(Type::hello, 0, reply);
     return r.get();
   }
-  void hello() { hello(R"({"version":1,"agent_version":"forger"})"); }
+  void hello() { hello(R"({"version":2,"agent_version":"forger"})"); }
 
   // A round trip on a fresh stream: once it is answered, every frame sent
   // before it has been through the host's reader.
@@ -136,7 +136,7 @@ TEST(GuestChannelHostile, DeeplyNestedHelloIsAProtocolError) {
     }
   }
   // The connection survives: a proper hello still works.
-  EXPECT_EQ(g.hello(R"({"version":1,"agent_version":"ok"})")["agent_version"], "ok");
+  EXPECT_EQ(g.hello(R"({"version":2,"agent_version":"ok"})")["agent_version"], "ok");
 }
 
 TEST(GuestChannelHostile, DeeplyNestedResponsesFailOnlyTheirCall) {
@@ -245,7 +245,7 @@ TEST(GuestChannelHostile, FramesForNoOpenStreamAreIgnoredAndCounted) {
   g.put(Type::response, 0, R"({"exit_code":0})");
   g.put(Type::event, 0, R"({"started":true})");
   // Unsolicited hellos beyond what a hello() could want.
-  for (int i = 0; i < 10; ++i) g.put(Type::hello, 0, R"({"version":1})");
+  for (int i = 0; i < 10; ++i) g.put(Type::hello, 0, R"({"version":2})");
   g.sync();
   EXPECT_EQ(g.host->ignored_messages(), 5u + 2u) << g.host->last_ignored();
 

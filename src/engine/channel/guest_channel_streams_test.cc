@@ -265,6 +265,86 @@ TEST_F(RealAgent, WatchIdleTickStopsAndErrorsMapToErrc) {
   EXPECT_EQ(r["reason"], "path_deleted") << r.dump();
 }
 
+// GuestChannel::attach (§5 detach and attach): a named exec outlives its
+// host's call (here: a new hello, what the agent sees of a restarted
+// daemon; the old call, without a deadline, waits until the channel is
+// closed at the end) and is resumed from an offset; a cancelled attach
+// detaches it again; bad names and offsets are typed errors.
+TEST_F(RealAgent, AttachResumesANamedExecFromAnOffset) {
+  std::string go = dir_ + "/go";
+  std::atomic<bool> first_out{false};
+  std::thread old_host([&] {
+    nlohmann::json req{{"argv",
+                        {"sh", "-c",
+                         "printf abc; sleep 0.2; printf de >&2; while [ ! -e " + go +
+                             " ]; do sleep 0.05; done; printf fgh; exit 4"}},
+                       {"exec_id", "ex-chan1"}};
+    EXPECT_THROW(ch_->exec(ch_->open_stream(), req, nullptr,
+                           {.on_output =
+                                [&](int, std::string_view) {
+                                  first_out = true;
+                                  return true;
+                                }}),
+                 Error);
+  });
+  struct Joiner {
+    GuestChannel& ch;
+    std::thread& th;
+    ~Joiner() {
+      ch.close("test over");  // ends the old host's call
+      th.join();
+    }
+  } joiner{*ch_, old_host};
+  for (int i = 0; i < 600 && !first_out; ++i) std::this_thread::sleep_for(50ms);
+  ASSERT_TRUE(first_out);
+  ch_->hello({.hostname = "sb-test"}, in(10s));
+
+  // From offset 1, detached again by `cancelled` once "de" arrived.
+  std::string got;
+  nlohmann::json attached;
+  auto r = ch_->attach("ex-chan1", 1,
+                       {.on_attached = [&](const nlohmann::json& a) { attached = a; },
+                        .on_output =
+                            [&](int c, std::string_view b) {
+                              got += std::to_string(c) + std::string(b);
+                              return true;
+                            },
+                        .cancelled = [&] { return got.find("2de") != std::string::npos; },
+                        .tick = 50ms},
+                       in(10s));
+  EXPECT_EQ(r["detached"], true) << r.dump();
+  EXPECT_EQ(r["offset"], 5);
+  EXPECT_EQ(attached["offset"], 1);
+  EXPECT_EQ(attached["dropped"], 0);
+  EXPECT_EQ(attached["running"], true);
+  EXPECT_EQ(got, "1bc2de");
+  auto code = [&](const std::string& id, uint64_t off) {
+    try {
+      ch_->attach(id, off, {}, in(10s));
+    } catch (const Error& e) {
+      return e.code();
+    }
+    return Errc::internal;
+  };
+  EXPECT_EQ(code("ex-chan1", 6), Errc::invalid_argument);
+  EXPECT_EQ(code("ex-none", 0), Errc::not_found);
+
+  // From the end: the rest live, then the result; then it is forgotten.
+  std::ofstream(go) << "";
+  got.clear();
+  r = ch_->attach("ex-chan1", 5,
+                  {.on_output =
+                       [&](int c, std::string_view b) {
+                         got += std::to_string(c) + std::string(b);
+                         return true;
+                       }},
+                  in(10s));
+  EXPECT_EQ(got, "1fgh");
+  EXPECT_EQ(r["exit_code"], 4) << r.dump();
+  EXPECT_EQ(r["output_end"], 8);
+  EXPECT_EQ(code("ex-chan1", 0), Errc::not_found);
+}
+
 #endif
 
 }  // namespace

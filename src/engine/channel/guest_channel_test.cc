@@ -164,7 +164,7 @@ class FakeGuest {
         hello_ = protocol::parse_json(f);
       }
       put(protocol::json_frame(Type::hello, 0,
-                               {{"version", 1}, {"agent_version", "fake"}, {"kernel", "k"}}));
+                               {{"version", protocol::kVersion}, {"agent_version", "fake"}, {"kernel", "k"}}));
       return;
     }
     if (f.type == Type::request) return request(f.stream, protocol::parse_json(f));
@@ -273,7 +273,7 @@ TEST(GuestChannelFake, HelloSendsTimeHostnameAndEntropy) {
   auto reply = p.host->hello({.hostname = "sb-0123456789ab", .resync = true}, in(5s));
   EXPECT_EQ(reply["agent_version"], "fake");
   auto h = p.guest->hello_seen();
-  EXPECT_EQ(h["version"], 1);
+  EXPECT_EQ(h["version"], protocol::kVersion);
   EXPECT_EQ(h["hostname"], "sb-0123456789ab");
   EXPECT_EQ(h["entropy"].get<std::string>().size(), 128u);
   auto now_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -496,7 +496,7 @@ TEST(GuestChannelFake, ConnectTimesOutOnMissingSocket) {
 
 #ifdef AIRLOCK_GUEST_BIN
 TEST_F(RealAgent, HelloAndExec) {
-  EXPECT_EQ(hello_["version"], 1);
+  EXPECT_EQ(hello_["version"], protocol::kVersion);
   EXPECT_TRUE(hello_.contains("agent_version"));
   std::string out, err;
   auto r = run({"sh", "-c", "printf hi; printf oops >&2; exit 3"}, &out, &err);
@@ -618,6 +618,23 @@ TEST_F(RealAgent, FilesRoundTrip) {
       in(60s));
   EXPECT_LE(got, protocol::kMaxPayload);
   EXPECT_TRUE(ch_->call({{"op", "ping"}}, in(10s)).is_object());
+}
+
+TEST_F(RealAgent, UploadWhoseSourceFailsLeavesNothingInTheGuest) {
+  // The caller's source breaks off after some data (a client's body that
+  // ended early): the guest must drop its temp file, not keep it open.
+  std::string dir = dir_ + "/up";
+  std::filesystem::create_directory(dir);
+  int calls = 0;
+  auto source = [&]() -> std::optional<std::string> {
+    if (++calls > 2) throw Error(Errc::invalid_argument, "the body ended inside a part");
+    return std::string(64 * 1024, 'x');
+  };
+  EXPECT_THROW(ch_->write_file(dir + "/f", 0644, false, source, in(30s)), Error);
+  // Frames are handled in order, so the abort is done before this answers.
+  auto ls = ch_->call({{"op", "list"}, {"path", dir}}, in(10s));
+  EXPECT_TRUE(ls["entries"].empty()) << ls.dump();
+  EXPECT_TRUE(std::filesystem::is_empty(dir));
 }
 
 TEST_F(RealAgent, ConcurrentExecsAndAgentDeath) {

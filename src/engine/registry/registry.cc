@@ -160,7 +160,14 @@ Registry::Registry(const std::filesystem::path& db_path) {
              " boot_ms INTEGER NOT NULL DEFAULT 0,"
              " pid INTEGER NOT NULL DEFAULT 0,"
              " run_dir TEXT NOT NULL DEFAULT '');"
-             "CREATE INDEX IF NOT EXISTS sandboxes_state ON sandboxes(state);",
+             "CREATE INDEX IF NOT EXISTS sandboxes_state ON sandboxes(state);"
+             // The head of each sandbox's journal chain (audit/chain.h).
+             "CREATE TABLE IF NOT EXISTS journal_heads ("
+             " sandbox TEXT PRIMARY KEY,"
+             " seq INTEGER NOT NULL,"
+             " hash TEXT NOT NULL,"
+             " bytes INTEGER NOT NULL,"
+             " signature TEXT NOT NULL DEFAULT '');",
              "create schema");
     migrate(db_);
   } catch (...) {
@@ -307,6 +314,31 @@ std::vector<SandboxRecord> Registry::list(bool all) const {
   std::vector<SandboxRecord> out;
   while (s.step()) out.push_back(read_row(s));
   return out;
+}
+
+std::optional<JournalHead> Registry::load_head(const std::string& sandbox) {
+  std::lock_guard lock(mu_);
+  Stmt q(db_, "SELECT seq, hash, bytes, signature FROM journal_heads WHERE sandbox = ?",
+         "read journal head");
+  q.bind(1, sandbox);
+  if (!q.step()) return std::nullopt;
+  return JournalHead{static_cast<uint64_t>(q.integer(0)), q.text(1),
+                     static_cast<uint64_t>(q.integer(2)), q.text(3)};
+}
+
+void Registry::store_head(const std::string& sandbox, const JournalHead& h) {
+  std::lock_guard lock(mu_);
+  Stmt q(db_,
+         "INSERT INTO journal_heads (sandbox, seq, hash, bytes, signature) VALUES (?, ?, ?, ?, ?)"
+         " ON CONFLICT(sandbox) DO UPDATE SET seq = excluded.seq, hash = excluded.hash,"
+         " bytes = excluded.bytes, signature = excluded.signature",
+         "anchor journal head");
+  q.bind(1, sandbox)
+      .bind(2, static_cast<int64_t>(h.seq))
+      .bind(3, h.hash)
+      .bind(4, static_cast<int64_t>(h.bytes))
+      .bind(5, h.signature);
+  q.step();
 }
 
 }  // namespace airlock::engine

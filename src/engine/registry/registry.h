@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/audit/chain.h"
 #include "engine/engine.h"
 
 struct sqlite3;
@@ -44,7 +45,7 @@ struct RegistryStateWrite {
   const SandboxRecord* record = nullptr;
 };
 
-class Registry {
+class Registry : public JournalAnchor {
  public:
   // Opens (creating if needed) the database and its schema. The database
   // and its -wal/-shm files are 0600: specs hold env values.
@@ -77,6 +78,10 @@ class Registry {
   std::optional<SandboxRecord> get(const std::string& id) const;
   // Oldest first. all=false: only rows in a non-terminal state.
   std::vector<SandboxRecord> list(bool all) const;
+
+  // The anchored head of a sandbox's journal chain (table journal_heads).
+  std::optional<JournalHead> load_head(const std::string& sandbox) override;
+  void store_head(const std::string& sandbox, const JournalHead& head) override;
 
  private:
   sqlite3* db_ = nullptr;

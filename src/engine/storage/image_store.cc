@@ -1,7 +1,5 @@
 #include "engine/storage/image_store.h"
 
-#include "engine/storage/digest.h"
-
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/mount.h>
@@ -22,10 +20,12 @@
 #include "common/error.h"
 #include "common/subprocess.h"
 #include "engine/storage/digest.h"
+#include "engine/storage/fs_util.h"
 
 namespace airlock::storage {
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
+using namespace detail;
 
 namespace {
 
@@ -36,134 +36,7 @@ constexpr const char* kKernelMeta = "linux-image-cloud-amd64";
 // Helper scripts in the recipe folder that are not recipes themselves.
 constexpr const char* kRecipeMarker = "# airlock-recipe:";
 
-std::string read_file(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  if (!in) throw Error(Errc::not_found, "cannot read " + p.string());
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-void write_file(const fs::path& p, const std::string& text) {
-  std::ofstream out(p, std::ios::binary | std::ios::trunc);
-  out << text;
-  if (!out.flush()) throw Error(Errc::internal, "cannot write " + p.string());
-}
-
-bool valid_name(const std::string& name) {
-  if (name.empty() || name.size() > 64) return false;
-  if (!std::isalnum(static_cast<unsigned char>(name[0]))) return false;
-  return std::all_of(name.begin(), name.end(), [](char c) {
-    return std::islower(static_cast<unsigned char>(c)) ||
-           std::isdigit(static_cast<unsigned char>(c)) || c == '-' || c == '_';
-  });
-}
-
-// An exclusive flock held for the object's lifetime; serialises builds of the
-// same thing across threads and processes, and dies with the process.
-class FileLock {
- public:
-  explicit FileLock(const fs::path& path) {
-    fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (fd_ < 0) throw_errno("open lock file " + path.string());
-    while (::flock(fd_, LOCK_EX) != 0) {
-      if (errno != EINTR) {
-        ::close(fd_);
-        throw_errno("flock " + path.string());
-      }
-    }
-  }
-  ~FileLock() { ::close(fd_); }
-  FileLock(const FileLock&) = delete;
-  FileLock& operator=(const FileLock&) = delete;
-
- private:
-  int fd_ = -1;
-};
-
-// Makes a tree writable again (images are read-only) and removes it. A build
-// tool may have left a filesystem mounted inside (mmdebstrap's /proc): detach
-// those first and never delete through a mount point.
-void remove_tree(const fs::path& p) {
-  std::error_code ec;
-  if (!fs::exists(fs::symlink_status(p, ec))) return;
-  std::ifstream mounts("/proc/self/mounts");
-  std::vector<std::string> inside;
-  std::string prefix = p.string() + "/";
-  for (std::string dev, mnt, rest; mounts >> dev >> mnt && std::getline(mounts, rest);) {
-    if (mnt.rfind(prefix, 0) == 0) inside.push_back(mnt);
-  }
-  std::sort(inside.rbegin(), inside.rend());
-  for (const auto& m : inside) {
-    if (::umount2(m.c_str(), MNT_DETACH) != 0)
-      throw Error(Errc::internal, "cannot remove " + p.string() + ": " + m + " is still mounted");
-  }
-  ::chmod(p.c_str(), 0755);
-  for (auto it = fs::recursive_directory_iterator(p, ec);
-       !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
-    if (it->is_directory(ec) && !it->is_symlink(ec)) ::chmod(it->path().c_str(), 0755);
-  }
-  fs::remove_all(p, ec);
-}
-
-// A temporary directory `<parent>/.tmp-<tag>XXXXXX`, removed unless kept.
-class TempDir {
- public:
-  TempDir(const fs::path& parent, const std::string& tag) {
-    std::string tmpl = (parent / (".tmp-" + tag + "XXXXXX")).string();
-    if (!::mkdtemp(tmpl.data())) throw_errno("mkdtemp in " + parent.string());
-    path_ = tmpl;
-  }
-  ~TempDir() {
-    if (!path_.empty()) remove_tree(path_);
-  }
-  const fs::path& path() const { return path_; }
-  // Renames it to `dest` (atomic on one filesystem); it is no longer removed.
-  void commit(const fs::path& dest) {
-    fs::rename(path_, dest);
-    path_.clear();
-  }
-
- private:
-  fs::path path_;
-};
-
-// Bytes written under `dir` so far (allocated blocks: images are sparse).
-uint64_t disk_usage(const fs::path& dir) {
-  uint64_t total = 0;
-  std::error_code ec;
-  for (auto it =
-           fs::recursive_directory_iterator(dir, fs::directory_options::skip_permission_denied, ec);
-       !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
-    struct stat st;
-    if (::lstat(it->path().c_str(), &st) == 0 && !S_ISDIR(st.st_mode))
-      total += static_cast<uint64_t>(st.st_blocks) * 512;
-  }
-  return total;
-}
-
-void make_read_only(const fs::path& dir) {
-  for (const auto& e : fs::directory_iterator(dir)) {
-    if (e.is_regular_file()) ::chmod(e.path().c_str(), 0444);
-  }
-  ::chmod(dir.c_str(), 0555);
-}
-
-// Hard-links `from` to `to` (no copy of a large read-only file); copies when
-// the filesystem refuses links.
-void link_or_copy(const fs::path& from, const fs::path& to) {
-  std::error_code ec;
-  fs::create_hard_link(from, to, ec);
-  if (ec) fs::copy_file(from, to);
-}
-
 }  // namespace
-
-struct KernelRef {
-  std::string package;  // e.g. linux-image-6.1.0-57-cloud-amd64
-  std::string version;  // Debian version, e.g. 6.1.192-3
-  std::string dir_name() const { return package + "_" + version; }
-};
 
 namespace {
 
@@ -420,6 +293,11 @@ std::optional<Image> ImageStore::load(const std::string& name, const std::string
     img.kernel_release = j.at("kernel_release").get<std::string>();
     img.rootfs_bytes = fs::file_size(img.rootfs);
     img.built_at = j.at("built_at").get<std::int64_t>();
+    img.kind = j.value("kind", "recipe");
+    img.source = j.value("source", "recipe:" + name + ".sh");
+    img.layers = j.value("layers", 1);
+    if (j.contains("config")) img.config = image_config_from_json(j.at("config"));
+    img.disk_bytes = disk_usage(dir);
     return img;
   } catch (const std::exception&) {
     return std::nullopt;  // half-written or foreign: not a current image
@@ -427,6 +305,7 @@ std::optional<Image> ImageStore::load(const std::string& name, const std::string
 }
 
 std::optional<Image> ImageStore::find(const std::string& name) const {
+  if (valid_name(name) && !is_recipe(name)) return find_installed(name);
   check_recipe(name);
   try {
     return load(name, keys_for(name, current_kernel()).image);
@@ -441,7 +320,25 @@ std::vector<Image> ImageStore::list() const {
   for (const auto& n : recipes()) {
     if (auto img = find(n)) out.push_back(*img);
   }
+  for (const auto& n : names_on_disk()) {
+    if (is_recipe(n)) continue;
+    if (auto img = find_installed(n)) out.push_back(*img);
+  }
   return out;
+}
+
+uint64_t allocated_bytes(const fs::path& dir) { return disk_usage(dir); }
+
+void ImageStore::pack_initramfs(const std::string& name, const fs::path& dir, const fs::path& kdir,
+                                const ProgressFn& progress) const {
+  fs::path work = dir / ".work";
+  fs::create_directories(work);
+  run_script("initramfs for " + name, recipe_dir_ / "initramfs.sh", dir, work,
+             {{"AIRLOCK_KERNEL_DIR", kdir.string()},
+              {"AIRLOCK_GUEST_AGENT", guest_agent_.string()},
+              {"AIRLOCK_INITRD_COMPRESS", initrd_compression()}},
+             10min, progress);
+  remove_tree(work);
 }
 
 void ImageStore::run_script(const std::string& what, const fs::path& script,
@@ -557,14 +454,7 @@ Image ImageStore::build(const std::string& name, const ProgressFn& progress) {
   fs::path rootfs = ensure_rootfs(name, keys.rootfs, progress);
 
   TempDir tmp(name_dir, "");
-  fs::path work = tmp.path() / ".work";
-  fs::create_directories(work);
-  run_script("initramfs for " + name, recipe_dir_ / "initramfs.sh", tmp.path(), work,
-             {{"AIRLOCK_KERNEL_DIR", kdir.string()},
-              {"AIRLOCK_GUEST_AGENT", guest_agent_.string()},
-              {"AIRLOCK_INITRD_COMPRESS", initrd_compression()}},
-             10min, progress);
-  remove_tree(work);
+  pack_initramfs(name, tmp.path(), kdir, progress);
   if (progress) progress(BuildProgress{"finish", disk_usage(tmp.path())});
   link_or_copy(kdir / "vmlinuz", tmp.path() / "vmlinuz");
   link_or_copy(rootfs, tmp.path() / "rootfs.ext4");

@@ -18,12 +18,40 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
 
 namespace airlock::storage {
+
+// What an image says about how its commands run, and where it came from.
+// Exec defaults (env, workdir, user) apply to every exec in a sandbox of the
+// image; the exec request's own values win (see guest_exec_request).
+struct ImageConfig {
+  std::map<std::string, std::string> env;    // e.g. {"PATH", "/usr/local/bin:/usr/bin:/bin"}
+  std::string workdir;                       // absolute guest path; "" = "/"
+  std::string user;                          // name or uid[:gid]; "" = root
+  std::vector<std::string> entrypoint, cmd;  // recorded from OCI configs; not run at boot
+  std::vector<std::string> warmup;           // shell commands templates/pool run once
+  std::string base;                          // parent image name, "" = none
+  std::map<std::string, std::string> labels;
+};
+nlohmann::json to_json(const ImageConfig& c);
+// Parses and checks a config (unknown fields, relative workdir, NUL bytes
+// ...): Error(invalid_argument) naming the field, prefixed with `field`.
+ImageConfig image_config_from_json(const nlohmann::json& j, const std::string& field = "config");
+
+// Where an installed image came from, recorded in its image.json.
+struct InstallInfo {
+  std::string source;  // e.g. "oci:sha256:ab12...", "docker-save:app.tar", "recipe:airlock.toml"
+  int layers = 1;      // layers it was made of (1 for a flat rootfs)
+  // Replace an existing installed image of that name (the old version stays
+  // on disk, used by the sandboxes that run it, until `prune`).
+  bool replace = false;
+};
 
 struct Image {
   std::string name;
@@ -35,7 +63,19 @@ struct Image {
   std::string kernel_release;    // e.g. "6.1.0-57-cloud-amd64"
   uint64_t rootfs_bytes = 0;     // logical size of rootfs.ext4
   std::int64_t built_at = 0;     // unix seconds
+  // "recipe" (built from images/<name>.sh) or "installed" (install(): OCI
+  // import, image recipes).
+  std::string kind = "recipe";
+  ImageConfig config;  // empty for the built-in recipes
+  std::string source;  // InstallInfo::source, or "recipe:<name>.sh"
+  int layers = 1;
+  uint64_t disk_bytes = 0;  // allocated bytes of the image directory
 };
+nlohmann::json to_json(const Image& img);
+
+// Allocated bytes of the files under `dir` (images are sparse); 0 if it is
+// missing. For df and prune.
+uint64_t allocated_bytes(const std::filesystem::path& dir);
 
 struct BuildProgress {
   std::string step;    // human step name, e.g. "debootstrap", "mkfs.ext4"
@@ -61,8 +101,47 @@ class ImageStore {
   // The current image for `name` (input key matches), if built.
   std::optional<Image> find(const std::string& name) const;
 
-  // Every current image.
+  // Every current image (built recipes, then installed images by name).
   std::vector<Image> list() const;
+
+  // Installs `rootfs` as image `name`, complete on its own: the root
+  // filesystem (an ext4 file, or a directory tree that is packed with
+  // mkfs.ext4 -d), the current guest kernel (vmlinuz) and an initramfs with
+  // the kernel's virtio modules and the airlock-guest agent (both injected
+  // at boot: /init loads the modules and copies the agent to /run/airlock,
+  // exactly as for the built-in recipes, so nothing in the rootfs needs to
+  // know airlock), plus image.json with `config` and the metadata (size,
+  // layers, created, source).
+  //   ImageConfig c;  c.env["PATH"] = "/usr/bin:/bin";  c.workdir = "/app";
+  //   Image img = store.install("myapp", tree_dir, c, {.source = "oci:sha256:..", .layers = 3});
+  // A directory is used in place and gets the mount points the initramfs
+  // needs (/proc /sys /dev /run /tmp) added; file owners are kept when the
+  // caller is root (mkfs.ext4 copies them), else they become the caller's.
+  // Atomic: everything is staged in <image_dir>/<name>/.tmp-* and renamed
+  // into place; then <name>/current is switched (a symlink renamed over the
+  // old one). On failure nothing of it remains.
+  // Errors: invalid_argument (bad name, bad config, rootfs neither ext4 nor
+  // a directory), conflict (a built-in recipe's name, or the name exists and
+  // !info.replace), unavailable (no guest agent or kernel), internal (a
+  // failed step, named, with the tail of its output).
+  Image install(const std::string& name, const std::filesystem::path& rootfs,
+                const ImageConfig& config, const InstallInfo& info,
+                const ProgressFn& progress = {});
+
+  // Every version on disk of `name` (current or not), for prune and df.
+  std::vector<std::filesystem::path> versions(const std::string& name) const;
+  // Removes image `name` entirely (all versions; for a recipe, its built
+  // images, so the next use rebuilds). The caller checks that nothing uses
+  // it (Engine::remove_image). Error(not_found) if there is nothing to remove.
+  void remove(const std::string& name);
+  // Removes version directories of `name` that are not current and whose
+  // paths are not in `in_use`; returns the bytes freed (or that would be,
+  // with dry_run) and the removed paths in `removed`.
+  uint64_t prune_versions(const std::string& name, const std::vector<std::filesystem::path>& in_use,
+                          bool dry_run, std::vector<std::filesystem::path>* removed);
+  // Names of every image directory on disk (recipes and installed).
+  std::vector<std::string> names_on_disk() const;
+  const std::filesystem::path& dir() const { return image_dir_; }
 
   // Layout (besides <image_dir>/<name>/<key>/):
   //   <image_dir>/cache/kernel/<package>_<version>/  unpacked kernel package
@@ -84,6 +163,8 @@ class ImageStore {
   Keys keys_for(const std::string& name, const KernelRef& kernel) const;  // memoised
   Keys compute_keys(const std::string& name, const KernelRef& kernel) const;
   std::optional<Image> load(const std::string& name, const std::string& key) const;
+  std::optional<Image> find_installed(const std::string& name) const;
+  bool is_recipe(const std::string& name) const;
   std::filesystem::path kernel_cache_dir() const;
   std::filesystem::path rootfs_cache_dir() const;
   std::filesystem::path ensure_kernel(const KernelRef& k, const ProgressFn& progress) const;
@@ -93,6 +174,10 @@ class ImageStore {
                   const std::filesystem::path& out_dir, const std::filesystem::path& work,
                   std::vector<std::pair<std::string, std::string>> env,
                   std::chrono::minutes timeout, const ProgressFn& progress) const;
+  // initramfs.sh into `dir` (the kernel's virtio modules from `kdir` and the
+  // guest agent): the same for built recipes and installed images.
+  void pack_initramfs(const std::string& name, const std::filesystem::path& dir,
+                      const std::filesystem::path& kdir, const ProgressFn& progress) const;
 
   std::filesystem::path image_dir_, recipe_dir_, guest_agent_;
   // The resolved kernel package, re-asked from apt every few minutes

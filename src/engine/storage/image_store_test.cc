@@ -269,3 +269,121 @@ TEST_F(OverlayTest, FailureModes) {
 
 }  // namespace
 }  // namespace airlock::storage
+
+namespace airlock::storage {
+namespace {
+
+// install(): a directory tree becomes a complete image (kernel, initramfs
+// with the agent and modules, ext4 root with the tree's owners and the mount
+// points), atomically, with its config and metadata.
+TEST_F(ImageStoreTest, InstallsADirectoryTreeAsAnImage) {
+  ImageStore store(images_, kRecipes, agent_);
+  fs::path tree = root_ / "tree";
+  fs::create_directories(tree / "bin");
+  fs::create_directories(tree / "app");
+  fs::copy_file("/bin/busybox", tree / "bin" / "busybox");
+  fs::create_symlink("busybox", tree / "bin" / "sh");
+  { std::ofstream(tree / "app" / "hello.txt") << "hello\n"; }
+  ASSERT_EQ(::chown((tree / "app" / "hello.txt").c_str(), 1234, 1234), 0);
+  fs::create_symlink("/var/run", tree / "run");  // replaced by a real mount point
+
+  ImageConfig c;
+  c.env = {{"PATH", "/bin"}, {"GREETING", "hi"}};
+  c.workdir = "/app";
+  c.user = "1234";
+  c.cmd = {"/bin/sh"};
+  c.warmup = {"true"};
+  c.labels = {{"org.example", "x"}};
+  std::set<std::string> steps;
+  Image img = store.install("myapp", tree, c, {.source = "test:tree", .layers = 2},
+                            [&](const BuildProgress& p) { steps.insert(p.step); });
+  EXPECT_TRUE(steps.count("mkfs.ext4"));
+  EXPECT_EQ(img.kind, "installed");
+  EXPECT_EQ(img.source, "test:tree");
+  EXPECT_EQ(img.layers, 2);
+  EXPECT_EQ(img.config.workdir, "/app");
+  EXPECT_EQ(img.config.env.at("GREETING"), "hi");
+  EXPECT_EQ(img.config.warmup, std::vector<std::string>{"true"});
+  EXPECT_GT(img.disk_bytes, 0u);
+  EXPECT_GT(img.built_at, 0);
+  for (const auto& f : {img.kernel, img.initrd, img.rootfs}) EXPECT_TRUE(fs::is_regular_file(f));
+  EXPECT_EQ(debugfs_cat(img.rootfs, "/app/hello.txt"), "hello\n");
+  auto st = run_checked({"debugfs", "-R", "stat /app/hello.txt", img.rootfs.string()}).out;
+  if (::geteuid() == 0) {
+    EXPECT_TRUE(std::regex_search(st, std::regex("User: +1234 +Group: +1234"))) << st;
+  }
+  auto run = run_checked({"debugfs", "-R", "stat /run", img.rootfs.string()}).out;
+  EXPECT_NE(run.find("Type: directory"), std::string::npos) << run;
+  auto listing =
+      run_checked({"sh", "-c", "(zcat -f \"$0\" | cpio -it --quiet) 2>&1", img.initrd.string()})
+          .out;
+  EXPECT_NE(listing.find("airlock-guest"), std::string::npos);
+  EXPECT_NE(listing.find("lib/modules/virtio_blk.ko"), std::string::npos);
+
+  auto found = store.find("myapp");
+  ASSERT_TRUE(found.has_value());
+  EXPECT_EQ(found->key, img.key);
+  EXPECT_EQ(found->config.user, "1234");
+  bool listed = false;
+  for (const auto& i : store.list()) listed |= i.name == "myapp";
+  EXPECT_TRUE(listed);
+
+  // The name is taken unless replace; a recipe's name never is free.
+  try {
+    store.install("myapp", img.rootfs, c, {});
+    ADD_FAILURE() << "a second install of a name must be refused";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Errc::conflict);
+  }
+  try {
+    store.install("minimal", tree, c, {});
+    ADD_FAILURE() << "a recipe's name must be refused";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Errc::conflict);
+  }
+  // Replace from an ext4 file: a new version becomes current, the old one
+  // stays until pruned.
+  Image v2 = store.install("myapp", img.rootfs, {}, {.source = "test:ext4", .replace = true});
+  EXPECT_NE(v2.key, img.key);
+  EXPECT_EQ(store.find("myapp")->key, v2.key);
+  EXPECT_EQ(store.versions("myapp").size(), 2u);
+  std::vector<fs::path> removed;
+  EXPECT_GT(store.prune_versions("myapp", {}, true, &removed), 0u);
+  EXPECT_EQ(removed, std::vector<fs::path>{img.dir});
+  EXPECT_EQ(store.versions("myapp").size(), 2u) << "dry run removes nothing";
+  EXPECT_EQ(store.prune_versions("myapp", {img.dir}, false, nullptr), 0u) << "in use: kept";
+  store.prune_versions("myapp", {}, false, nullptr);
+  EXPECT_EQ(store.versions("myapp"), std::vector<fs::path>{v2.dir});
+
+  store.remove("myapp");
+  EXPECT_FALSE(store.find("myapp").has_value());
+  EXPECT_FALSE(fs::exists(images_ / "myapp"));
+}
+
+TEST_F(ImageStoreTest, FailedInstallLeavesNothing) {
+  ImageStore store(images_, kRecipes, agent_);
+  fs::path junk = root_ / "junk.ext4";
+  { std::ofstream(junk) << std::string(1 << 16, 'x'); }
+  try {
+    store.install("bad", junk, {}, {});
+    ADD_FAILURE() << "a file that is not ext4 must be refused";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Errc::invalid_argument) << e.what();
+    EXPECT_EQ(e.field(), "rootfs");
+  }
+  EXPECT_FALSE(store.find("bad").has_value());
+  for (const auto& e : fs::directory_iterator(images_ / "bad"))
+    EXPECT_EQ(e.path().filename(), ".lock") << "left behind: " << e.path();
+  ImageConfig c;
+  c.workdir = "relative";
+  try {
+    store.install("bad", root_, c, {});
+    ADD_FAILURE() << "a relative workdir must be refused";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.field(), "config.workdir");
+  }
+  EXPECT_THROW(store.install("Bad Name", root_, {}, {}), Error);
+}
+
+}  // namespace
+}  // namespace airlock::storage

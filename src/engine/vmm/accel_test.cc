@@ -122,7 +122,7 @@ TEST(AgentHello, CompletesTheHandshakeWithTheFrameCodec) {
   std::string reply = agent_hello(sock, std::chrono::steady_clock::now() + 5s);
   guest.join();
   EXPECT_EQ(nlohmann::json::parse(reply)["g"], 1);
-  EXPECT_EQ(nlohmann::json::parse(got_from_host)["version"], 1);
+  EXPECT_EQ(nlohmann::json::parse(got_from_host)["version"], protocol::kVersion);
 
   // A guest that never answers: timeout by the deadline.
   std::thread silent([&] {

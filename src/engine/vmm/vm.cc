@@ -125,9 +125,15 @@ void validate(const VmConfig& c) {
                     "memory_fd");
     }
   }
+  if (!c.ram_block.empty() && c.ram_block != "ram0")
+    throw Error(Errc::invalid_argument, "ram_block must be \"\" or \"ram0\"", "ram_block");
+  if (c.incoming_full && (c.incoming_state.empty() || !c.memory_file.empty()))
+    throw Error(Errc::invalid_argument,
+                "incoming_full needs incoming_state and no memory_file (RAM comes from the state)",
+                "incoming_full");
   if (!c.incoming_state.empty()) {
     require_file(c.incoming_state, "incoming_state");
-    if (c.memory_file.empty() || c.memory_shared)
+    if (!c.incoming_full && (c.memory_file.empty() || c.memory_shared))
       throw Error(Errc::invalid_argument,
                   "incoming_state needs the template's memory_file mapped privately",
                   "incoming_state");
@@ -237,11 +243,11 @@ void set_ignore_shared(QmpClient& qmp) {
 // Loads a template's device state into a QEMU started with -incoming defer
 // and waits until it is in (paused, -S). A state QEMU cannot load makes it
 // exit: the caller's cleanup then reports QEMU's own message.
-void restore_state(QmpClient& qmp, const fs::path& state) {
-  int fd = ::open(state.c_str(), O_RDONLY | O_CLOEXEC);
+void restore_state(QmpClient& qmp, const fs::path& state, bool full) {
+  int fd = ::open(state.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
   if (fd < 0) throw_errno("open " + state.string());
   try {
-    set_ignore_shared(qmp);
+    if (!full) set_ignore_shared(qmp);
     qmp.send_fd("incoming", fd);
   } catch (...) {
     ::close(fd);
@@ -249,12 +255,12 @@ void restore_state(QmpClient& qmp, const fs::path& state) {
   }
   ::close(fd);
   qmp.execute("migrate-incoming", {{"uri", "fd:incoming"}});
-  auto deadline = Clock::now() + std::chrono::seconds(30);
+  auto deadline = Clock::now() + std::chrono::seconds(full ? 120 : 30);
   for (;;) {
     std::string status = qmp.execute("query-status").value("status", "");
     if (status != "inmigrate") break;
     if (Clock::now() > deadline)
-      throw Error(Errc::timeout, "loading the template state took over 30 s");
+      throw Error(Errc::timeout, "loading the saved VM state took over 120 s");
     std::this_thread::sleep_for(kMigrationPoll);
   }
 }
@@ -389,6 +395,11 @@ std::vector<std::string> qemu_argv(const VmConfig& c) {
                                             : "/proc/self/fd/" + std::to_string(kInheritedFd)) +
                            (c.memory_shared ? ",share=on" : ",share=off"),
                        "-machine", "memory-backend=ram0"});
+  } else if (c.ram_block == "ram0") {
+    // A full restore of a clone's state: same RAM block name, own RAM.
+    a.insert(a.end(), {"-object",
+                       "memory-backend-ram,id=ram0,size=" + std::to_string(c.memory_mb) + "M",
+                       "-machine", "memory-backend=ram0"});
   }
   if (!c.incoming_state.empty()) a.insert(a.end(), {"-incoming", "defer"});
   a.insert(a.end(), {
@@ -489,7 +500,8 @@ std::unique_ptr<Vm> Vm::start(const VmConfig& config) {
     impl->console = std::make_unique<ConsoleCapture>(dir / "console.sock", dir / "console.log",
                                                      config.console_cap_bytes, true,
                                                      Clock::now() + std::chrono::seconds(5));
-    if (!config.incoming_state.empty()) restore_state(qmp, config.incoming_state);
+    if (!config.incoming_state.empty())
+      restore_state(qmp, config.incoming_state, config.incoming_full);
     qmp.execute("cont");
   } catch (const Error& e) {
     throw cleanup(e.what());
@@ -574,6 +586,66 @@ uint64_t Vm::save_state(const fs::path& path, std::chrono::milliseconds timeout)
   }
   ::close(fd);
   return fs::file_size(path, ec);
+}
+
+uint64_t Vm::save_memory(const fs::path& path, std::chrono::milliseconds timeout) {
+  auto deadline = Clock::now() + timeout;
+  const fs::path& dir = impl_->config.run_dir;
+  QmpClient qmp = QmpClient::connect(dir / "qmp.sock", kQmpTimeout);
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (fd < 0) throw_errno("create " + path.string());
+  std::error_code ec;
+  try {
+    qmp.execute("stop");  // also drains and flushes the disk
+    // Full stream: a clone's RAM is a private mapping, never skipped.
+    qmp.execute("migrate-set-capabilities",
+                {{"capabilities", {{{"capability", "x-ignore-shared"}, {"state", false}}}}});
+    // QEMU 7.2 throttles migration to 32 MiB/s by default; to a local file
+    // with the guest stopped there is nothing to protect.
+    qmp.execute("migrate-set-parameters", {{"max-bandwidth", int64_t{1} << 40}});
+    qmp.send_fd("memsave", fd);
+    qmp.execute("migrate", {{"uri", "fd:memsave"}});
+    for (;;) {
+      nlohmann::json st = qmp.execute("query-migrate");
+      std::string status = st.value("status", "");
+      if (status == "completed") break;
+      if (status == "failed" || status == "cancelled")
+        throw Error(Errc::internal,
+                    "saving the VM's memory failed: " + st.value("error-desc", status));
+      if (Clock::now() > deadline) {
+        try {
+          qmp.execute("migrate_cancel");
+        } catch (const std::exception&) {
+        }
+        throw Error(Errc::timeout, "saving the VM's memory took longer than " +
+                                       std::to_string(timeout.count()) + " ms");
+      }
+      std::this_thread::sleep_for(kMigrationPoll);
+    }
+    if (::fsync(fd) != 0) throw_errno("fsync " + path.string());
+  } catch (...) {
+    ::close(fd);
+    fs::remove(path, ec);
+    throw;
+  }
+  ::close(fd);
+  return fs::file_size(path, ec);
+}
+
+void Vm::stop_cpus() {
+  QmpClient qmp = QmpClient::connect(impl_->config.run_dir / "qmp.sock", kQmpTimeout);
+  qmp.execute("stop");
+}
+
+void Vm::resume_cpus() {
+  QmpClient qmp = QmpClient::connect(impl_->config.run_dir / "qmp.sock", kQmpTimeout);
+  qmp.execute("cont");
+}
+
+std::string Vm::ram_block() const {
+  for (const auto& a : impl_->argv)
+    if (a == "memory-backend=ram0") return "ram0";
+  return {};
 }
 
 void Vm::kill() {

@@ -90,6 +90,14 @@ struct VmConfig {
   // state (written by save_state) before resuming. The argv must describe
   // the same machine as the template's (cpus, memory, devices).
   std::filesystem::path incoming_state;
+  // Pause/resume, memory snapshots and forks (docs/design.md, "Snapshots,
+  // fork, pause"): incoming_state is a FULL state written by save_memory()
+  // (RAM included), loaded into this VM's own anonymous RAM; no
+  // memory_file. ram_block names the source's RAM block so the stream
+  // matches: "" = plain `-m` (a cold-booted source), "ram0" = a
+  // memory-backend (a source that was a template clone).
+  bool incoming_full = false;
+  std::string ram_block;
   // The jail (jail.h): QEMU gets its own uid, namespaces, root, cgroup and
   // rlimits, as far as this host allows (all of it as root). Its root holds
   // QEMU's own files, kernel, initrd, the disk's backing chain, run_dir,
@@ -140,6 +148,21 @@ class Vm {
   // removed.
   uint64_t save_state(const std::filesystem::path& path,
                       std::chrono::milliseconds timeout = std::chrono::seconds(30));
+
+  // Pause, memory snapshots, fork: stops the guest's CPUs and writes its
+  // whole state, RAM included (zero pages cost a flag each), to `path`
+  // (created, must not exist; fsynced). The VM stays stopped: resume_cpus()
+  // continues it, kill() ends it. Returns the bytes written. Error(timeout/
+  // internal) with the partial file removed; the VM is then still stopped.
+  uint64_t save_memory(const std::filesystem::path& path,
+                       std::chrono::milliseconds timeout = std::chrono::seconds(120));
+  // Stops the guest's CPUs (QMP stop: also drains and flushes its disk, so
+  // the overlay file is consistent for a copy) / continues them.
+  void stop_cpus();
+  void resume_cpus();
+  // "ram0" if guest RAM is a memory-backend object (template clones), else
+  // "" (see VmConfig::ram_block).
+  std::string ram_block() const;
 
   // SIGKILL QEMU, wait until it is gone, remove its sockets and pid file,
   // its jail's cgroup and uid lease (jail.h).

@@ -1,0 +1,127 @@
+// Image management routes (docs/design.md, "Images: import and management"):
+// GET /v1/images, GET|DELETE /v1/images/{id}, POST /v1/images/{id}/import,
+// GET /v1/df, POST /v1/prune. Images have no owner yet, so these are the
+// operator's (unix socket) only: a tenant gets the 404 of an unknown route,
+// after its body has been read (answering an upload before reading it
+// breaks the client's pipe mid-send).
+#include <fcntl.h>
+#include <unistd.h>
+
+#include "common/error.h"
+#include "daemon/handlers.h"
+#include "daemon/request.h"
+#include "daemon/router.h"
+#include "engine/engine.h"
+
+namespace airlock::daemon {
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+void expect_no_body(Exchange& ex) {
+  if (!ex.read_body(kMaxJsonBody).empty())
+    throw Error(Errc::invalid_argument, "this request takes no body", "body");
+}
+
+// Reads the whole body and drops it (the server caps uploads at
+// kMaxUploadBody).
+void drain(Exchange& ex) {
+  while (ex.read_chunk(1 << 20)) {
+  }
+}
+
+// Streams the upload into `file` (never held in memory).
+uint64_t receive_to_file(Exchange& ex, const fs::path& file) {
+  int fd = ::open(file.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    drain(ex);
+    throw_errno("create " + file.string());
+  }
+  uint64_t total = 0;
+  bool failed = false;
+  while (auto chunk = ex.read_chunk(1 << 20)) {
+    total += chunk->size();
+    for (size_t done = 0; !failed && done < chunk->size();) {
+      ssize_t n = ::write(fd, chunk->data() + done, chunk->size() - done);
+      if (n < 0)
+        failed = true;
+      else
+        done += static_cast<size_t>(n);
+    }
+  }
+  ::close(fd);
+  if (failed) throw Error(Errc::internal, "cannot store the upload in " + file.string());
+  return total;
+}
+
+}  // namespace
+
+void handle_image_route(engine::Engine& engine, Exchange& ex, const Caller& c,
+                        const RouteMatch& m) {
+  if (!c.who.is_operator()) {
+    drain(ex);
+    ex.send_error(404, "not_found",
+                  "no route for " + std::string(ex.method()) + " " + std::string(ex.path()));
+    return;
+  }
+  Query q = parse_query(ex.query());
+  switch (m.route) {
+    case Route::list_images:
+      check_query_keys(q, {});
+      expect_no_body(ex);
+      ex.send_json(200, engine.list_images());
+      return;
+    case Route::get_image:
+      check_query_keys(q, {});
+      expect_no_body(ex);
+      ex.send_json(200, engine.inspect_image(m.id));
+      return;
+    case Route::delete_image:
+      check_query_keys(q, {});
+      expect_no_body(ex);
+      engine.remove_image(m.id);
+      ex.send_empty(204);
+      return;
+    case Route::import_image: {
+      fs::path dir = engine.images().dir();
+      fs::create_directories(dir);
+      std::string tmpl = (dir / ".tmp-import-upload-XXXXXX").string();
+      if (!::mkdtemp(tmpl.data())) {
+        drain(ex);
+        throw_errno("mkdtemp in " + dir.string());
+      }
+      fs::path tmp = tmpl;
+      struct Cleanup {
+        fs::path p;
+        ~Cleanup() {
+          std::error_code ec;
+          fs::remove_all(p, ec);
+        }
+      } cleanup{tmp};
+      uint64_t n = receive_to_file(ex, tmp / "image.tar");
+      check_query_keys(q, {"replace"});
+      bool replace = query_bool(q, "replace", false);
+      if (n == 0)
+        throw Error(Errc::invalid_argument,
+                    "the body must be the image archive (docker save or OCI layout tar)", "body");
+      ex.send_json(201, engine.import_image(m.id, tmp / "image.tar", replace));
+      return;
+    }
+    case Route::disk_usage:
+      check_query_keys(q, {});
+      expect_no_body(ex);
+      ex.send_json(200, engine.disk_usage());
+      return;
+    case Route::prune: {
+      check_query_keys(q, {"dry_run"});
+      expect_no_body(ex);
+      ex.send_json(200, engine.prune(query_bool(q, "dry_run", false)));
+      return;
+    }
+    default:
+      throw Error(Errc::internal, "not an image route");
+  }
+}
+
+}  // namespace airlock::daemon

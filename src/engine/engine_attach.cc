@@ -1,0 +1,173 @@
+// Engine::attach_exec: a client resumes a foreground exec that outlived its
+// first client (the daemon was killed and restarted) from an offset of its
+// output. The guest keeps running such execs, detached, with their last
+// Config::exec_buffer_bytes of output in a log (api/guest-protocol.md §5,
+// "Detach and attach"). Journal (docs/design.md, "Daemon restarts lose no
+// output"): every attach that got going writes an `exec_attach` record with
+// the SHA-256 of exactly the bytes IT delivered and their offsets; the
+// exec's `exec` record is written once, by the attach that sees it end, and
+// carries no output hash (no daemon saw all of the output: the one that
+// died took its running hash with it).
+#include <spdlog/spdlog.h>
+
+#include <regex>
+
+#include "common/error.h"
+#include "engine/audit/chain.h"
+#include "engine/engine.h"
+#include "engine/engine_impl.h"
+#include "engine/types_json.h"
+
+namespace airlock::engine {
+
+namespace {
+
+// How long the guest gets to answer the attach request itself.
+constexpr auto kAttachAnswer = std::chrono::seconds(30);
+
+uint64_t count(const nlohmann::json& j, const char* key) {
+  auto it = j.find(key);
+  return it != j.end() && it->is_number_unsigned() ? it->get<uint64_t>() : 0;
+}
+
+// The shape of the host's exec ids (random_id("ex-"), and the guest's
+// limit): anything else names no exec.
+bool plausible_exec_id(const std::string& s) {
+  static const std::regex re("[A-Za-z0-9_-]{1,64}");
+  return std::regex_match(s, re);
+}
+
+// What one attach delivered, journaled as `exec_attach` when it ends
+// (exit, detach or error): offsets [from, to) of the exec's output and the
+// SHA-256 of the stdout and stderr bytes among them, hashed here as they
+// pass to the client.
+struct Delivered {
+  bool attached = false;
+  uint64_t from = 0, to = 0, dropped = 0, out_bytes = 0, err_bytes = 0;
+  uint64_t backlog = 0;  // bytes the guest held past `from` when this attach began
+  Sha256 out, err;
+  nlohmann::json record(const std::string& exec_id, const char* how) {
+    return {{"exec_id", exec_id},
+            {"offset", from},
+            {"end", to},
+            {"dropped", dropped},
+            {"backlog", backlog},
+            {"stdout_bytes", out_bytes},
+            {"stderr_bytes", err_bytes},
+            {"stdout_sha256", out.hex()},
+            {"stderr_sha256", err.hex()},
+            {"ended_by", how}};
+  }
+};
+
+}  // namespace
+
+std::optional<ExecResult> Engine::attach_exec(const std::string& id, const std::string& exec_id,
+                                              uint64_t offset, const AttachCallbacks& callbacks) {
+  auto& impl = *impl_;
+  auto sb = impl.running(id);
+  ActivityGuard active(*sb);
+  auto no_such = [&] {
+    return Error(Errc::not_found,
+                 "sandbox " + id + " has no exec " + exec_id +
+                     " to attach to (unknown, or it ended and its result was collected)",
+                 "exec_id");
+  };
+  if (!plausible_exec_id(exec_id)) throw no_such();
+  {
+    std::lock_guard lock(sb->mu);
+    if (sb->execs.count(exec_id))
+      throw Error(Errc::conflict, "exec " + exec_id +
+                                      " is still streaming to the client that "
+                                      "started it; attach is for an exec whose client is gone");
+  }
+  Delivered got;
+  const char* ended_by = "error";
+  auto journal_delivered = [&] {
+    if (!got.attached) return;
+    try {
+      impl.journal.append(id, "exec_attach", got.record(exec_id, ended_by));
+    } catch (const std::exception& e) {
+      spdlog::error("sandbox {}: audit: {}", id, e.what());
+    }
+  };
+  channel::AttachHandlers handlers;
+  handlers.on_attached = [&](const nlohmann::json& a) {
+    got.attached = true;
+    got.from = got.to = a.value("offset", offset);
+    got.dropped = a.value("dropped", uint64_t{0});
+    got.backlog = a.value("end", got.from) - got.from;
+    if (callbacks.on_attached) callbacks.on_attached(a);
+  };
+  handlers.on_output = [&](int ch, std::string_view bytes) {
+    got.to += bytes.size();
+    (ch == 1 ? got.out_bytes : got.err_bytes) += bytes.size();
+    (ch == 1 ? got.out : got.err).update(bytes);
+    return callbacks.on_output ? callbacks.on_output(ch, bytes) : true;
+  };
+  handlers.cancelled = callbacks.cancelled;
+  nlohmann::json r;
+  try {
+    r = sb->channel->attach(exec_id, offset, handlers, channel::Clock::now() + kAttachAnswer);
+  } catch (const Error& e) {
+    journal_delivered();
+    if (e.code() == Errc::not_found) throw no_such();
+    if (e.code() == Errc::invalid_argument) throw Error(Errc::invalid_argument, e.what(), "offset");
+    if (e.code() == Errc::conflict)
+      throw Error(Errc::conflict, "exec " + exec_id + " already has a client attached");
+    rethrow_exec_error(*sb, e);
+  } catch (...) {
+    journal_delivered();
+    throw;
+  }
+  if (r.is_object() && r.contains("detached") && r["detached"] == true) {
+    ended_by = "detach";
+    journal_delivered();
+    return std::nullopt;
+  }
+  ended_by = "exit";
+  journal_delivered();
+
+  ExecResult result;
+  result.exec_id = exec_id;
+  read_exec_outcome(r, result);
+  // What the process produced, as the guest counted it (this client saw
+  // only the part from its offset).
+  result.stdout_bytes = count(r, "stdout_bytes");
+  result.stderr_bytes = count(r, "stderr_bytes");
+  result.stdin_bytes = count(r, "stdin_bytes");
+
+  // Written once: by the attach that saw the end of an exec of a previous
+  // daemon. (A second client finds nothing to attach to: the guest forgets
+  // an exec once its end was delivered.)
+  std::optional<nlohmann::json> start;
+  {
+    std::lock_guard lock(sb->mu);
+    if (auto it = sb->detached_execs.find(exec_id); it != sb->detached_execs.end()) {
+      start = std::move(it->second);
+      sb->detached_execs.erase(it);
+    }
+  }
+  if (start) {
+    // The byte counts are the guest's (untrusted, and no host saw them
+    // all), so there is no stdout/stderr hash here: the exec_attach records
+    // before this one hash what was delivered, with offsets.
+    nlohmann::json audit{{"exec_id", exec_id},
+                         {"argv", start->value("argv", nlohmann::json::array())},
+                         {"cwd", start->value("cwd", nlohmann::json("~"))},
+                         {"user", start->value("user", nlohmann::json("root"))},
+                         {"env_keys", start->value("env_keys", nlohmann::json::array())},
+                         {"reattached", true},
+                         {"output_end", count(r, "output_end")},
+                         {"output_lost", count(r, "output_lost")}};
+    audit.update(to_json(result));
+    try {
+      impl.journal.append(id, "exec", audit);
+    } catch (const std::exception& e) {
+      spdlog::error("sandbox {}: audit: {}", id, e.what());
+    }
+  }
+  return result;
+}
+
+}  // namespace airlock::engine

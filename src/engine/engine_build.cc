@@ -1,0 +1,32 @@
+// Engine entry points for image recipes (recipes/builder.cc): a sandbox on a
+// given image (a build layer), and the path of its disk.
+#include "common/error.h"
+#include "engine/engine.h"
+#include "engine/engine_impl.h"
+#include "engine/recipes/builder.h"
+#include "engine/validate.h"
+
+namespace airlock::engine {
+
+SandboxInfo Engine::create_on_image(const SandboxSpec& spec, const storage::Image& image) {
+  auto& impl = *impl_;
+  validate_spec(spec);
+  SandboxSpec checked = spec;
+  checked.network = normalize_network(spec.network);
+  validate_disk_fits(checked, image.rootfs_bytes);
+  vmm::AccelVerdict accel = impl.resolve_accel(image);
+  // launch() skips templates for a *.qcow2 rootfs (engine_templates.cc).
+  return impl.launch(checked, image, accel, false)->info();
+}
+
+std::filesystem::path Engine::disk_path(const std::string& id) {
+  impl_->running(id);  // not_found / conflict unless running
+  return impl_->sandbox_dir(id) / "disk.qcow2";
+}
+
+nlohmann::json Engine::build_recipe(const recipes::BuildRequest& request,
+                                    const std::function<bool(const nlohmann::json&)>& on_event) {
+  return recipes::build(*this, impl_->cfg.image_dir, request, on_event);
+}
+
+}  // namespace airlock::engine

@@ -1,0 +1,78 @@
+// GET .../changes: the sandbox's filesystem diff since it started, read on
+// the host from its disk layers (fsdiff/fsdiff.h).
+#include <sys/stat.h>
+
+#include <chrono>
+#include <optional>
+
+#include "common/error.h"
+#include "common/subprocess.h"
+#include "engine/engine.h"
+#include "engine/engine_impl.h"
+#include "engine/fsdiff/fsdiff.h"
+
+namespace airlock::engine {
+namespace fs = std::filesystem;
+
+nlohmann::json Engine::changes(const std::string& id, const std::string& since, bool content) {
+  // "start", or a snapshot's name: its disk (a read-only layer the host
+  // wrote, engine_snapshots.cc) is the "before".
+  std::optional<snapshots::Snapshot> snap;
+  if (since != "start") {
+    snapshots::check_name(since, "since");
+    snap = impl_->snaps->find(since);
+    if (!snap)
+      throw Error(
+          Errc::invalid_argument,
+          "since must be \"start\" or a snapshot's name; there is no snapshot '" + since + "'",
+          "since");
+  }
+  auto sb = impl_->running(id);
+  ActivityGuard active(*sb);
+  auto t0 = std::chrono::steady_clock::now();
+  // Ask the guest to flush what it wrote, so the layers hold it. Only a
+  // request: what it reports is not used, and a guest that ignores it only
+  // makes its own diff stale.
+  try {
+    sb->channel->call({{"op", "sync"}}, channel::Clock::now() + std::chrono::seconds(30));
+  } catch (const Error&) {
+  }
+  int64_t sync_ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0)
+          .count();
+  fs::path disk = sb->run_dir() / "disk.qcow2";
+  std::string backing, fmt = "qcow2";
+  if (snap) {
+    // Its layer's backing chain (parent layers, base.qcow2, the image) was
+    // written by the host; a missing or altered file is refused here.
+    std::error_code ec;
+    if (!fs::is_regular_file(fs::symlink_status(snap->layer(), ec)))
+      throw Error(Errc::unavailable, "snapshot " + since + " has no disk layer");
+    backing = snap->layer().string();
+  } else {
+    // The overlay's backing file is the sandbox's start (the image, or its
+    // template's disk); the host wrote that header, the guest cannot.
+    SubprocessOptions o;
+    o.timeout = std::chrono::seconds(30);
+    auto r = run_command({"qemu-img", "info", "-U", "--output=json", disk.string()}, o);
+    if (!r.ok()) throw Error(Errc::internal, "cannot read the sandbox's disk: " + r.describe());
+    auto info = nlohmann::json::parse(r.out, nullptr, false);
+    backing = info.is_object() ? info.value("full-backing-filename", "") : "";
+    if (backing.empty() && info.is_object()) backing = info.value("backing-filename", "");
+    if (backing.empty()) throw Error(Errc::internal, "the sandbox's disk has no backing file");
+    fmt = info.value("backing-filename-format", "raw");
+  }
+  fs::path tmp = impl_->cfg.data_dir / "tmp";
+  std::error_code ec;
+  fs::create_directories(tmp, ec);
+  ::chmod(tmp.c_str(), 0700);
+  fsdiff::Options opt;
+  opt.content = content;
+  auto out = fsdiff::diff({backing, fmt}, {disk, "qcow2"}, tmp, opt);
+  out["sandbox"] = id;
+  out["since"] = since;
+  out["timing_ms"]["sync"] = sync_ms;
+  return out;
+}
+
+}  // namespace airlock::engine

@@ -1,0 +1,431 @@
+// Snapshots and fork (docs/design.md, "Snapshots, fork, pause"). A snapshot
+// is the sandbox's overlay copied while its CPUs are stopped (the QMP stop
+// flushes QEMU's qcow2 caches into the file), plus for a memory snapshot
+// its whole VM state. create --from puts a fresh overlay on that copy; a
+// memory snapshot also loads the state, then says hello with a new
+// identity (hostname, machine-id, MAC, RNG reseed, clock), as a clone does.
+// A fork is an internal memory snapshot restored `count` times.
+#include <spdlog/spdlog.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <fstream>
+#include <future>
+
+#include "common/error.h"
+#include "common/subprocess.h"
+#include "engine/engine_impl.h"
+#include "engine/types_json.h"
+#include "engine/vmm/jail.h"
+
+namespace airlock::engine {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+int64_t ms_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() -
+                                                               t0)
+      .count();
+}
+
+}  // namespace
+
+// Free bytes of the filesystem holding `dir` (0 if it cannot be read).
+uint64_t free_bytes(const fs::path& dir) {
+  struct statvfs st {};
+  if (::statvfs(dir.c_str(), &st) != 0) return 0;
+  return static_cast<uint64_t>(st.f_bavail) * st.f_frsize;
+}
+
+// A write under `dir` failed: if its filesystem is (nearly) full, that is
+// the cause the caller should hear (unavailable: free space and retry),
+// whatever errno the copy or QEMU's migration reported (a full tmpfs may
+// surface as EIO from copy_file_range, QEMU says "Unable to write").
+void rethrow_if_disk_full(const fs::path& dir, const std::string& writing, uint64_t wanted) {
+  if (free_bytes(dir) < std::max<uint64_t>(wanted, kLowSpaceBytes))
+    throw Error(Errc::unavailable, "no space left on the host's disk writing " + writing + " (" +
+                                       std::to_string(free_bytes(dir) >> 20) +
+                                       " MiB free): free some space and try again");
+}
+
+namespace {
+
+// Copies `from` to `to` (new file); a full disk is Error(unavailable)
+// naming it, anything else Error(internal). The partial file is removed.
+void copy_or_throw(const fs::path& from, const fs::path& to) {
+  std::error_code ec;
+  uint64_t size = fs::file_size(from, ec);
+  if (!ec && free_bytes(to.parent_path()) < size)
+    rethrow_if_disk_full(to.parent_path(), to.string(), size);
+  fs::copy_file(from, to, fs::copy_options::none, ec);
+  if (!ec) return;
+  std::error_code e2;
+  fs::remove(to, e2);
+  if (ec == std::errc::no_space_on_device || ec == std::errc::file_too_large)
+    rethrow_if_disk_full(to.parent_path(), to.string(), UINT64_MAX);
+  rethrow_if_disk_full(to.parent_path(), to.string(), 0);
+  throw Error(Errc::internal,
+              "cannot copy " + from.string() + " to " + to.string() + ": " + ec.message());
+}
+
+}  // namespace
+
+std::vector<std::string> Engine::Impl::snapshot_users(const std::string& name,
+                                                      const std::string& except_id) {
+  std::vector<std::string> users;
+  for (const auto& rec : registry.list(/*all=*/false))
+    if (rec.info.spec.from == name && rec.info.id != except_id && !is_terminal(rec.info.state))
+      users.push_back("sandbox " + rec.info.id);
+  for (const auto& s : snaps->list())
+    if (s.parent == name) users.push_back("snapshot " + s.name);
+  std::lock_guard lock(snap_mu);
+  if (auto it = snap_restoring.find(name); it != snap_restoring.end() && it->second > 0)
+    users.push_back(std::to_string(it->second) + " create(s) restoring it now");
+  return users;
+}
+
+void Engine::Impl::release_internal_snapshot(const std::string& name,
+                                             const std::string& except_id) noexcept {
+  try {
+    auto s = snaps->find(name);
+    if (!s || !s->internal) return;
+    if (!snapshot_users(name, except_id).empty()) return;
+    snaps->remove(name);
+    spdlog::info("fork snapshot {} removed: nothing uses it any more", name);
+  } catch (const std::exception& e) {
+    spdlog::warn("fork snapshot {}: {}", name, e.what());
+  }
+}
+
+snapshots::Snapshot Engine::Impl::prepare_from(SandboxSpec& checked) {
+  snapshots::check_name(checked.from, "from");
+  std::optional<snapshots::Snapshot> snap;
+  {
+    std::lock_guard lock(snap_mu);
+    snap = snaps->find(checked.from);
+    if (!snap)
+      throw Error(Errc::invalid_argument, "unknown snapshot '" + checked.from + "'", "from");
+    ++snap_restoring[snap->name];
+  }
+  try {
+    checked.image = snap->image;
+    checked.disk_mb = std::max(checked.disk_mb, snap->disk_mb);
+    if (snap->memory) {
+      // The saved VM decides its own shape and devices.
+      checked.cpus = snap->cpus;
+      checked.memory_mb = snap->memory_mb;
+      if (network_enabled(checked.network) != snap->networked)
+        throw Error(Errc::invalid_argument,
+                    std::string("snapshot '") + snap->name + "' was taken of a sandbox " +
+                        (snap->networked ? "with" : "without") +
+                        " a network; a restore of its memory must be the same (network.mode)",
+                    "network");
+    }
+    snaps->verify(*snap);  // size + SHA-256 of every file, parents too
+    return *snap;
+  } catch (...) {
+    std::lock_guard lock(snap_mu);
+    if (--snap_restoring[snap->name] == 0) snap_restoring.erase(snap->name);
+    throw;
+  }
+}
+
+snapshots::Snapshot Engine::Impl::take_snapshot(Live& sb, const std::string& name, bool memory,
+                                                bool internal) {
+  const std::string id = sb.id();
+  const State from = sb.state();
+  if (from != State::running && from != State::paused)
+    throw Error(Errc::conflict, "sandbox " + id + " is " + to_string(from) +
+                                    "; only a running or paused one can "
+                                    "be snapshotted");
+  auto t0 = std::chrono::steady_clock::now();
+  // The guest's page cache first, so what its programs wrote is on the disk.
+  if (from == State::running && sb.channel) {
+    try {
+      auto deadline = channel::Clock::now() + std::chrono::seconds(30);
+      uint32_t stream = sb.channel->open_stream();
+      channel::ExecHandlers h;
+      h.on_output = [](int, std::string_view) { return true; };
+      nlohmann::json req{{"argv", nlohmann::json::array({"/bin/sh", "-c", "sync"})},
+                         {"env", nlohmann::json::object()},
+                         {"cwd", "/"},
+                         {"output_limit_bytes", 4096}};
+      sb.channel->exec(stream, req, nullptr, h, deadline);
+    } catch (const std::exception& e) {
+      spdlog::warn("sandbox {}: sync before snapshot: {}", id, e.what());
+    }
+  }
+  snapshots::Staging st = snaps->stage(name);  // conflict if the name is taken
+  ScopeGuard drop([&] { snaps->abandon(st); });
+  sb.transition(from, State::snapshotting,
+                {.event = "snapshotting", .details = {{"name", name}, {"memory", memory}}});
+  bool stopped = false;
+  auto back = [&] {
+    if (stopped && sb.vm) {
+      try {
+        sb.vm->resume_cpus();
+      } catch (const std::exception& e) {
+        spdlog::error("sandbox {}: cannot continue after snapshot: {}", id, e.what());
+      }
+      stopped = false;
+    }
+  };
+  snapshots::Snapshot meta;
+  try {
+    fs::path disk = sb.run_dir() / "disk.qcow2";
+    if (from == State::running) {
+      if (memory) {
+        stopped = true;
+        try {
+          sb.vm->save_memory(st.dir / "mem.state", std::chrono::seconds(120));
+        } catch (const Error&) {
+          rethrow_if_disk_full(st.dir, (st.dir / "mem.state").string(), 0);
+          throw;
+        }
+        meta.ram_block = sb.vm->ram_block();
+      } else {
+        stopped = true;
+        sb.vm->stop_cpus();
+      }
+    } else if (memory) {
+      // A paused sandbox's whole VM is already on disk.
+      copy_or_throw(paused_dir(id) / "mem.state", st.dir / "mem.state");
+      nlohmann::json pm;
+      try {
+        std::ifstream in(paused_dir(id) / "paused.json");
+        pm = nlohmann::json::parse(in);
+      } catch (const std::exception&) {
+      }
+      meta.ram_block = pm.value("ram_block", "");
+    }
+    copy_or_throw(disk, st.dir / "layer.qcow2");
+    back();  // the source continues; the rest works on the copies
+    // A template clone's overlay is backed by the template's disk, which a
+    // prune may remove: the snapshot keeps its own link to it.
+    auto chain = vmm::qcow2_chain(st.dir / "layer.qcow2");
+    if (chain.size() > 1 && templates &&
+        chain[1].lexically_normal().string().rfind(templates->root().lexically_normal().string(),
+                                                   0) == 0) {
+      fs::path base = st.dir / "base.qcow2";
+      std::error_code ec;
+      fs::create_hard_link(chain[1], base, ec);
+      if (ec) copy_or_throw(chain[1], base);
+      SubprocessOptions o;
+      o.timeout = std::chrono::seconds(60);
+      auto r = run_command({"qemu-img", "rebase", "-u", "-f", "qcow2", "-F", "qcow2", "-b",
+                            "base.qcow2", (st.dir / "layer.qcow2").string()},
+                           o);
+      if (!r.ok())
+        throw Error(Errc::internal, "qemu-img rebase of the snapshot layer failed: " + r.err);
+    }
+  } catch (...) {
+    back();
+    try {
+      sb.transition(State::snapshotting, from,
+                    {.event = "snapshot_failed", .details = {{"name", name}}});
+    } catch (const std::exception& e) {
+      spdlog::error("sandbox {}: {}", id, e.what());
+    }
+    throw;
+  }
+  sb.transition(State::snapshotting, from);
+  const SandboxInfo info = sb.info();
+  meta.source = id;
+  meta.parent = info.spec.from;
+  meta.image = info.spec.image;
+  meta.memory = memory;
+  meta.internal = internal;
+  meta.cpus = info.spec.cpus;
+  meta.memory_mb = info.spec.memory_mb;
+  meta.disk_mb = info.spec.disk_mb;
+  meta.accel = info.accel;
+  meta.networked = sb.networked;
+  meta.created_at_ms = wall_ms();
+  meta.took_ms = ms_since(t0);
+  snapshots::Snapshot done = snaps->commit(st, meta);  // removes the staging dir on error
+  drop.dismiss();
+  try {
+    journal.append(
+        id, "snapshot",
+        {{"name", name}, {"memory", memory}, {"bytes", done.bytes}, {"took_ms", done.took_ms}});
+  } catch (const std::exception& e) {
+    spdlog::error("sandbox {}: audit: {}", id, e.what());
+  }
+  return done;
+}
+
+nlohmann::json Engine::snapshot(const std::string& id, const std::string& name, bool memory) {
+  auto& impl = *impl_;
+  snapshots::check_name(name);
+  auto sb = impl.live_sandbox(id);
+  std::lock_guard op(sb->op_mu);
+  auto t0 = std::chrono::steady_clock::now();
+  auto s = impl.take_snapshot(*sb, name, memory, false);
+  impl.metrics.snapshot_op(memory ? "snapshot_memory" : "snapshot_disk", ms_since(t0) / 1000.0);
+  return snapshots::to_json(s);
+}
+
+nlohmann::json Engine::list_snapshots() {
+  nlohmann::json arr = nlohmann::json::array();
+  for (const auto& s : impl_->snaps->list()) arr.push_back(snapshots::to_json(s));
+  return arr;
+}
+
+nlohmann::json Engine::get_snapshot(const std::string& name) {
+  return snapshots::to_json(impl_->snaps->get(name));
+}
+
+void Engine::delete_snapshot(const std::string& name) {
+  auto& impl = *impl_;
+  impl.snaps->get(name);  // not_found
+  auto users = impl.snapshot_users(name, "");
+  if (!users.empty()) {
+    std::string who;
+    for (const auto& u : users) who += (who.empty() ? "" : ", ") + u;
+    throw Error(Errc::conflict, "snapshot " + name + " is in use by " + who, "name");
+  }
+  impl.snaps->remove(name);
+}
+
+nlohmann::json Engine::save_snapshot_image(const std::string& snapshot, const std::string& name) {
+  auto& impl = *impl_;
+  snapshots::check_name(snapshot, "snapshot");
+  std::optional<snapshots::Snapshot> snap;
+  {
+    std::lock_guard lock(impl.snap_mu);
+    snap = impl.snaps->find(snapshot);
+    if (!snap) throw Error(Errc::not_found, "no snapshot '" + snapshot + "'", "snapshot");
+    ++impl.snap_restoring[snap->name];  // not deletable while it is read
+  }
+  ScopeGuard release([&] {
+    std::lock_guard lock(impl.snap_mu);
+    if (--impl.snap_restoring[snap->name] == 0) impl.snap_restoring.erase(snap->name);
+  });
+  std::optional<storage::Image> existing;
+  try {
+    existing = impl.images.find(name);
+  } catch (const Error&) {
+    // A bad name: install() below names it.
+  }
+  if (existing)
+    throw Error(Errc::conflict, "image '" + name + "' already exists (remove it first)", "name");
+  impl.snaps->verify(*snap);  // size + SHA-256 of every layer, parents too
+
+  // qemu-img follows the layer's backing chain: only files airlock itself
+  // keeps (snapshots, templates, images) may be in it.
+  auto chain = vmm::qcow2_chain(snap->layer());
+  auto inside = [](const fs::path& f, const fs::path& root) {
+    auto rel = f.lexically_normal().lexically_relative(root.lexically_normal());
+    return !rel.empty() && *rel.begin() != "..";
+  };
+  for (const auto& f : chain) {
+    bool ours = inside(f, impl.snaps->root()) || inside(f, impl.images.dir()) ||
+                (impl.templates && inside(f, impl.templates->root()));
+    if (!ours)
+      throw Error(Errc::unavailable, "snapshot '" + snapshot + "' has a layer backed by " +
+                                         f.string() + ", outside airlock's own directories");
+  }
+  storage::ImageConfig config;
+  try {
+    if (auto base = impl.images.find(snap->image)) config = base->config;
+  } catch (const Error&) {
+    // Its image is gone (the snapshot holds the files): no exec defaults.
+  }
+  config.base = snap->image;
+
+  // Staged under the image directory (a leftover of a crash is pruned as
+  // ".tmp-import-*"); install() moves the flattened rootfs into place.
+  fs::path tmp = impl.images.dir() / random_id(".tmp-import-save-");
+  std::error_code ec;
+  fs::create_directories(tmp, ec);
+  if (ec) throw Error(Errc::internal, "cannot create " + tmp.string() + ": " + ec.message());
+  ScopeGuard drop([&] {
+    std::error_code e;
+    fs::remove_all(tmp, e);
+  });
+  fs::path rootfs = tmp / "rootfs.ext4";
+  uint64_t virtual_size = 0;
+  vmm::qcow2_chain(snap->layer(), &virtual_size);
+  if (free_bytes(tmp) < virtual_size / 4)
+    rethrow_if_disk_full(tmp, rootfs.string(), virtual_size / 4);
+  SubprocessOptions o;
+  o.timeout = std::chrono::minutes(10);
+  // Sparse raw output: only the blocks the filesystem uses take space.
+  auto r = run_command({"qemu-img", "convert", "-f", "qcow2", "-O", "raw", "-S", "4k",
+                        snap->layer().string(), rootfs.string()},
+                       o);
+  if (!r.ok()) {
+    rethrow_if_disk_full(tmp, rootfs.string(), 0);
+    throw Error(Errc::internal,
+                "qemu-img convert of snapshot '" + snapshot + "' failed: " + r.describe());
+  }
+  auto img = impl.images.install(
+      name, rootfs, config,
+      {.source = "snapshot:" + snapshot, .layers = static_cast<int>(chain.size())});
+  auto j = storage::to_json(img);
+  j["used_by"] = nlohmann::json::array();
+  return j;
+}
+
+std::vector<SandboxInfo> Engine::fork(const std::string& id, int count) {
+  auto& impl = *impl_;
+  if (count < 1 || count > 16)
+    throw Error(Errc::invalid_argument, "count must be 1..16, got " + std::to_string(count),
+                "count");
+  auto t0 = std::chrono::steady_clock::now();
+  auto sb = impl.live_sandbox(id);
+  std::string name = random_id("fork-");
+  SandboxSpec spec;
+  {
+    std::lock_guard op(sb->op_mu);
+    if (sb->state() != State::running)
+      throw Error(Errc::conflict,
+                  "sandbox " + id + " is " + to_string(sb->state()) + "; only a running one forks");
+    impl.take_snapshot(*sb, name, true, true);
+    spec = sb->info().spec;
+  }
+  spec.from = name;
+  spec.metadata.erase(kPoolMarker);
+  // All or nothing: every fork is made, or none is left.
+  std::vector<std::future<SandboxInfo>> futs;
+  for (int i = 0; i < count; ++i)
+    futs.push_back(std::async(std::launch::async, [this, spec] { return create(spec); }));
+  std::vector<SandboxInfo> made;
+  std::optional<Error> first;
+  std::string other;
+  for (auto& f : futs) {
+    try {
+      made.push_back(f.get());
+    } catch (const Error& e) {
+      if (!first) first = e;
+    } catch (const std::exception& e) {
+      if (!first) first = Error(Errc::internal, e.what());
+    }
+  }
+  if (first) {
+    for (const auto& m : made) {
+      try {
+        destroy(m.id);
+      } catch (const std::exception& e) {
+        spdlog::error("fork of {}: removing {}: {}", id, m.id, e.what());
+      }
+    }
+    impl.release_internal_snapshot(name, "");
+    throw Error(first->code(), "fork of " + id + " failed, no fork was kept: " + first->what(),
+                first->field());
+  }
+  try {
+    nlohmann::json ids = nlohmann::json::array();
+    for (const auto& m : made) ids.push_back(m.id);
+    impl.journal.append(id, "fork", {{"count", count}, {"forks", ids}, {"snapshot", name}});
+  } catch (const std::exception& e) {
+    spdlog::error("sandbox {}: audit: {}", id, e.what());
+  }
+  impl.metrics.snapshot_op("fork", ms_since(t0) / 1000.0);
+  return made;
+}
+
+}  // namespace airlock::engine

@@ -1,0 +1,71 @@
+// Filesystem diff of two disk layer chains, read on the host with libext2fs
+// (never by asking the guest what it changed).
+//
+// A LayerChain is the top file of a qcow2 chain (its backing files, written
+// by the host, name the rest) or a raw ext4 image. Each chain is made
+// readable by libext2fs by `qemu-img convert -O raw` into a sparse temporary
+// file (a raw image is opened as is), then both trees are walked and
+// compared: paths added, deleted, and modified (type, size, mode, owner,
+// symlink target, or content, compared byte for byte).
+//
+//   auto r = fsdiff::diff({sandbox_base, "raw"}, {disk_qcow2, "qcow2"}, tmp_dir, {.content =
+//   true});
+//   // {"changes": [{"path": "/root/a", "change": "added", "type": "file", "size": 3,
+//   //               "mode": "0644", "diff": "--- /dev/null\n+++ b/root/a\n..."}], ...}
+//
+// The filesystem is hostile input (the guest wrote every byte of it): the
+// work is bounded (Limits), symlinks are data (never followed, never
+// resolved on the host), names with '/' or NUL are skipped and counted, and
+// the walk runs in a forked child with memory and CPU limits, so a
+// corrupt filesystem that trips libext2fs costs an error, never the daemon.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <string>
+
+namespace airlock::engine::fsdiff {
+
+struct LayerChain {
+  std::filesystem::path top;
+  std::string format;  // "raw" or "qcow2"
+};
+
+struct Limits {
+  uint64_t max_entries = 1'000'000;  // inodes walked per filesystem
+  int max_depth = 256;
+  uint64_t max_changes = 100'000;              // reported; beyond: truncated
+  uint64_t max_content_bytes = 256 * 1024;     // a file larger is not diffed
+  uint64_t max_diff_bytes = 64 * 1024;         // one file's diff text
+  uint64_t max_total_diff_bytes = 4ull << 20;  // all diffs together
+  uint64_t child_memory_bytes = 2ull << 30;    // RLIMIT_AS of the walker, above what it inherits
+  int child_cpu_seconds = 300;
+};
+
+struct Options {
+  bool content = false;  // unified diffs of text files
+  Limits limits;
+};
+
+// The changes from `before` to `after`: {"changes": [...], "truncated",
+// "summary": {"added","modified","deleted"}, "skipped_names", "timing_ms":
+// {"materialize","walk"}}. Each change: path, change
+// (added|modified|deleted), type (file|dir|symlink|other), size, mode
+// ("0644"), uid, gid, target (symlinks); modified ones also "before" {type,
+// size, mode, uid, gid, target} and "what" (["content","mode",...]); with
+// content, text files get "diff" (unified), binary ones "binary": true, and
+// larger ones "diff_skipped": "too large". Temporary raw files go in
+// `tmp_dir` (removed before returning). Error(unavailable) if a layer cannot
+// be converted or read as ext4 (naming which), Error(internal) if the walker
+// died.
+nlohmann::json diff(const LayerChain& before, const LayerChain& after,
+                    const std::filesystem::path& tmp_dir, const Options& options);
+
+// The same on two raw ext4 images, in this process (the walker itself; for
+// tests and the forked child). Throws Error(unavailable) for an unreadable
+// filesystem.
+nlohmann::json diff_raw(const std::filesystem::path& before, const std::filesystem::path& after,
+                        const std::filesystem::path& tmp_dir, const Options& options);
+
+}  // namespace airlock::engine::fsdiff

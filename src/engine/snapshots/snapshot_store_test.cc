@@ -1,0 +1,121 @@
+// The snapshot store without VMs: names, publication, and every integrity
+// check verify() makes before a restore.
+#include "engine/snapshots/snapshot_store.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <fstream>
+
+#include "common/error.h"
+#include "engine/storage/image_store.h"
+
+namespace airlock::snapshots {
+namespace {
+
+namespace fs = std::filesystem;
+
+class SnapshotStoreTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/alsnapXXXXXX";
+    root_ = ::mkdtemp(tmpl);
+    base_ = root_ / "base.raw";
+    std::ofstream(base_, std::ios::binary) << std::string(1 << 20, 'b');
+  }
+  void TearDown() override {
+    SnapshotStore store(root_ / "snaps");
+    for (const auto& s : store.list()) store.remove(s.name);
+    fs::remove_all(root_);
+  }
+  Snapshot publish(SnapshotStore& store, const std::string& name, bool memory) {
+    Staging st = store.stage(name);
+    storage::create_overlay(base_, st.dir / "layer.qcow2", 16);
+    if (memory) std::ofstream(st.dir / "mem.state", std::ios::binary) << std::string(5000, 'm');
+    Snapshot meta;
+    meta.memory = memory;
+    meta.image = "minimal";
+    return store.commit(st, meta);
+  }
+  fs::path root_, base_;
+};
+
+TEST_F(SnapshotStoreTest, NamesNameTheFieldAndWhatIsWrong) {
+  for (const char* bad : {"", "a/b", "..", "a..b", "-x", ".hidden", "sp ace"}) {
+    try {
+      check_name(bad);
+      FAIL() << "accepted '" << bad << "'";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), Errc::invalid_argument);
+      EXPECT_EQ(e.field(), "name");
+    }
+  }
+  try {
+    check_name(std::string("a\0b", 3), "from");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.field(), "from");
+    EXPECT_NE(std::string(e.what()).find("NUL"), std::string::npos);
+  }
+  EXPECT_NO_THROW(check_name("base-env_2"));
+}
+
+TEST_F(SnapshotStoreTest, PublishesHashesAndSurvivesReopen) {
+  {
+    SnapshotStore store(root_ / "snaps");
+    Snapshot s = publish(store, "one", true);
+    EXPECT_TRUE(s.files.contains("layer.qcow2"));
+    EXPECT_TRUE(s.files.contains("mem.state"));
+    EXPECT_NO_THROW(store.verify(s));
+    EXPECT_THROW(store.stage("one"), Error);  // taken
+  }
+  SnapshotStore again(root_ / "snaps");  // a daemon restart
+  auto s = again.get("one");
+  EXPECT_TRUE(s.memory);
+  EXPECT_NO_THROW(again.verify(s));
+  ASSERT_EQ(again.list().size(), 1u);
+}
+
+TEST_F(SnapshotStoreTest, TruncatedOrAlteredIsRefusedNamingTheFile) {
+  SnapshotStore store(root_ / "snaps");
+  Snapshot s = publish(store, "two", true);
+  fs::permissions(s.mem_state(), fs::perms::owner_write, fs::perm_options::add);
+  fs::resize_file(s.mem_state(), 100);
+  try {
+    store.verify(s);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Errc::unavailable);
+    EXPECT_NE(std::string(e.what()).find("mem.state"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("truncated"), std::string::npos);
+  }
+  std::ofstream(s.mem_state(), std::ios::binary) << std::string(5000, 'X');  // same size
+  try {
+    store.verify(s);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("SHA-256"), std::string::npos);
+  }
+  fs::remove(s.mem_state());
+  EXPECT_THROW(store.verify(s), Error);
+}
+
+TEST_F(SnapshotStoreTest, StagingLeftoversAreRemovedAndAbandonLeavesNothing) {
+  {
+    SnapshotStore store(root_ / "snaps");
+    Staging st = store.stage("three");
+    std::ofstream(st.dir / "layer.qcow2") << "half";
+    store.abandon(st);
+    EXPECT_FALSE(fs::exists(st.dir));
+    Staging left = store.stage("four");  // a crash leaves this
+    std::ofstream(left.dir / "layer.qcow2") << "half";
+  }
+  SnapshotStore store(root_ / "snaps");
+  int entries = 0;
+  for ([[maybe_unused]] auto& e : fs::directory_iterator(root_ / "snaps")) ++entries;
+  EXPECT_EQ(entries, 0);
+  EXPECT_THROW(store.get("four"), Error);
+}
+
+}  // namespace
+}  // namespace airlock::snapshots

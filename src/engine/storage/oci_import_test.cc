@@ -1,0 +1,200 @@
+// unpack_oci on OCI layouts written here with libarchive: layers applied in
+// order (whiteouts, opaque directories, links, modes), the config's exec
+// defaults, and one hostile layer per rule of oci_import.h, each refused
+// naming its entry with nothing written outside the new root.
+#include "engine/storage/oci_import.h"
+
+#include <archive.h>
+#include <archive_entry.h>
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "common/error.h"
+#include "engine/storage/digest.h"
+
+namespace airlock::storage {
+namespace {
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+struct Ent {
+  std::string name;
+  char type = 'f';   // f file, d dir, l symlink, h hard link
+  std::string data;  // file content, or link target
+  int mode = 0644;
+};
+
+void write_layer(const fs::path& file, const std::vector<Ent>& ents, bool gzip = false) {
+  archive* a = archive_write_new();
+  archive_write_set_format_pax_restricted(a);
+  if (gzip) archive_write_add_filter_gzip(a);
+  ASSERT_EQ(archive_write_open_filename(a, file.c_str()), ARCHIVE_OK);
+  for (const auto& e : ents) {
+    archive_entry* en = archive_entry_new();
+    archive_entry_set_pathname(en, e.name.c_str());
+    archive_entry_set_perm(en, e.mode);
+    if (e.type == 'd') {
+      archive_entry_set_filetype(en, AE_IFDIR);
+    } else if (e.type == 'l') {
+      archive_entry_set_filetype(en, AE_IFLNK);
+      archive_entry_set_symlink(en, e.data.c_str());
+    } else if (e.type == 'h') {
+      archive_entry_set_filetype(en, AE_IFREG);
+      archive_entry_set_hardlink(en, e.data.c_str());
+    } else {
+      archive_entry_set_filetype(en, AE_IFREG);
+      archive_entry_set_size(en, static_cast<la_int64_t>(e.data.size()));
+    }
+    ASSERT_EQ(archive_write_header(a, en), ARCHIVE_OK) << e.name;
+    if (e.type == 'f') archive_write_data(a, e.data.data(), e.data.size());
+    archive_entry_free(en);
+  }
+  archive_write_close(a);
+  archive_write_free(a);
+}
+
+class OciImportTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string tmpl = (fs::temp_directory_path() / "airlock-oci-test-XXXXXX").string();
+    ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
+    tmp_ = tmpl;
+    fs::create_directories(tmp_ / "outside");
+  }
+  void TearDown() override { fs::remove_all(tmp_); }
+
+  std::string blob(const fs::path& layout, const std::string& data) {
+    fs::path f = layout / "tmp-blob";
+    std::ofstream(f, std::ios::binary) << data;
+    return add_blob(layout, f);
+  }
+  static std::string add_blob(const fs::path& layout, const fs::path& f) {
+    std::string hex = sha256_file(f);
+    fs::create_directories(layout / "blobs" / "sha256");
+    fs::rename(f, layout / "blobs" / "sha256" / hex);
+    return "sha256:" + hex;
+  }
+
+  // An OCI layout directory of `layers` and `config`.
+  fs::path layout(const std::vector<std::vector<Ent>>& layers, const json& config = json::object(),
+                  bool gzip = false) {
+    fs::path l = tmp_ / ("layout" + std::to_string(++n_));
+    fs::create_directories(l);
+    std::ofstream(l / "oci-layout") << R"({"imageLayoutVersion":"1.0.0"})";
+    json descs = json::array();
+    for (const auto& ents : layers) {
+      fs::path f = l / "tmp-layer";
+      write_layer(f, ents, gzip);
+      uint64_t size = fs::file_size(f);
+      descs.push_back({{"digest", add_blob(l, f)}, {"size", size}});
+    }
+    std::string cfg = json{{"config", config}}.dump();
+    json manifest = {{"schemaVersion", 2},
+                     {"config", {{"digest", blob(l, cfg)}, {"size", cfg.size()}}},
+                     {"layers", descs}};
+    std::string m = manifest.dump();
+    json index = {{"schemaVersion", 2}, {"manifests", {{{"digest", blob(l, m)}}}}};
+    std::ofstream(l / "index.json") << index.dump();
+    return l;
+  }
+
+  ImportResult unpack(const fs::path& l) {
+    fs::path scratch = tmp_ / ("scratch" + std::to_string(n_));
+    fs::create_directories(scratch);
+    return unpack_oci(l, tmp_ / ("root" + std::to_string(n_)), scratch);
+  }
+
+  fs::path root() const { return tmp_ / ("root" + std::to_string(n_)); }
+
+  // The message of the Error unpacking `layers` throws (invalid_argument).
+  std::string refusal(const std::vector<std::vector<Ent>>& layers, bool gzip = false) {
+    try {
+      unpack(layout(layers, json::object(), gzip));
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), Errc::invalid_argument) << e.what();
+      return e.what();
+    }
+    ADD_FAILURE() << "not refused";
+    return "";
+  }
+
+  fs::path tmp_;
+  int n_ = 0;
+};
+
+TEST_F(OciImportTest, LayersApplyInOrderWithWhiteoutsOpaqueDirsAndLinks) {
+  auto r = unpack(
+      layout({{{"a", 'd'}, {"a/x", 'f', "x"}, {"a/y", 'f', "y"}, {"d", 'd'}, {"d/old", 'f', "old"}},
+              {{"a/.wh.x", 'f'},
+               {"d/.wh..wh..opq", 'f'},
+               {"d/new", 'f', "new", 0750},
+               {"s", 'l', "a/y"},
+               {"h", 'h', "a/y"}},
+              {{"a/y", 'f', "y3"}}},
+             {{"Env", {"A=1", "B=x=y"}},
+              {"WorkingDir", "/w"},
+              {"User", "1000"},
+              {"Entrypoint", {"/bin/e"}},
+              {"Cmd", {"c"}}},
+             true));
+  EXPECT_EQ(r.layers, 3);
+  EXPECT_FALSE(fs::exists(fs::symlink_status(root() / "a" / "x")));
+  EXPECT_FALSE(fs::exists(root() / "d" / "old"));
+  struct stat st;
+  ASSERT_EQ(::stat((root() / "d" / "new").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0750u);
+  EXPECT_EQ(fs::read_symlink(root() / "s"), "a/y");
+  ASSERT_EQ(::stat((root() / "h").c_str(), &st), 0);
+  EXPECT_EQ(st.st_nlink, 1u);  // layer 3 replaced a/y: the link keeps layer 2's file
+  std::ifstream y(root() / "a" / "y");
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(y), {}), "y3");
+  EXPECT_EQ(r.config.env, (std::map<std::string, std::string>{{"A", "1"}, {"B", "x=y"}}));
+  EXPECT_EQ(r.config.workdir, "/w");
+  EXPECT_EQ(r.config.user, "1000");
+  EXPECT_EQ(r.config.entrypoint, std::vector<std::string>{"/bin/e"});
+  EXPECT_EQ(r.config.cmd, std::vector<std::string>{"c"});
+  EXPECT_TRUE(r.source.rfind("oci:sha256:", 0) == 0) << r.source;
+}
+
+TEST_F(OciImportTest, HostileEntriesAreRefusedNamingThem) {
+  std::string out = (tmp_ / "outside").string();
+  std::string up = "../../../../../../../../../../" + out.substr(1) + "/p";
+  EXPECT_NE(refusal({{{out + "/p", 'f', "x"}}}).find("absolute path"), std::string::npos);
+  EXPECT_NE(refusal({{{up, 'f', "x"}}}).find("climbs out"), std::string::npos);
+  EXPECT_NE(refusal({{{"evil", 'l', "../../x"}}}).find("'evil'"), std::string::npos);
+  EXPECT_NE(refusal({{{"evil", 'h', "../x"}}}).find("'evil'"), std::string::npos);
+  EXPECT_NE(refusal({{{"evil", 'h', "/etc/passwd"}}}).find("'evil'"), std::string::npos);
+  EXPECT_NE(refusal({{{"sub", 'l', out}}, {{"sub/p", 'f', "x"}}}).find("sub/p"), std::string::npos);
+  EXPECT_NE(refusal({{{"twice", 'f', "1"}, {"twice", 'f', "2"}}}).find("duplicate"),
+            std::string::npos);
+  EXPECT_NE(refusal({{{std::string(5000, 'a'), 'f', "x"}}}).find("4096"), std::string::npos);
+  EXPECT_NE(
+      refusal({{{"zeros", 'f', std::string(40 << 20, '\0')}}}, true).find("decompression bomb"),
+      std::string::npos);
+  EXPECT_TRUE(fs::is_empty(tmp_ / "outside"));
+}
+
+TEST_F(OciImportTest, ABlobNotMatchingItsDigestIsRefused) {
+  fs::path l = layout({{{"f", 'f', "x"}}});
+  for (const auto& e : fs::directory_iterator(l / "blobs" / "sha256")) {
+    std::string head;
+    std::ifstream(e.path()) >> head;
+    if (head.rfind("{", 0) == 0) continue;  // config, manifest
+    fs::permissions(e.path(), fs::perms::owner_write, fs::perm_options::add);
+    std::ofstream(e.path(), std::ios::binary | std::ios::in) << "X";  // the layer: one byte off
+  }
+  try {
+    unpack(l);
+    ADD_FAILURE() << "not refused";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("does not match its digest"), std::string::npos)
+        << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace airlock::storage
