@@ -20,6 +20,7 @@ taken inside the run. Minimal image, 1 vCPU, 256 MiB unless said otherwise.
   cli overhead   `airlock ls` against a stand-in socket server: process start
                  to first byte on the socket, and last byte sent to exit
   networked      `airlock run --network allowlist --allow 198.51.100.1/32 -- true`
+                 (clone; and "networked pool hit": a pool of members with a NIC)
   clone          create -> exec result, daemon with templates and no pool
   cold           the same, daemon with --no-templates (plus plain QEMU boot)
   burst          20 creates at once against a pool of 4; 50 concurrent creates
@@ -293,6 +294,24 @@ def main():
             warm.tearDownClass()
         print(f"after clone runs: {load()}", flush=True)
 
+    # --- networked pool hits (members with a NIC under deny-everything) -----
+    if "netpool" not in skip:
+        npool = daemon("NetPool", [])
+        try:
+            npool.api.call("PUT", "/v1/pool", {"image": "minimal", "size": args.pool,
+                                               "network": True})
+            R["networked pool hit"], R["networked misses"] = [], []
+            for i in range(args.net_runs):
+                wait_pool(npool.api, 1)
+                h0 = pool_hits(npool.api)
+                ms, _ = cli(npool, ["run", "--network", "allowlist", "--allow",
+                                    "198.51.100.1/32", "--", "true"])
+                (R["networked pool hit"] if pool_hits(npool.api) > h0
+                 else R["networked misses"]).append(ms)
+        finally:
+            npool.tearDownClass()
+        print(f"after networked pool runs: {load()}", flush=True)
+
     # --- cold boot and plain QEMU --------------------------------------------
     if "cold" not in skip:
         cold = daemon("Cold", ["--no-templates"])
@@ -388,6 +407,7 @@ def main():
     print("ratios (p50):")
     ratio("cli pool hit", "runsc true", "cli pool hit / runsc true")
     ratio("clone", "runsc true (clone runs)", "clone / runsc true")
+    ratio("networked pool hit", "runsc true", "networked pool hit / runsc true")
     ratio("exec true (same sb)", "guest spawn", "exec true / guest spawn")
     ratio("debian python run", "runsc python", "debian python / runsc python")
     print(f"  cli misses (not counted): {len(R.get('cli misses', []))}; failures: {fails}")

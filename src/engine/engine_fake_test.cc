@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cstring>
 #include <fstream>
+#include <sstream>
 #include <thread>
 
 #include "engine/engine_fake_test_support.h"
@@ -370,6 +371,105 @@ TEST_F(EngineFake, PoolHandsOutAWarmMember) {
   EXPECT_EQ(sh(engine, sb.id, "echo pooled"), "pooled\n");
   testing::destroy_wait(engine, sb.id);
   engine.set_pool("minimal", 0);
+}
+
+// Warm-up (ImageConfig::warmup): a member runs its image's declared
+// commands, in order, before it is ready; each is journaled as
+// `pool_warmup`, and between the member's `pooled` and the hand-out's
+// `created` nothing else ran in it. An exec by a member's id before its
+// hand-out is refused (members are not in `live`).
+TEST_F(EngineFake, PoolMemberRunsTheImageWarmupInOrderBeforeItIsReady) {
+  // An installed image "warm": minimal's files, plus a warm-up list.
+  std::string ver;
+  {
+    Engine probe(cfg_);
+    ver = probe.inspect_image("minimal")["version"];
+  }
+  fs::path src = cfg_.image_dir / "minimal" / ver;
+  fs::path imgs = data_ / "images";
+  fs::create_directories(imgs / "warm" / "v1");
+  for (const char* f : {"vmlinuz", "initrd.img", "rootfs.ext4"})
+    fs::create_symlink(src / f, imgs / "warm" / "v1" / f);
+  std::ifstream in(src / "image.json");
+  auto meta = nlohmann::json::parse(in);
+  meta["kind"] = "installed";
+  meta["source"] = "test";
+  const std::vector<std::string> warmup = {"test ! -e /nonexistent-a", "echo warm > /dev/null"};
+  meta["config"] = {{"warmup", warmup}};
+  std::ofstream(imgs / "warm" / "v1" / "image.json") << meta.dump();
+  fs::create_symlink("v1", imgs / "warm" / "current");
+  cfg_.image_dir = imgs;
+
+  Engine engine(cfg_);
+  engine.set_pool("warm", 1);
+  ASSERT_TRUE(eventually([&] { return engine.pool_info()[0]["ready"] == 1; }, 30s));
+  std::string member = engine.pool_info()[0]["members"][0];
+  try {
+    sh(engine, member, "true");
+    ADD_FAILURE() << "an exec reached a pool member before its hand-out";
+  } catch (const Error& e) {
+    EXPECT_NE(e.code(), Errc::internal) << e.what();
+  }
+  SandboxInfo sb = engine.create({.image = "warm"});
+  ASSERT_EQ(sb.start, "pool");
+  ASSERT_EQ(sb.id, member);
+  std::vector<std::string> kinds;
+  std::vector<nlohmann::json> warm;
+  for (auto& r : engine.audit(sb.id)) {
+    kinds.push_back(r["event"]);
+    if (r["event"] == "pool_warmup") warm.push_back(r);
+  }
+  auto pooled = std::find(kinds.begin(), kinds.end(), "pooled");
+  auto created = std::find(kinds.begin(), kinds.end(), "created");
+  ASSERT_NE(pooled, kinds.end());
+  ASSERT_NE(created, kinds.end());
+  for (auto it = pooled + 1; it != created; ++it) EXPECT_EQ(*it, "pool_warmup");
+  ASSERT_EQ(warm.size(), warmup.size());
+  for (size_t i = 0; i < warmup.size(); ++i) {
+    EXPECT_EQ(warm[i]["argv"], nlohmann::json({"sh", "-c", warmup[i]})) << i;
+    EXPECT_EQ(warm[i]["exit_code"], 0) << i;
+  }
+  EXPECT_EQ(sh(engine, sb.id, "echo mine"), "mine\n");
+  engine.set_pool("warm", 0);
+  testing::destroy_wait(engine, sb.id);
+}
+
+// A member whose warm-up fails is never made ready.
+TEST_F(EngineFake, PoolMemberWhoseWarmupFailsIsNeverReady) {
+  std::string ver;
+  {
+    Engine probe(cfg_);
+    ver = probe.inspect_image("minimal")["version"];
+  }
+  fs::path src = cfg_.image_dir / "minimal" / ver;
+  fs::path imgs = data_ / "images";
+  fs::create_directories(imgs / "warm" / "v1");
+  for (const char* f : {"vmlinuz", "initrd.img", "rootfs.ext4"})
+    fs::create_symlink(src / f, imgs / "warm" / "v1" / f);
+  std::ifstream in(src / "image.json");
+  auto meta = nlohmann::json::parse(in);
+  meta["kind"] = "installed";
+  meta["config"] = {{"warmup", {"exit 3"}}};
+  std::ofstream(imgs / "warm" / "v1" / "image.json") << meta.dump();
+  fs::create_symlink("v1", imgs / "warm" / "current");
+  cfg_.image_dir = imgs;
+  Engine engine(cfg_);
+  engine.set_pool("warm", 1);
+  // The first attempt ends (its member deleted, reason said) without a ready member.
+  ASSERT_TRUE(eventually(
+      [&] {
+        std::error_code ec;
+        for (auto& e : fs::directory_iterator(data_ / "audit", ec)) {
+          std::ifstream j(e.path());
+          std::stringstream ss;
+          ss << j.rdbuf();
+          if (ss.str().find("\"warm-up failed\"") != std::string::npos) return true;
+        }
+        return false;
+      },
+      30s));
+  EXPECT_EQ(engine.pool_info()[0]["ready"], 0);
+  engine.set_pool("warm", 0);
 }
 
 }  // namespace

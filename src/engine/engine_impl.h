@@ -25,8 +25,8 @@
 #include "engine/sandbox.h"
 #include "engine/snapshots/snapshot_store.h"
 #include "engine/storage/image_store.h"
-#include "engine/trace.h"
 #include "engine/templates/template_store.h"
+#include "engine/trace.h"
 #include "engine/vmm/accel.h"
 #include "engine/vmm/sealed_ram.h"
 #include "engine/vmm/vm.h"
@@ -81,6 +81,9 @@ class ActivityGuard {
 nlohmann::json normalize_network(const nlohmann::json& policy);
 // True if `policy` (normalised) gives the VM a NIC (mode != none).
 bool network_enabled(const nlohmann::json& policy);
+// Runs an image's warm-up commands on a guest channel (engine_pool.cc).
+nlohmann::json run_warmup(channel::GuestChannel& ch, const std::vector<std::string>& commands,
+                          const std::string& who);
 // The airlock-net binary; Error(unavailable) if it cannot be found.
 std::filesystem::path net_helper_binary(const Config& cfg);
 // The sandbox's NIC MAC, derived from its id.
@@ -296,6 +299,7 @@ struct Engine::Impl {
   struct PoolSlot {
     std::string image;
     int cpus = 1, memory_mb = 256, disk_mb = 1024;
+    bool networked = false;  // members carry a NIC under deny-everything
     int target = 0;
     std::deque<std::shared_ptr<Live>> ready;
     int64_t hits = 0, misses = 0, replaced = 0, shed = 0;
@@ -305,13 +309,14 @@ struct Engine::Impl {
   std::map<std::string, PoolSlot> pool_slots;  // by image
   bool pool_stopping = false;
   std::thread pool_thread;
-  // A ready member matching `checked` (image and shape, no network), made
+  // A ready member matching `checked` (image, shape, NIC or not), made
   // the caller's: running, its spec, metadata and lifetime; nullopt if none.
   // `trace` (if any) gets the hand-out's phases.
   std::optional<SandboxInfo> take_pooled(const SandboxSpec& checked, Trace* trace = nullptr);
   void pool_loop();
-  // Runs `true` once in a new member (engine_pool.cc: why). Never throws.
-  void warm_up(Live& sb);
+  // Runs the image's warm-up commands (or `true`) in a new member and
+  // records them (engine_pool.cc: why). False if one failed. Never throws.
+  bool warm_up(Live& sb, const std::vector<std::string>& commands);
   // Kills every pool member (engine shutdown). Never throws.
   void drain_pool();
 
