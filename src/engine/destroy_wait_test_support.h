@@ -13,12 +13,17 @@
 namespace airlock::engine::testing {
 
 // destroy(id) (its errors propagate as they are), then waits up to 60 s for
-// the sandbox to reach a terminal state.
+// the teardown to complete: the journal's `deleted` record, written after
+// the VM, helper and files are gone. (get() shows `deleted` from the
+// moment destroy() returns, so it cannot tell.)
 inline void destroy_wait(Engine& engine, const std::string& id) {
   engine.destroy(id);
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  while (!is_terminal(engine.get(id).state) && std::chrono::steady_clock::now() < deadline)
+  while (std::chrono::steady_clock::now() < deadline) {
+    auto recs = engine.audit(id);
+    if (!recs.empty() && recs.back().value("event", "") == "deleted") return;
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
 }
 
 }  // namespace airlock::engine::testing

@@ -220,6 +220,12 @@ void Engine::Impl::finish_stop(Live& sb, State state, const std::string& reason,
     spdlog::error("sandbox {}: removing {} failed: {}", id, sb.run_dir().string(), ec.message());
   fs::remove_all(paused_dir(id), ec);  // a paused sandbox's saved VM
   if (!sb.rec.info.spec.from.empty()) release_internal_snapshot(sb.rec.info.spec.from, id);
+  {
+    // Its disk is gone: the admission goes before the record that says the
+    // teardown is complete (a background delete's end, engine_reclaim.cc).
+    std::lock_guard lock(admit_mu);
+    admitted_disk_mb.erase(id);
+  }
   try {
     sb.transition(State::stopping, state,
                   {.reason = reason, .failure = failure, .event = event, .details = details});
@@ -236,8 +242,6 @@ void Engine::Impl::finish_stop(Live& sb, State state, const std::string& reason,
     auto it = live.find(id);
     if (it != live.end() && it->second.get() == &sb) live.erase(it);
   }
-  std::lock_guard lock(admit_mu);
-  admitted_disk_mb.erase(id);
 }
 
 void Engine::Impl::reaper_loop() {

@@ -224,6 +224,10 @@ struct Engine::Impl {
   // rest (finish_stop to `deleted`) on the reclaim thread. Never throws.
   bool teardown_async(const std::shared_ptr<Live>& sb, const std::string& reason);
   void reclaim_loop();
+  // Synchronous teardown to `deleted` of a live sandbox (an engine-internal
+  // undo that must be complete when it returns, e.g. a failed fork's
+  // members); nothing if it is not live.
+  void destroy_now(const std::string& id, const std::string& reason);
   // Finishes every queued teardown and stops the thread (engine shutdown).
   void drain_reclaim();
   std::mutex reclaim_mu;  // reclaim_queue, reclaim_stopping, reclaim_thread

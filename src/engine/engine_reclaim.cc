@@ -17,6 +17,8 @@
 namespace airlock::engine {
 
 bool Engine::Impl::teardown_async(const std::shared_ptr<Live>& sb, const std::string& reason) {
+  // Never under a running pause/resume/snapshot (as teardown): wait for it.
+  std::unique_lock op(sb->op_mu);
   try {
     if (!sb->transition_any(State::stopping, {.reason = reason})) return false;
   } catch (const Error& e) {
@@ -27,6 +29,7 @@ bool Engine::Impl::teardown_async(const std::shared_ptr<Live>& sb, const std::st
   }
   // Every call waiting on the guest fails now, not when the VM is killed.
   if (sb->channel) sb->channel->close("sandbox " + sb->id() + " is being stopped: " + reason);
+  op.unlock();
   {
     std::lock_guard lock(reclaim_mu);
     deleting.insert(sb->id());
@@ -58,6 +61,16 @@ bool Engine::Impl::deleted_view(SandboxInfo& info) {
   info.state = State::deleted;
   info.pid = 0;
   return true;
+}
+
+void Engine::Impl::destroy_now(const std::string& id, const std::string& reason) {
+  std::shared_ptr<Live> sb;
+  {
+    std::lock_guard lock(mu);
+    auto it = live.find(id);
+    if (it != live.end()) sb = it->second;
+  }
+  if (sb) teardown(*sb, State::deleted, reason, "deleted");
 }
 
 void Engine::Impl::drain_reclaim() {
