@@ -1,30 +1,52 @@
 #!/usr/bin/env python3
-"""Start-up benchmark (issue 3): how fast a sandbox is ready to run code.
+"""Start-up and answer-time benchmark (issues 3 and 13): how fast a sandbox is
+ready to run code, answers an exec and goes away, against gVisor in the same
+run.
 
-One run, one machine, side by side (minimal image, 1 vCPU, 256 MiB):
-  cold     create -> first exec result of `true`, daemon with --no-templates
-  clone    the same, daemon with templates (the shape's template built first)
-  pool     the same, daemon with --pool minimal=N, counting pool hits only
-  runsc    `runsc --network=none do true` (gVisor; Debian package runsc)
-  qemu     plain QEMU cold boot of the same kernel/initrd/rootfs to the
-           agent's ready line (no daemon)
-Then, on the template daemon: 50 concurrent creates (p50/p99, failures), the
-sustained create+destroy rate, and memory per idle sandbox (PSS of every QEMU,
-which counts pages of the shared template RAM file once in total) with
---idle sandboxes alive at once. --cycles N runs N create/exec/destroy cycles
-and checks that nothing is left behind.
+Peers and airlock paths are interleaved run by run (the host's load moves
+both alike); every figure is a median (p50) with p90/p99, and ratios are
+taken inside the run. Minimal image, 1 vCPU, 256 MiB unless said otherwise.
 
-Usage: sudo python3 bench/start.py [--runs 50] [--concurrent 50] [--idle 100] [--cycles 0]
+  runsc true     `runsc --network=none do true` (gVisor, Debian package runsc)
+  runsc python   `runsc --network=none do python3 -c 'print(1)'`
+  cli pool hit   `airlock run -- true`, whole CLI process, pool hits only
+  create (pool)  POST /v1/sandboxes answered from the pool (client-timed over
+                 the unix socket, and the engine's own share from its trace)
+  exec true      POST .../exec of `true` in a warm sandbox, round trip
+  guest spawn    the guest's own fork+exec+wait of the same /bin/true, timed
+                 inside the same sandbox (a loop of N spawns minus a loop of N
+                 shell built-ins, divided by N)
+  delete         DELETE /v1/sandboxes/{id} until the answer
+  cli overhead   `airlock ls` against a stand-in socket server: process start
+                 to first byte on the socket, and last byte sent to exit
+  networked      `airlock run --network allowlist --allow 198.51.100.1/32 -- true`
+                 (clone; and "networked pool hit": a pool of members with a NIC)
+  clone          create -> exec result, daemon with templates and no pool
+  cold           the same, daemon with --no-templates (plus plain QEMU boot)
+  burst          20 creates at once against a pool of 4; 50 concurrent creates
+  idle PSS       --idle N minimal sandboxes alive at once, PSS per QEMU
+  debian python  `airlock run --image debian -- python3 -c 'print(1)'` (only
+                 if the debian image is built)
+
+The daemons run with AIRLOCK_TRACE=1: the engine logs each create, exec and
+delete phase by phase (src/engine/trace.h), and the breakdown printed at the
+end is the median of each phase.
+
+Usage: sudo AIRLOCK_IMAGE_DIR=... python3 bench/start.py [--runs 30] [--py-runs 5]
+           [--cold-runs 5] [--idle 0] [--skip cold,clone,burst,...]
 """
 
 import argparse
 import concurrent.futures
-import json
 import os
+import re
 import shutil
+import socket
 import statistics
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -34,6 +56,8 @@ import harness  # noqa: E402
 from sandbox_bench import raw_qemu_boot  # noqa: E402
 
 SPEC = {"image": "minimal", "cpus": 1, "memory_mb": 256}
+CLI = os.path.join(harness.BIN, "airlock")
+SPAWNS = 100
 
 
 def pct(values, p):
@@ -41,217 +65,358 @@ def pct(values, p):
     return s[min(len(s) - 1, int(round(p / 100 * (len(s) - 1))))] if s else float("nan")
 
 
-def line(name, values):
-    return (f"{name:<28} p50 {pct(values, 50):8.1f} ms  p90 {pct(values, 90):8.1f} ms  "
-            f"p99 {pct(values, 99):8.1f} ms  n={len(values)}")
+def line(name, values, unit="ms"):
+    return (f"  {name:<34} p50 {pct(values, 50):9.2f} {unit}  p90 {pct(values, 90):9.2f}  "
+            f"p99 {pct(values, 99):9.2f}  n={len(values)}")
 
 
-def daemon(name, args):
+def load():
+    return "load average " + " ".join(open("/proc/loadavg").read().split()[:3])
+
+
+def ms_since(t0):
+    return (time.monotonic() - t0) * 1000
+
+
+def daemon(name, args, env=None):
     cls = type(name, (harness.DaemonTestCase,), {"daemon_args": args})
-    cls.setUpClass()
+    old = dict(os.environ)
+    os.environ.update(env or {})
+    os.environ["AIRLOCK_TRACE"] = "1"
+    try:
+        cls.setUpClass()
+    finally:
+        os.environ.clear()
+        os.environ.update(old)
     return cls
 
 
-def create_exec(api):
-    """ms from create to the exec result of `true`; the sandbox's start kind."""
+def traces(d):
+    """{op: [{phase: us}]} from the daemon's trace lines (src/engine/trace.h)."""
+    out = {}
+    d.log.flush()
+    with open(os.path.join(d.tmp, "airlockd.log"), errors="replace") as f:
+        for ln in f:
+            m = re.search(r"trace (\w+) (\S+)((?: \w+=-?\d+)+)", ln)
+            if m:
+                out.setdefault(m.group(1), []).append(
+                    {k: int(v) for k, v in re.findall(r"(\w+)=(-?\d+)", m.group(3))} | {"id": m.group(2)})
+    return out
+
+
+def wait_pool(api, n, timeout=300):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if sum(s["ready"] for s in api.call("GET", "/v1/pool")) >= n:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def pool_hits(api):
+    return sum(s["hits"] for s in api.call("GET", "/v1/pool"))
+
+
+def runsc(argv):
     t0 = time.monotonic()
-    sb = api.create(**SPEC)
+    p = subprocess.run(["runsc", "--network=none", "do"] + argv, capture_output=True)
+    return ms_since(t0) if p.returncode == 0 else None
+
+
+def cli(d, args):
+    t0 = time.monotonic()
+    p = subprocess.run([CLI, "--socket", d.sock] + args, capture_output=True, text=True)
+    if p.returncode != 0:
+        raise RuntimeError(f"airlock {args}: {p.returncode} {p.stderr}")
+    return ms_since(t0), p.stdout
+
+
+def create_exec(api, spec=SPEC):
+    t0 = time.monotonic()
+    sb = api.create(**spec)
     _, _, ex = api.exec(sb["id"], argv=["true"])
-    ms = (time.monotonic() - t0) * 1000
+    ms = ms_since(t0)
     api.delete(sb["id"])
     if ex.get("exit_code") != 0:
         raise RuntimeError(f"exec failed: {ex}")
     return ms, sb["start"]
 
 
-def wait_pool(api, n, timeout=300):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        slots = api.call("GET", "/v1/pool")
-        if slots and slots[0]["ready"] >= n:
-            return True
-        time.sleep(0.2)
-    return False
+class StandIn:
+    """A unix-socket server answering one canned HTTP response per connection,
+    recording when the first request byte arrived and when the answer went."""
+
+    def __init__(self, path):
+        self.path = path
+        self.sock = socket.socket(socket.AF_UNIX)
+        self.sock.bind(path)
+        self.sock.listen(8)
+        self.first_byte = self.answered = None
+        threading.Thread(target=self.serve, daemon=True).start()
+
+    def serve(self):
+        body = b"[]"
+        while True:
+            c, _ = self.sock.accept()
+            data = c.recv(65536)
+            self.first_byte = time.monotonic()
+            while b"\r\n\r\n" not in data:
+                more = c.recv(65536)
+                if not more:
+                    break
+                data += more
+            c.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "
+                      + str(len(body)).encode() + b"\r\n\r\n" + body)
+            self.answered = time.monotonic()
+            c.close()
 
 
-def qemu_pss_kib(marker):
-    """Summed Pss and Rss (KiB) of the QEMUs whose command line names `marker`."""
-    pss = rss = n = 0
-    for pid in harness.qemu_pids_for(marker):
-        try:
-            with open(f"/proc/{pid}/smaps_rollup") as f:
-                for ln in f:
-                    if ln.startswith("Pss:"):
-                        pss += int(ln.split()[1])
-                    elif ln.startswith("Rss:"):
-                        rss += int(ln.split()[1])
-            n += 1
-        except OSError:
-            pass
-    return pss, rss, n
+def cli_overhead(runs):
+    tmp = tempfile.mkdtemp(prefix="airlock-bench-")
+    try:
+        srv = StandIn(os.path.join(tmp, "s.sock"))
+        to_first, to_exit = [], []
+        for _ in range(runs):
+            srv.first_byte = srv.answered = None
+            t0 = time.monotonic()
+            p = subprocess.run([CLI, "--socket", srv.path, "ls"], capture_output=True)
+            t1 = time.monotonic()
+            if p.returncode == 0 and srv.first_byte:
+                to_first.append((srv.first_byte - t0) * 1000)
+                to_exit.append((t1 - srv.answered) * 1000)
+        return to_first, to_exit
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def guest_spawn_us(d, sid):
+    """Per-spawn µs of /bin/true inside sandbox `sid`, from the guest's own run_us."""
+    loops = {}
+    for name, body in (("true", "/bin/true"), ("builtin", ":")):
+        script = f"i=0; while [ $i -lt {SPAWNS} ]; do {body}; i=$((i+1)); done"
+        d.api.exec(sid, argv=["sh", "-c", script])
+        loops[name] = traces(d)["exec"][-1]["run_us"]
+    return (loops["true"] - loops["builtin"]) / SPAWNS
+
+
+def phase_table(title, recs, skip=("id",)):
+    if not recs:
+        return
+    keys = [k for k in recs[0] if k not in skip]
+    print(f"  {title} (median µs per phase, n={len(recs)}): " +
+          ", ".join(f"{k} {statistics.median(r.get(k, 0) for r in recs):.0f}" for k in keys))
 
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--runs", type=int, default=50)
-    ap.add_argument("--concurrent", type=int, default=50)
-    ap.add_argument("--idle", type=int, default=100)
-    ap.add_argument("--cycles", type=int, default=0)
+    ap.add_argument("--runs", type=int, default=30)
+    ap.add_argument("--py-runs", type=int, default=5)
+    ap.add_argument("--cold-runs", type=int, default=5)
+    ap.add_argument("--net-runs", type=int, default=10)
+    ap.add_argument("--idle", type=int, default=0)
     ap.add_argument("--pool", type=int, default=2)
+    ap.add_argument("--skip", default="")
     args = ap.parse_args()
-    results = {}
-    failures = {}
+    skip = set(filter(None, args.skip.split(",")))
+    R, fails = {}, {}
+    have_runsc = shutil.which("runsc") is not None
+    if not have_runsc:
+        print("runsc not installed (apt-get install runsc): peers skipped")
+    print(f"start: {load()}", flush=True)
 
-    # --- cold boot and the plain-QEMU baseline, interleaved -----------------
-    cold = daemon("Cold", ["--no-templates"])
-    try:
-        info = cold.api.call("GET", "/v1/info")
-        print(f"accelerator={info['accelerator']} ({info['accelerator_reason']})", flush=True)
-        built = next(i for i in info["images"] if i["name"] == "minimal")
-        d = os.path.join(harness.IMAGE_DIR, "minimal", built["key"])
-        image = {"kernel": os.path.join(d, "vmlinuz"), "initrd": os.path.join(d, "initrd.img"),
-                 "rootfs": os.path.join(d, "rootfs.ext4")}
-        results["cold"], results["qemu"], failures["cold"] = [], [], 0
-        for i in range(args.runs):
-            try:
-                results["cold"].append(create_exec(cold.api)[0])
-            except Exception as e:  # counted and reported
-                failures["cold"] += 1
-                print("cold failure:", e, file=sys.stderr)
-            r = raw_qemu_boot(image)
-            if r is not None:
-                results["qemu"].append(r)
-            print(f"cold {i + 1}/{args.runs}", file=sys.stderr, flush=True)
-    finally:
-        cold.tearDownClass()
-
-    # --- runsc ---------------------------------------------------------------
-    results["runsc"] = []
-    if shutil.which("runsc"):
-        for _ in range(args.runs):
-            t0 = time.monotonic()
-            p = subprocess.run(["runsc", "--network=none", "do", "true"], capture_output=True)
-            if p.returncode == 0:
-                results["runsc"].append((time.monotonic() - t0) * 1000)
-    else:
-        print("runsc not installed (apt-get install runsc): peer skipped", flush=True)
-
-    # --- clones, concurrency, rate, memory ----------------------------------
-    warm = daemon("Warm", [])
-    try:
-        warm.api.create(**SPEC)  # builds the shape's template
-        for sb in warm.api.call("GET", "/v1/sandboxes"):
-            warm.api.delete(sb["id"])
-        results["clone"], failures["clone"], kinds = [], 0, set()
-        for i in range(args.runs):
-            try:
-                ms, kind = create_exec(warm.api)
-                results["clone"].append(ms)
-                kinds.add(kind)
-            except Exception as e:
-                failures["clone"] += 1
-                print("clone failure:", e, file=sys.stderr)
-        print(f"clone runs started as {sorted(kinds)}", flush=True)
-
-        def one_create(_):
-            t0 = time.monotonic()
-            sb = warm.api.create(**SPEC)
-            return (time.monotonic() - t0) * 1000, sb["id"]
-
-        conc, ids, conc_fail = [], [], 0
-        with concurrent.futures.ThreadPoolExecutor(args.concurrent) as ex:
-            for fut in [ex.submit(one_create, i) for i in range(args.concurrent)]:
-                try:
-                    ms, sid = fut.result()
-                    conc.append(ms)
-                    ids.append(sid)
-                except Exception as e:
-                    conc_fail += 1
-                    print("concurrent failure:", e, file=sys.stderr)
-        for sid in ids:
-            warm.api.delete(sid)
-        results["concurrent"], failures["concurrent"] = conc, conc_fail
-
-        t0, n = time.monotonic(), 0
-        while time.monotonic() - t0 < 30:
-            sb = warm.api.create(**SPEC)
-            warm.api.delete(sb["id"])
-            n += 1
-        rate = n / (time.monotonic() - t0)
-
-        idle_ids, idle_fail = [], 0
-        for _ in range(args.idle):
-            try:
-                idle_ids.append(warm.api.create(**SPEC, timeout=3600)["id"])
-            except Exception as e:
-                idle_fail += 1
-                print("idle create failure:", e, file=sys.stderr)
-        time.sleep(10)  # settle: idle guests
-        pss, rss, nq = qemu_pss_kib(warm.data_dir)
-        alive = sum(1 for sid in idle_ids if warm.api.exec(sid, argv=["true"])[2]["exit_code"] == 0)
-        for sid in idle_ids:
-            warm.api.delete(sid)
-
-        cycles_fail = 0
-        for i in range(args.cycles):
-            try:
-                sid = warm.api.create(**SPEC)["id"]
-                if warm.api.exec(sid, argv=["true"])[2]["exit_code"] != 0:
-                    cycles_fail += 1
-                warm.api.delete(sid)
-            except Exception as e:
-                cycles_fail += 1
-                print("cycle failure:", e, file=sys.stderr)
-        leftovers = harness.qemu_pids_for(os.path.join(warm.data_dir, "sandboxes"))
-        run_dirs = os.listdir(os.path.join(warm.data_dir, "sandboxes"))
-    finally:
-        warm.tearDownClass()
-
-    # --- pool hits -----------------------------------------------------------
+    # --- pool hits, interleaved with runsc ----------------------------------
     pooled = daemon("Pooled", ["--pool", f"minimal={args.pool}"])
     try:
-        results["pool"], failures["pool"], misses = [], 0, 0
-        for _ in range(args.runs):
-            if not wait_pool(pooled.api, 1):
-                failures["pool"] += 1
-                continue
-            try:
-                ms, kind = create_exec(pooled.api)
-                if kind == "pool":
-                    results["pool"].append(ms)
-                else:
-                    misses += 1
-            except Exception as e:
-                failures["pool"] += 1
-                print("pool failure:", e, file=sys.stderr)
+        info = pooled.api.call("GET", "/v1/info")
+        print(f"accelerator={info['accelerator']} ({info['accelerator_reason']})", flush=True)
+        for k in ("runsc true", "runsc python", "cli pool hit", "create (pool)", "exec true",
+                  "delete", "cli misses"):
+            R[k] = []
+        for i in range(args.runs):
+            if have_runsc:
+                ms = runsc(["true"])
+                if ms:
+                    R["runsc true"].append(ms)
+                if i < args.py_runs:
+                    ms = runsc(["python3", "-c", "print(1)"])
+                    if ms:
+                        R["runsc python"].append(ms)
+            wait_pool(pooled.api, 1)
+            h0 = pool_hits(pooled.api)
+            ms, _ = cli(pooled, ["run", "--", "true"])
+            (R["cli pool hit"] if pool_hits(pooled.api) > h0 else R["cli misses"]).append(ms)
+            wait_pool(pooled.api, 1)
+            t0 = time.monotonic()
+            sb = pooled.api.create(**SPEC)
+            ms = ms_since(t0)
+            if sb["start"] == "pool":
+                R["create (pool)"].append(ms)
+            for _ in range(3):
+                t0 = time.monotonic()
+                pooled.api.exec(sb["id"], argv=["true"])
+                R["exec true"].append(ms_since(t0))
+            t0 = time.monotonic()
+            pooled.api.delete(sb["id"])
+            R["delete"].append(ms_since(t0))
+            print(f"pool {i + 1}/{args.runs}", file=sys.stderr, flush=True)
+        # The guest's own spawn cost, in one warm sandbox, next to its execs.
+        wait_pool(pooled.api, 1)
+        sb = pooled.api.create(**SPEC)
+        R["exec true (same sb)"], R["guest spawn"] = [], []
+        for _ in range(5):
+            for _ in range(5):
+                t0 = time.monotonic()
+                pooled.api.exec(sb["id"], argv=["true"])
+                R["exec true (same sb)"].append(ms_since(t0))
+            R["guest spawn"].append(guest_spawn_us(pooled, sb["id"]) / 1000)
+        pooled.api.delete(sb["id"])
+        T_pool = traces(pooled)
     finally:
         pooled.tearDownClass()
+    print(f"after pool runs: {load()}", flush=True)
 
+    R["cli to socket"], R["cli exit"] = cli_overhead(args.runs)
+
+    # --- clone and networked runs, interleaved with runsc --------------------
+    if not {"clone", "net"} <= skip:
+        warm = daemon("Warm", [])
+        try:
+            warm.api.delete(warm.api.create(**SPEC)["id"])  # builds the shape's template
+            R["clone"], R["runsc true (clone runs)"], R["networked run"] = [], [], []
+            for i in range(args.runs if "clone" not in skip else 0):
+                if have_runsc and (ms := runsc(["true"])):
+                    R["runsc true (clone runs)"].append(ms)
+                R["clone"].append(create_exec(warm.api)[0])
+            for i in range(args.net_runs if "net" not in skip else 0):
+                R["networked run"].append(cli(warm, ["run", "--network", "allowlist", "--allow",
+                                                     "198.51.100.1/32", "--", "true"])[0])
+        finally:
+            warm.tearDownClass()
+        print(f"after clone runs: {load()}", flush=True)
+
+    # --- networked pool hits (members with a NIC under deny-everything) -----
+    if "netpool" not in skip:
+        npool = daemon("NetPool", [])
+        try:
+            npool.api.call("PUT", "/v1/pool", {"image": "minimal", "size": args.pool,
+                                               "network": True})
+            R["networked pool hit"], R["networked misses"] = [], []
+            for i in range(args.net_runs):
+                wait_pool(npool.api, 1)
+                h0 = pool_hits(npool.api)
+                ms, _ = cli(npool, ["run", "--network", "allowlist", "--allow",
+                                    "198.51.100.1/32", "--", "true"])
+                (R["networked pool hit"] if pool_hits(npool.api) > h0
+                 else R["networked misses"]).append(ms)
+        finally:
+            npool.tearDownClass()
+        print(f"after networked pool runs: {load()}", flush=True)
+
+    # --- cold boot and plain QEMU --------------------------------------------
+    if "cold" not in skip:
+        cold = daemon("Cold", ["--no-templates"])
+        try:
+            built = next(i for i in cold.api.call("GET", "/v1/info")["images"] if i["name"] == "minimal")
+            dd = os.path.join(harness.IMAGE_DIR, "minimal", built["key"])
+            image = {"kernel": os.path.join(dd, "vmlinuz"), "initrd": os.path.join(dd, "initrd.img"),
+                     "rootfs": os.path.join(dd, "rootfs.ext4")}
+            R["cold"], R["plain qemu boot"] = [], []
+            for _ in range(args.cold_runs):
+                R["cold"].append(create_exec(cold.api)[0])
+                if (r := raw_qemu_boot(image)) is not None:
+                    R["plain qemu boot"].append(r)
+        finally:
+            cold.tearDownClass()
+
+    # --- burst against a pool of 4, 50 concurrent ---------------------------
+    if "burst" not in skip:
+        b = daemon("Burst", ["--pool", "minimal=4"])
+        try:
+            def one(_):
+                t0 = time.monotonic()
+                sb = b.api.create(**SPEC)
+                return ms_since(t0), sb
+            for name, n in (("burst 20 vs pool 4", 20), ("50 concurrent", 50)):
+                wait_pool(b.api, 4)
+                R[name], fails[name], kinds = [], 0, {}
+                with concurrent.futures.ThreadPoolExecutor(n) as ex:
+                    for fut in [ex.submit(one, i) for i in range(n)]:
+                        try:
+                            ms, sb = fut.result()
+                            R[name].append(ms)
+                            kinds[sb["start"]] = kinds.get(sb["start"], 0) + 1
+                            b.api.delete(sb["id"])
+                        except Exception as e:
+                            fails[name] += 1
+                            print(f"{name} failure: {e}", file=sys.stderr)
+                print(f"{name}: starts {kinds}, failures {fails[name]}", flush=True)
+        finally:
+            b.tearDownClass()
+
+    # --- idle PSS -------------------------------------------------------------
+    pss_line = None
+    if args.idle:
+        w = daemon("Idle", [])
+        try:
+            ids = [w.api.create(**SPEC, timeout=3600)["id"] for _ in range(args.idle)]
+            time.sleep(10)
+            pss = rss = nq = 0
+            for pid in harness.qemu_pids_for(w.data_dir):
+                with open(f"/proc/{pid}/smaps_rollup") as f:
+                    for ln in f:
+                        if ln.startswith("Pss:"):
+                            pss += int(ln.split()[1])
+                        elif ln.startswith("Rss:"):
+                            rss += int(ln.split()[1])
+                nq += 1
+            alive = sum(1 for s in ids if w.api.exec(s, argv=["true"])[2]["exit_code"] == 0)
+            for s in ids:
+                w.api.delete(s)
+            pss_line = (f"  idle sandboxes alive {alive}/{args.idle}: PSS per QEMU "
+                        f"{pss / max(nq, 1) / 1024:.1f} MiB (RSS {rss / max(nq, 1) / 1024:.1f} MiB, n={nq})")
+        finally:
+            w.tearDownClass()
+
+    # --- debian python ----------------------------------------------------------
+    if "debian" not in skip:
+        d = daemon("Debian", ["--pool", "debian=1"])
+        try:
+            if any(i["name"] == "debian" for i in d.api.call("GET", "/v1/info")["images"]):
+                R["debian python run"] = []
+                for _ in range(args.py_runs):
+                    wait_pool(d.api, 1, timeout=900)
+                    R["debian python run"].append(
+                        cli(d, ["run", "--image", "debian", "--", "python3", "-c", "print(1)"])[0])
+            else:
+                print("debian image not built: debian python skipped")
+        finally:
+            d.tearDownClass()
+
+    print(f"end: {load()}")
     print()
-    print("create -> first exec result of `true` (minimal image, 1 vCPU, 256 MiB):")
-    for k, label in [("pool", "pool hit"), ("clone", "template clone"), ("cold", "cold boot"),
-                     ("runsc", "peer: runsc do true"), ("qemu", "peer: plain QEMU boot")]:
-        print(line(label, results[k]))
-    med = {k: statistics.median(v) for k, v in results.items() if v}
-    if "runsc" in med and "clone" in med:
-        print(f"{'clone / runsc (p50)':<28} {med['clone'] / med['runsc']:.2f}x")
-    if "cold" in med and "clone" in med:
-        print(f"{'cold / clone (p50)':<28} {med['cold'] / med['clone']:.1f}x")
-    if "pool" in med and "runsc" in med:
-        print(f"{'pool / runsc (p50)':<28} {med['pool'] / med['runsc']:.2f}x")
-    print(f"{'pool misses (not counted)':<28} {misses}")
-    print(line(f"{args.concurrent} concurrent creates", results["concurrent"]) +
-          f"  failures={failures['concurrent']}")
-    print(f"{'sustained create+destroy':<28} {rate:.2f} /s (one client, 30 s)")
-    if nq:
-        print(f"{'idle sandboxes alive':<28} {alive}/{args.idle} (create failures {idle_fail})")
-        print(f"{'PSS per idle QEMU':<28} {pss / nq / 1024:.1f} MiB  (RSS {rss / nq / 1024:.1f} MiB, n={nq})")
-    if args.cycles:
-        print(f"{'create/exec/destroy cycles':<28} {args.cycles}, failures {cycles_fail}, "
-              f"leftover QEMUs {len(leftovers)}, leftover run dirs {len(run_dirs)}")
-    print(f"failures: {failures}")
-    print(json.dumps({k: v for k, v in results.items()}), file=sys.stderr)
-    return 1 if any(failures.values()) or idle_fail else 0
+    for k, v in R.items():
+        if v:
+            print(line(k, v))
+    if pss_line:
+        print(pss_line)
+    med = {k: statistics.median(v) for k, v in R.items() if v}
+
+    def ratio(a, b, label):
+        if a in med and b in med:
+            print(f"  {label:<34} {med[a] / med[b]:.2f}x")
+    print("ratios (p50):")
+    ratio("cli pool hit", "runsc true", "cli pool hit / runsc true")
+    ratio("clone", "runsc true (clone runs)", "clone / runsc true")
+    ratio("networked pool hit", "runsc true", "networked pool hit / runsc true")
+    ratio("exec true (same sb)", "guest spawn", "exec true / guest spawn")
+    ratio("debian python run", "runsc python", "debian python / runsc python")
+    print(f"  cli misses (not counted): {len(R.get('cli misses', []))}; failures: {fails}")
+    print("breakdown (engine trace, AIRLOCK_TRACE=1):")
+    pool_creates = [t for t in T_pool.get("create", []) if "take" in t]
+    phase_table("pool-hit create", pool_creates)
+    phase_table("exec", T_pool.get("exec", []))
+    phase_table("delete", T_pool.get("delete", []))
+    return 1 if any(fails.values()) else 0
 
 
 if __name__ == "__main__":

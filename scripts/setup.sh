@@ -15,7 +15,9 @@ PACKAGES="
   iproute2 procps curl dpkg-dev
   nodejs tmux
   prometheus
+  runsc
 "
+# runsc: gVisor, the peer bench/start.py measures against in the same run.
 # libext2fs-dev: airlock diff reads the guest's ext4 disk layers on the host.
 # libtomlplusplus-dev: parses image recipes (airlock.toml, src/engine/recipes).
 # prometheus: its promtool checks every /metrics scrape in test_metrics.py.

@@ -358,6 +358,10 @@ int main_impl(int argc, char** argv) {
   pool->add_option("--cpus", pool_cpus, "members' vCPUs (default 1)");
   pool->add_option("--memory", pool_memory, "members' RAM in MiB (default 256)");
   pool->add_option("--disk", pool_disk, "members' disk in MiB (default 1024)");
+  bool pool_network = false;
+  pool->add_flag("--network", pool_network,
+                 "members carry a NIC under deny-everything and serve creates with a network "
+                 "policy (run --network ...), which they get at hand-out");
   pool->add_flag("--json", json_out, "print JSON");
 
   auto* info = app.add_subcommand("info", "daemon and host facts");
@@ -737,6 +741,7 @@ int main_impl(int argc, char** argv) {
       if (pool_cpus) body["cpus"] = *pool_cpus;
       if (pool_memory) body["memory_mb"] = *pool_memory;
       if (pool_disk) body["disk_mb"] = *pool_disk;
+      if (pool_network) body["network"] = true;
       answer = c.call("PUT", "/v1/pool", body);
     } else {
       answer = c.call("GET", "/v1/pool");

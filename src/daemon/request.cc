@@ -201,7 +201,7 @@ int parse_timeout(std::string_view body) {
 
 PoolRequest parse_pool(std::string_view body) {
   json j = parse_object(body);
-  reject_unknown(j, {"image", "size", "cpus", "memory_mb", "disk_mb"});
+  reject_unknown(j, {"image", "size", "cpus", "memory_mb", "disk_mb", "network"});
   PoolRequest r;
   if (!j.contains("image") || !j["image"].is_string() || j["image"].get<std::string>().empty())
     bad("image must be a non-empty string", "image");
@@ -213,6 +213,11 @@ PoolRequest parse_pool(std::string_view body) {
     if (!j.contains(k)) continue;
     if (!j[k].is_number_integer()) bad(std::string(k) + " must be an integer", k);
     r.shape[k] = j[k];
+  }
+  // Members with a NIC under deny-everything, serving networked creates.
+  if (j.contains("network")) {
+    if (!j["network"].is_boolean()) bad("network must be true or false", "network");
+    r.shape["network"] = j["network"];
   }
   return r;
 }

@@ -220,6 +220,12 @@ void Engine::Impl::finish_stop(Live& sb, State state, const std::string& reason,
     spdlog::error("sandbox {}: removing {} failed: {}", id, sb.run_dir().string(), ec.message());
   fs::remove_all(paused_dir(id), ec);  // a paused sandbox's saved VM
   if (!sb.rec.info.spec.from.empty()) release_internal_snapshot(sb.rec.info.spec.from, id);
+  {
+    // Its disk is gone: the admission goes before the record that says the
+    // teardown is complete (a background delete's end, engine_reclaim.cc).
+    std::lock_guard lock(admit_mu);
+    admitted_disk_mb.erase(id);
+  }
   try {
     sb.transition(State::stopping, state,
                   {.reason = reason, .failure = failure, .event = event, .details = details});
@@ -236,8 +242,6 @@ void Engine::Impl::finish_stop(Live& sb, State state, const std::string& reason,
     auto it = live.find(id);
     if (it != live.end() && it->second.get() == &sb) live.erase(it);
   }
-  std::lock_guard lock(admit_mu);
-  admitted_disk_mb.erase(id);
 }
 
 void Engine::Impl::reaper_loop() {
@@ -538,6 +542,8 @@ Engine::~Engine() {
   if (impl_->pool_thread.joinable()) impl_->pool_thread.join();
   // Pool members are nobody's sandboxes yet: they do not outlive the engine.
   impl_->drain_pool();
+  // Deletes already answered finish before the engine goes.
+  impl_->drain_reclaim();
   {
     std::lock_guard lock(impl_->mu);
     impl_->stopping = true;
@@ -557,6 +563,7 @@ std::vector<SandboxInfo> Engine::list(const std::map<std::string, std::string>& 
   std::vector<SandboxInfo> out;
   for (auto& rec : impl_->registry.list(all)) {
     if (rec.info.spec.metadata.count(kPoolMarker)) continue;  // not handed out: nobody's
+    if (impl_->deleted_view(rec.info) && !all) continue;
     bool match = true;
     for (const auto& [k, v] : filter) {
       auto it = rec.info.spec.metadata.find(k);
@@ -570,6 +577,7 @@ std::vector<SandboxInfo> Engine::list(const std::map<std::string, std::string>& 
 SandboxInfo Engine::get(const std::string& id) {
   auto rec = impl_->registry.get(id);
   if (!rec) throw Error(Errc::not_found, "no sandbox " + id, "id");
+  impl_->deleted_view(rec->info);
   return rec->info;
 }
 

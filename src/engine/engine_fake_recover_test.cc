@@ -84,12 +84,58 @@ TEST_F(EngineFakeRecover, ExecOfADeadDaemonIsDetachedThenClosedOnce) {
   }  // a second restart: still open, nothing written
   Engine engine(cfg_);
   EXPECT_TRUE(ends(engine, exec_id).empty());
-  engine.destroy(id);
+  testing::destroy_wait(engine, id);
   auto recs = ends(engine, exec_id);
   ASSERT_EQ(recs.size(), 1u);
   EXPECT_EQ(recs[0]["reason"], "interrupted");
   EXPECT_EQ(recs[0]["interrupted"], true);
   EXPECT_EQ(fake_vms(), 0u);
+}
+
+// A daemon that dies with deletes answered but their teardowns queued
+// (engine_reclaim.cc): each row already says `stopping` (written before
+// destroy() returns), so the next daemon finishes every one: no VM, no run
+// dir, state `deleted` and exactly one `deleted` record each.
+TEST_F(EngineFakeRecover, CrashDuringBackgroundTeardownLeavesNothing) {
+  constexpr int kN = 5;
+  int ids[2];
+  ASSERT_EQ(::pipe(ids), 0);
+  pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    try {
+      Engine engine(cfg_);
+      std::vector<std::string> made;
+      for (int i = 0; i < kN; ++i) made.push_back(engine.create({.image = "minimal"}).id);
+      std::string lines;
+      for (auto& id : made) {
+        engine.destroy(id);  // answered: `stopping`, teardown queued
+        lines += id + "\n";
+      }
+      (void)!::write(ids[1], lines.data(), lines.size());
+    } catch (...) {
+    }
+    ::_exit(0);  // the crash: no destructor, the reclaim queue is abandoned
+  }
+  ::close(ids[1]);
+  std::string got;
+  char buf[512];
+  for (ssize_t n; (n = ::read(ids[0], buf, sizeof buf)) > 0;) got.append(buf, n);
+  ::close(ids[0]);
+  ::waitpid(child, nullptr, 0);
+  std::vector<std::string> made;
+  std::istringstream in(got);
+  for (std::string id; std::getline(in, id);) made.push_back(id);
+  ASSERT_EQ(made.size(), static_cast<size_t>(kN));
+  Engine engine(cfg_);  // the restarted daemon
+  for (auto& id : made) {
+    EXPECT_EQ(engine.get(id).state, State::deleted) << id;
+    int deleted = 0;
+    for (auto& r : engine.audit(id)) deleted += r["event"] == "deleted";
+    EXPECT_EQ(deleted, 1) << id;
+  }
+  EXPECT_EQ(fake_vms(), 0u);
+  EXPECT_EQ(run_dirs(), 0u);
 }
 
 // Re-adoption ran the hellos one after another: N guests whose hellos take
@@ -126,7 +172,7 @@ TEST_F(EngineFakeRecover, ReadoptionHellosRunConcurrently) {
     most = std::max(most, at);
   }
   EXPECT_EQ(most, kN) << "re-adoption hellos ran one after another";
-  for (auto& id : ids) engine.destroy(id);
+  for (auto& id : ids) testing::destroy_wait(engine, id);
   EXPECT_EQ(fake_vms(), 0u);
 }
 

@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cstring>
 #include <fstream>
+#include <sstream>
 #include <thread>
 
 #include "engine/engine_fake_test_support.h"
@@ -45,7 +46,7 @@ TEST_F(EngineFake, CreateExecDestroyLeavesNothing) {
   EXPECT_EQ(fake_vms(), 1u);
   EXPECT_EQ(sh(engine, sb.id, "echo hi"), "hi\n");
   EXPECT_EQ(engine.get(sb.id).state, State::running);
-  engine.destroy(sb.id);
+  testing::destroy_wait(engine, sb.id);
   EXPECT_EQ(engine.get(sb.id).state, State::deleted);
   EXPECT_EQ(fake_vms(), 0u);
   EXPECT_EQ(run_dirs(), 0u);
@@ -56,10 +57,45 @@ TEST_F(EngineFake, CreateExecDestroyLeavesNothing) {
   EXPECT_EQ(ev.back(), "deleted");
   // Destroying again is a typed conflict, not a second teardown.
   try {
-    engine.destroy(sb.id);
+    testing::destroy_wait(engine, sb.id);
     FAIL();
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), Errc::conflict);
+  }
+}
+
+// Background teardown: destroy() answers with the
+// sandbox out of service, the reclaim thread finishes it, and an engine
+// shut down with teardowns queued finishes them first: nothing is left.
+TEST_F(EngineFake, BackgroundDestroyFinishesEvenAtShutdown) {
+  std::vector<std::string> ids;
+  {
+    Engine engine(cfg_);
+    for (int i = 0; i < 3; ++i) ids.push_back(engine.create({.image = "minimal"}).id);
+    for (auto& id : ids) {
+      engine.destroy(id);
+      State st = engine.get(id).state;
+      EXPECT_TRUE(st == State::stopping || st == State::deleted) << to_string(st);
+      try {
+        sh(engine, id, "true");
+        ADD_FAILURE() << "exec in a deleted sandbox";
+      } catch (const Error& e) {
+        EXPECT_EQ(e.code(), Errc::conflict);
+      }
+      try {
+        engine.destroy(id);
+        ADD_FAILURE() << "second destroy";
+      } catch (const Error& e) {
+        EXPECT_EQ(e.code(), Errc::conflict);
+      }
+    }
+  }  // the engine goes with teardowns possibly still queued
+  EXPECT_EQ(fake_vms(), 0u);
+  EXPECT_EQ(run_dirs(), 0u);
+  Engine again(cfg_);
+  for (auto& id : ids) {
+    EXPECT_EQ(again.get(id).state, State::deleted);
+    EXPECT_EQ(events(again, id).back(), "deleted");
   }
 }
 
@@ -78,7 +114,7 @@ TEST_F(EngineFake, RegistryJournalAndDirsAreOwnerOnly) {
     if (fs::exists(data_ / f)) EXPECT_EQ(mode_of(data_ / f), 0600) << f;
   for (auto& e : fs::directory_iterator(data_ / "audit"))
     EXPECT_EQ(mode_of(e.path()), 0600) << e.path();
-  engine.destroy(sb.id);
+  testing::destroy_wait(engine, sb.id);
 }
 
 // `airlockd --pool typo=1` used to abort: the reaper thread was running
@@ -139,7 +175,7 @@ TEST_F(EngineFake, SetNetworkRacingDestroyNeverRevivesADeletedSandbox) {
   ASSERT_GE(conn, 0);
   char buf[4096];
   ASSERT_GT(::read(conn, buf, sizeof buf), 0);  // the request: set_network is mid-call
-  engine.destroy(sb.id);
+  testing::destroy_wait(engine, sb.id);
   std::string reply =
       R"({"policy":{"mode":"allowlist","allow":["192.0.2.1"],"deny":[]},"flows_cut":0})";
   reply += "\n";
@@ -207,7 +243,7 @@ TEST_F(EngineFake, WallClockStepsDoNotEndSandboxes) {
   EXPECT_EQ(sh(engine, a.id, "echo ok"), "ok\n");
   // b's 2 s of life ended by the steady clock whatever the wall clock said.
   EXPECT_TRUE(eventually([&] { return engine.get(b.id).state == State::timed_out; }, 5s));
-  engine.destroy(a.id);
+  testing::destroy_wait(engine, a.id);
 }
 
 // set_timeout moves the expiry both ways: persisted (a new engine on the
@@ -278,8 +314,8 @@ TEST_F(EngineFake, ReaperChecksOutsideTheEngineLock) {
     EXPECT_LT(took, 1000ms) << "call " << i << " waited for the reaper";  // a check: 1.5 s
   }
   fake_->alive_delay_ms = 0;
-  engine.destroy(a.id);
-  engine.destroy(b.id);
+  testing::destroy_wait(engine, a.id);
+  testing::destroy_wait(engine, b.id);
 }
 
 // Bad input: more disk than the data dir's filesystem has is refused with
@@ -307,9 +343,9 @@ TEST_F(EngineFake, DiskBeyondFreeSpaceIsRefused) {
   if (half <= 1048576) {
     SandboxInfo one = engine.create({.image = "minimal", .disk_mb = static_cast<int>(half)});
     EXPECT_THROW(engine.create({.image = "minimal", .disk_mb = static_cast<int>(half)}), Error);
-    engine.destroy(one.id);
+    testing::destroy_wait(engine, one.id);
     SandboxInfo two = engine.create({.image = "minimal", .disk_mb = static_cast<int>(half)});
-    engine.destroy(two.id);
+    testing::destroy_wait(engine, two.id);
   }
 }
 
@@ -333,8 +369,107 @@ TEST_F(EngineFake, PoolHandsOutAWarmMember) {
   EXPECT_EQ(sb.state, State::running);
   EXPECT_EQ(engine.get(sb.id).spec.metadata.at("who"), "me");
   EXPECT_EQ(sh(engine, sb.id, "echo pooled"), "pooled\n");
-  engine.destroy(sb.id);
+  testing::destroy_wait(engine, sb.id);
   engine.set_pool("minimal", 0);
+}
+
+// Warm-up (ImageConfig::warmup): a member runs its image's declared
+// commands, in order, before it is ready; each is journaled as
+// `pool_warmup`, and between the member's `pooled` and the hand-out's
+// `created` nothing else ran in it. An exec by a member's id before its
+// hand-out is refused (members are not in `live`).
+TEST_F(EngineFake, PoolMemberRunsTheImageWarmupInOrderBeforeItIsReady) {
+  // An installed image "warm": minimal's files, plus a warm-up list.
+  std::string ver;
+  {
+    Engine probe(cfg_);
+    ver = probe.inspect_image("minimal")["version"];
+  }
+  fs::path src = cfg_.image_dir / "minimal" / ver;
+  fs::path imgs = data_ / "images";
+  fs::create_directories(imgs / "warm" / "v1");
+  for (const char* f : {"vmlinuz", "initrd.img", "rootfs.ext4"})
+    fs::create_symlink(src / f, imgs / "warm" / "v1" / f);
+  std::ifstream in(src / "image.json");
+  auto meta = nlohmann::json::parse(in);
+  meta["kind"] = "installed";
+  meta["source"] = "test";
+  const std::vector<std::string> warmup = {"test ! -e /nonexistent-a", "echo warm > /dev/null"};
+  meta["config"] = {{"warmup", warmup}};
+  std::ofstream(imgs / "warm" / "v1" / "image.json") << meta.dump();
+  fs::create_symlink("v1", imgs / "warm" / "current");
+  cfg_.image_dir = imgs;
+
+  Engine engine(cfg_);
+  engine.set_pool("warm", 1);
+  ASSERT_TRUE(eventually([&] { return engine.pool_info()[0]["ready"] == 1; }, 30s));
+  std::string member = engine.pool_info()[0]["members"][0];
+  try {
+    sh(engine, member, "true");
+    ADD_FAILURE() << "an exec reached a pool member before its hand-out";
+  } catch (const Error& e) {
+    EXPECT_NE(e.code(), Errc::internal) << e.what();
+  }
+  SandboxInfo sb = engine.create({.image = "warm"});
+  ASSERT_EQ(sb.start, "pool");
+  ASSERT_EQ(sb.id, member);
+  std::vector<std::string> kinds;
+  std::vector<nlohmann::json> warm;
+  for (auto& r : engine.audit(sb.id)) {
+    kinds.push_back(r["event"]);
+    if (r["event"] == "pool_warmup") warm.push_back(r);
+  }
+  auto pooled = std::find(kinds.begin(), kinds.end(), "pooled");
+  auto created = std::find(kinds.begin(), kinds.end(), "created");
+  ASSERT_NE(pooled, kinds.end());
+  ASSERT_NE(created, kinds.end());
+  for (auto it = pooled + 1; it != created; ++it) EXPECT_EQ(*it, "pool_warmup");
+  ASSERT_EQ(warm.size(), warmup.size());
+  for (size_t i = 0; i < warmup.size(); ++i) {
+    EXPECT_EQ(warm[i]["argv"], nlohmann::json({"sh", "-c", warmup[i]})) << i;
+    EXPECT_EQ(warm[i]["exit_code"], 0) << i;
+  }
+  EXPECT_EQ(sh(engine, sb.id, "echo mine"), "mine\n");
+  engine.set_pool("warm", 0);
+  testing::destroy_wait(engine, sb.id);
+}
+
+// A member whose warm-up fails is never made ready.
+TEST_F(EngineFake, PoolMemberWhoseWarmupFailsIsNeverReady) {
+  std::string ver;
+  {
+    Engine probe(cfg_);
+    ver = probe.inspect_image("minimal")["version"];
+  }
+  fs::path src = cfg_.image_dir / "minimal" / ver;
+  fs::path imgs = data_ / "images";
+  fs::create_directories(imgs / "warm" / "v1");
+  for (const char* f : {"vmlinuz", "initrd.img", "rootfs.ext4"})
+    fs::create_symlink(src / f, imgs / "warm" / "v1" / f);
+  std::ifstream in(src / "image.json");
+  auto meta = nlohmann::json::parse(in);
+  meta["kind"] = "installed";
+  meta["config"] = {{"warmup", {"exit 3"}}};
+  std::ofstream(imgs / "warm" / "v1" / "image.json") << meta.dump();
+  fs::create_symlink("v1", imgs / "warm" / "current");
+  cfg_.image_dir = imgs;
+  Engine engine(cfg_);
+  engine.set_pool("warm", 1);
+  // The first attempt ends (its member deleted, reason said) without a ready member.
+  ASSERT_TRUE(eventually(
+      [&] {
+        std::error_code ec;
+        for (auto& e : fs::directory_iterator(data_ / "audit", ec)) {
+          std::ifstream j(e.path());
+          std::stringstream ss;
+          ss << j.rdbuf();
+          if (ss.str().find("\"warm-up failed\"") != std::string::npos) return true;
+        }
+        return false;
+      },
+      30s));
+  EXPECT_EQ(engine.pool_info()[0]["ready"], 0);
+  engine.set_pool("warm", 0);
 }
 
 }  // namespace

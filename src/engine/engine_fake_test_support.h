@@ -15,6 +15,7 @@
 
 #include "common/error.h"
 #include "common/process.h"
+#include "engine/destroy_wait_test_support.h"
 #include "engine/engine.h"
 #include "engine/fake_launcher.h"
 

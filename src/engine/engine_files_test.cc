@@ -69,7 +69,7 @@ TEST_F(EngineFiles, ListDepthMoveMkdirAndEntriesAsTheHostRebuiltThem) {
   for (auto& r : engine.audit(sb.id))
     if (r.value("event", "") == "file" && r.value("op", "") == "move") journaled = true;
   EXPECT_TRUE(journaled);
-  engine.destroy(sb.id);
+  testing::destroy_wait(engine, sb.id);
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 
@@ -25,6 +26,7 @@
 #include "engine/snapshots/snapshot_store.h"
 #include "engine/storage/image_store.h"
 #include "engine/templates/template_store.h"
+#include "engine/trace.h"
 #include "engine/vmm/accel.h"
 #include "engine/vmm/sealed_ram.h"
 #include "engine/vmm/vm.h"
@@ -79,6 +81,9 @@ class ActivityGuard {
 nlohmann::json normalize_network(const nlohmann::json& policy);
 // True if `policy` (normalised) gives the VM a NIC (mode != none).
 bool network_enabled(const nlohmann::json& policy);
+// Runs an image's warm-up commands on a guest channel (engine_pool.cc).
+nlohmann::json run_warmup(channel::GuestChannel& ch, const std::vector<std::string>& commands,
+                          const std::string& who);
 // The airlock-net binary; Error(unavailable) if it cannot be found.
 std::filesystem::path net_helper_binary(const Config& cfg);
 // The sandbox's NIC MAC, derived from its id.
@@ -214,6 +219,28 @@ struct Engine::Impl {
                 const std::string& failure = {},
                 const nlohmann::json& details = nlohmann::json::object(),
                 std::optional<State> only_from = std::nullopt);
+  // Background teardown (engine_reclaim.cc): moves `sb` to `stopping`
+  // (false, nothing done, as teardown), closes its channel and queues the
+  // rest (finish_stop to `deleted`) on the reclaim thread. Never throws.
+  bool teardown_async(const std::shared_ptr<Live>& sb, const std::string& reason);
+  void reclaim_loop();
+  // Synchronous teardown to `deleted` of a live sandbox (an engine-internal
+  // undo that must be complete when it returns, e.g. a failed fork's
+  // members); nothing if it is not live.
+  void destroy_now(const std::string& id, const std::string& reason);
+  // Finishes every queued teardown and stops the thread (engine shutdown).
+  void drain_reclaim();
+  std::mutex reclaim_mu;  // reclaim_queue, reclaim_stopping, reclaim_thread
+  std::condition_variable reclaim_cv;
+  std::deque<std::pair<std::shared_ptr<Live>, std::string>> reclaim_queue;
+  std::set<std::string> deleting;  // ids deleted by request, teardown not finished
+  // The API's view of a registry row: a sandbox deleted by request whose
+  // teardown is still running is shown `deleted` (it is out of service and
+  // its end is certain); the registry keeps `stopping` until the teardown
+  // ends (crash safety). Returns true if it changed `info`.
+  bool deleted_view(SandboxInfo& info);
+  bool reclaim_stopping = false;
+  std::thread reclaim_thread;
   // The rest of teardown for a sandbox already in `stopping`.
   void finish_stop(Live& sb, State state, const std::string& reason, const std::string& event,
                    const std::string& failure, const nlohmann::json& details) noexcept;
@@ -276,6 +303,7 @@ struct Engine::Impl {
   struct PoolSlot {
     std::string image;
     int cpus = 1, memory_mb = 256, disk_mb = 1024;
+    bool networked = false;  // members carry a NIC under deny-everything
     int target = 0;
     std::deque<std::shared_ptr<Live>> ready;
     int64_t hits = 0, misses = 0, replaced = 0, shed = 0;
@@ -285,12 +313,14 @@ struct Engine::Impl {
   std::map<std::string, PoolSlot> pool_slots;  // by image
   bool pool_stopping = false;
   std::thread pool_thread;
-  // A ready member matching `checked` (image and shape, no network), made
+  // A ready member matching `checked` (image, shape, NIC or not), made
   // the caller's: running, its spec, metadata and lifetime; nullopt if none.
-  std::optional<SandboxInfo> take_pooled(const SandboxSpec& checked);
+  // `trace` (if any) gets the hand-out's phases.
+  std::optional<SandboxInfo> take_pooled(const SandboxSpec& checked, Trace* trace = nullptr);
   void pool_loop();
-  // Runs `true` once in a new member (engine_pool.cc: why). Never throws.
-  void warm_up(Live& sb);
+  // Runs the image's warm-up commands (or `true`) in a new member and
+  // records them (engine_pool.cc: why). False if one failed. Never throws.
+  bool warm_up(Live& sb, const std::vector<std::string>& commands);
   // Kills every pool member (engine shutdown). Never throws.
   void drain_pool();
 

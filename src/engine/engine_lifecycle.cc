@@ -10,6 +10,7 @@
 #include "common/error.h"
 #include "engine/engine.h"
 #include "engine/engine_impl.h"
+#include "engine/trace.h"
 #include "engine/types_json.h"
 #include "engine/validate.h"
 #include "engine/vmm/cgroup.h"
@@ -229,6 +230,7 @@ SandboxInfo Engine::create(const SandboxSpec& spec) {
 
 SandboxInfo Engine::create_counted(const SandboxSpec& spec) {
   auto& impl = *impl_;
+  Trace trace("create", "-");
   validate_spec(spec);
   // The egress policy, normalised; a bad entry is refused here, before
   // anything exists (field "network.allow[i]", ...).
@@ -274,9 +276,10 @@ SandboxInfo Engine::create_counted(const SandboxSpec& spec) {
     img = impl.images.build(spec.image);
   }
   validate_disk_fits(checked, img->rootfs_bytes);
+  trace.mark("image");
   // A warm pool member of this image and shape, if there is one: ready at
   // once (engine_pool.cc).
-  if (auto pooled = impl.take_pooled(checked)) return *pooled;
+  if (auto pooled = impl.take_pooled(checked, &trace)) return *pooled;
   vmm::AccelVerdict accel = impl.resolve_accel(*img);
   return impl.launch(checked, *img, accel, false)->info();
 }
@@ -479,7 +482,10 @@ void Engine::destroy(const std::string& id) {
                                                              : "stopping";
     throw Error(Errc::conflict, "sandbox " + id + " is " + state + "; nothing to delete");
   }
-  if (!impl.teardown(*sb, State::deleted, "deleted by request", "deleted"))
+  // Answered once the sandbox is `stopping` and out of service; the VM and
+  // its files go in the background (engine_reclaim.cc).
+  Trace trace("delete", id);
+  if (!impl.teardown_async(sb, "deleted by request"))
     throw Error(Errc::conflict, "sandbox " + id + " is " + to_string(sb->state()) +
                                     " (stopped by someone else); nothing to delete");
 }

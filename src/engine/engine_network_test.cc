@@ -64,7 +64,7 @@ TEST_F(EngineNetworkTest, NoneHasNoNicAndAllowlistGetsAConfiguredOne) {
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), Errc::conflict);
   }
-  engine.destroy(plain.id);
+  testing::destroy_wait(engine, plain.id);
 
   SandboxSpec spec;
   spec.network = {{"mode", "allowlist"}, {"allow", {"198.51.100.7/32"}}};
@@ -118,7 +118,7 @@ TEST_F(EngineNetworkTest, NoneHasNoNicAndAllowlistGetsAConfiguredOne) {
   EXPECT_TRUE(changed);
   EXPECT_TRUE(policy_event);
 
-  engine.destroy(sb.id);
+  testing::destroy_wait(engine, sb.id);
   EXPECT_TRUE(processes("airlock-net", sb.id).empty()) << "helper outlived its sandbox";
   EXPECT_TRUE(processes("qemu", sb.id).empty());
   EXPECT_FALSE(engine.network_events(sb.id).empty()) << "net events must outlive the sandbox";
@@ -138,7 +138,7 @@ TEST_F(EngineNetworkTest, RestartKeepsTheHelper) {
   EXPECT_EQ(processes("airlock-net", id), helpers);
   auto r = engine.set_network(id, {{"mode", "allowlist"}, {"allow", {"203.0.113.0/24"}}});
   EXPECT_EQ(r["policy"]["mode"], "allowlist");
-  engine.destroy(id);
+  testing::destroy_wait(engine, id);
   EXPECT_TRUE(processes("airlock-net", id).empty());
 }
 
@@ -156,14 +156,14 @@ TEST_F(EngineNetworkTest, HelperRunsInTheSandboxCgroup) {
   };
   std::string qemu = cgroup_of(sb.pid);
   if (qemu.find("/airlock/" + sb.id) == std::string::npos) {
-    engine.destroy(sb.id);
+    testing::destroy_wait(engine, sb.id);
     GTEST_SKIP() << "QEMU has no per-sandbox cgroup on this host";
   }
   pid_t net = 0;
   std::ifstream(data_ / "sandboxes" / sb.id / "net.pid") >> net;
   ASSERT_GT(net, 0);
   EXPECT_NE(cgroup_of(net).find("/airlock/" + sb.id), std::string::npos) << cgroup_of(net);
-  engine.destroy(sb.id);
+  testing::destroy_wait(engine, sb.id);
   EXPECT_TRUE(processes("airlock-net", sb.id).empty());
   for (const char* root : {"/sys/fs/cgroup/airlock", "/sys/fs/cgroup/memory"})
     EXPECT_FALSE(fs::exists(fs::path(root) / sb.id)) << "cgroup left: " << root;

@@ -8,6 +8,7 @@
 #include "common/error.h"
 #include "engine/engine.h"
 #include "engine/engine_impl.h"
+#include "engine/trace.h"
 #include "engine/types_json.h"
 #include "engine/validate.h"
 
@@ -239,6 +240,7 @@ ExecStatus Engine::exec_background(const std::string& id, const ExecRequest& req
 ExecResult Engine::exec_counted(const std::string& id, const ExecRequest& given,
                                 const ExecCallbacks& callbacks) {
   auto& impl = *impl_;
+  Trace trace("exec", id);
   auto sb = impl.running(id);
   ActivityGuard active(*sb);
   ExecRequest with_image;
@@ -248,6 +250,7 @@ ExecResult Engine::exec_counted(const std::string& id, const ExecRequest& given,
   if (request.background)
     throw Error(Errc::invalid_argument, "a background exec is started with exec_background()",
                 "background");
+  trace.mark("lookup");
 
   nlohmann::json req = guest_exec_request(*sb, request);
   const std::vector<std::string> argv = req.contains("argv")
@@ -343,6 +346,7 @@ ExecResult Engine::exec_counted(const std::string& id, const ExecRequest& given,
     finish();
     throw;
   }
+  trace.mark("journal_start");
   nlohmann::json r;
   try {
     r = sb->channel->exec(stream, req, stdin_source, handlers, deadline);
@@ -377,6 +381,11 @@ ExecResult Engine::exec_counted(const std::string& id, const ExecRequest& given,
   // The host's own deadline (the guest did not report in time) is a timeout too.
   if (result.timed_out && (result.reason == "killed" || result.reason == "signaled"))
     result.reason = "timeout";
+  trace.mark("guest");
+  // The guest's own account (integers or nothing: it is untrusted and only
+  // logged): request to reply inside the agent, and the process's life.
+  trace.note("agent_us", static_cast<int64_t>(count_field(r, "agent_us")));
+  trace.note("run_us", static_cast<int64_t>(count_field(r, "run_us")));
   audit.update(to_json(result));
   audit["stdout_sha256"] = out_hash.hex();
   audit["stderr_sha256"] = err_hash.hex();
@@ -385,6 +394,7 @@ ExecResult Engine::exec_counted(const std::string& id, const ExecRequest& given,
   bool paused = result.signal == SIGKILL && (now == State::pausing || now == State::paused);
   if (paused) audit["ended_by"] = "pause";
   impl.journal.append(id, "exec", audit);
+  trace.mark("journal_end");
   if (paused) throw_paused_during_call(*sb);
   return result;
 }

@@ -29,7 +29,13 @@ constexpr auto kPoolTick = std::chrono::milliseconds(500);
 template <typename Slot>
 bool matches(const Slot& slot, const SandboxSpec& s) {
   return slot.cpus == s.cpus && slot.memory_mb == s.memory_mb && slot.disk_mb == s.disk_mb &&
-         !network_enabled(s.network);
+         slot.networked == network_enabled(s.network);
+}
+
+// A networked member idles under this policy: a NIC, and nothing allowed
+// through it, until its hand-out installs the caller's policy.
+nlohmann::json deny_everything() {
+  return {{"mode", "allowlist"}, {"allow", nlohmann::json::array()}};
 }
 
 bool member_alive(Live& sb) {
@@ -67,31 +73,59 @@ bool memory_pressure(const std::filesystem::path& meminfo, const std::filesystem
   return false;
 }
 
-// Under TCG a fresh QEMU translates every guest code path the first time it
-// runs, so the first exec in a new clone is slow. A member therefore runs
-// `true` once, as the pool, before it is ready: only the translation cache
-// and the guest's page cache get warm; no file, process or cgroup of it
-// remains, and the journal records it as `pool_warmup` (nobody's exec).
-void Engine::Impl::warm_up(Live& sb) {
-  try {
+// The image's declared warm-up commands (ImageConfig::warmup), each as
+// `sh -c CMD` with a 60 s deadline, in order; none declared: `true`. Throws
+// (naming `who` and the command) if one fails or exits non-zero. Returns
+// one record per command (argv, exit_code, ms) for the caller's journal.
+nlohmann::json run_warmup(channel::GuestChannel& ch, const std::vector<std::string>& commands,
+                          const std::string& who) {
+  nlohmann::json done = nlohmann::json::array();
+  std::vector<std::vector<std::string>> argvs;
+  for (const auto& c : commands) argvs.push_back({"sh", "-c", c});
+  if (argvs.empty()) argvs.push_back({"true"});
+  for (const auto& argv : argvs) {
     auto t0 = std::chrono::steady_clock::now();
     channel::ExecHandlers h;
     h.on_output = [](int, std::string_view) { return true; };
-    uint32_t stream = sb.channel->open_stream();
-    nlohmann::json r = sb.channel->exec(stream, {{"argv", {"true"}}}, nullptr, h,
-                                        channel::Clock::now() + std::chrono::seconds(30));
-    journal.append(sb.rec.info.id, "pool_warmup",
-                   {{"argv", {"true"}},
-                    {"exit_code", r.value("exit_code", -1)},
+    nlohmann::json r = ch.exec(ch.open_stream(), {{"argv", argv}}, nullptr, h,
+                               channel::Clock::now() + std::chrono::seconds(60));
+    int code = r.value("exit_code", -1);
+    if (code != 0)
+      throw Error(Errc::internal, who + ": warm-up command " + nlohmann::json(argv).dump() +
+                                      " exited with " + std::to_string(code));
+    done.push_back({{"argv", argv},
+                    {"exit_code", code},
                     {"ms", std::chrono::duration_cast<std::chrono::milliseconds>(
                                std::chrono::steady_clock::now() - t0)
                                .count()}});
+  }
+  return done;
+}
+
+// Under TCG a fresh QEMU translates every guest code path the first time it
+// runs, so the first exec in a new clone is slow; an interpreter's first
+// start also reads its files. A member therefore runs its image's warm-up
+// (or `true`) before it is ready: only caches get warm; no process or cgroup
+// of it remains. Each command is journaled as `pool_warmup` (nobody's exec),
+// and the channel's stream count afterwards is recorded: take_pooled hands
+// out only a member whose channel carried nothing since. Returns false (the
+// member is not made ready) if a command failed.
+bool Engine::Impl::warm_up(Live& sb, const std::vector<std::string>& commands) {
+  try {
+    for (auto& rec : run_warmup(*sb.channel, commands, "pool member " + sb.rec.info.id))
+      journal.append(sb.rec.info.id, "pool_warmup", rec);
+    sb.streams_at_ready = sb.channel->streams_opened();
+    return true;
   } catch (const std::exception& e) {
     spdlog::warn("pool member {}: warm-up failed: {}", sb.rec.info.id, e.what());
+    return false;
   }
 }
 
-std::optional<SandboxInfo> Engine::Impl::take_pooled(const SandboxSpec& checked) {
+std::optional<SandboxInfo> Engine::Impl::take_pooled(const SandboxSpec& checked, Trace* trace) {
+  auto mark = [&](const char* phase) {
+    if (trace) trace->mark(phase);
+  };
   std::shared_ptr<Live> sb;
   std::vector<std::shared_ptr<Live>> dead;
   {
@@ -103,7 +137,8 @@ std::optional<SandboxInfo> Engine::Impl::take_pooled(const SandboxSpec& checked)
     while (!slot.ready.empty() && !sb) {
       auto cand = slot.ready.front();
       slot.ready.pop_front();
-      if (member_alive(*cand))
+      // Untouched since its warm-up: no stream opened on its channel since.
+      if (member_alive(*cand) && cand->channel->streams_opened() == cand->streams_at_ready)
         sb = cand;
       else
         dead.push_back(cand);
@@ -113,8 +148,10 @@ std::optional<SandboxInfo> Engine::Impl::take_pooled(const SandboxSpec& checked)
   }
   // The refill starts on the pool's next tick (<= 500 ms), not at once, so
   // the new QEMU does not compete for the CPU with the caller's first exec.
-  for (auto& d : dead) teardown(*d, State::deleted, "pool member died while idle", "deleted");
+  for (auto& d : dead) teardown_async(d, "pool member died while idle");
   if (!sb) return std::nullopt;
+  if (trace) trace->set_id(sb->id());
+  mark("take");
 
   auto t0 = std::chrono::steady_clock::now();
   // Not shared yet (out of the queue, not in `live`): rec is ours to write.
@@ -126,12 +163,37 @@ std::optional<SandboxInfo> Engine::Impl::take_pooled(const SandboxSpec& checked)
   info.boot_ms =
       std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0)
           .count();
+  if (sb->networked) {
+    // The caller's policy replaces deny-everything in the helper before the
+    // create returns (the helper answers once it is in force), so the first
+    // packet after the create already meets it. A refusal ends the member;
+    // the caller then boots a fresh sandbox.
+    nlohmann::json reply;
+    try {
+      reply = net_control(sb->run_dir(), {{"policy", checked.network}});
+    } catch (const std::exception& e) {
+      reply = {{"error", {{"message", e.what()}}}};
+    }
+    if (reply.contains("error")) {
+      spdlog::warn("pool member {}: policy at hand-out refused: {}", sb->id(), reply.dump());
+      teardown_async(sb, "pool hand-out failed: the network policy was not applied");
+      return std::nullopt;
+    }
+    journal.append(info.id, "net_policy", {{"policy", checked.network}});
+    mark("policy");
+  }
   sb->set_network(checked.network);
   sb->expires_steady_ms = steady_ms() + int64_t{checked.timeout_s} * 1000;
   // If the hand-out cannot be recorded, the member goes (never a half-made
   // sandbox); the caller then boots a fresh one.
   ScopeGuard undo([&] { teardown(*sb, State::deleted, "pool hand-out failed", "deleted"); });
-  // One write: spec, state, times (compare-and-set from starting).
+  // One write: spec, state, times (compare-and-set from starting). What is
+  // durable when (docs/design.md, "Warm pool"): the registry row is
+  // committed in WAL mode with synchronous=NORMAL (no fsync per commit) and
+  // the `created` record is one write(2) without fsync. Both survive a
+  // daemon crash (they are in the kernel); a host crash may lose them, but
+  // it also kills the VM, and the next daemon cleans up a row it finds
+  // `starting`/`running` with no live QEMU either way.
   sb->transition(State::starting, State::running,
                  {.event = "created",
                   .details = {{"spec", spec_to_json(checked)},
@@ -139,15 +201,19 @@ std::optional<SandboxInfo> Engine::Impl::take_pooled(const SandboxSpec& checked)
                               {"boot_ms", info.boot_ms},
                               {"start", info.start},
                               {"pid", info.pid}},
+                  .durability = Durability::buffered,
                   .journal_required = true,
                   .write_record = true});
+  mark("record");
   {
     std::lock_guard lock(mu);
     live[info.id] = sb;
   }
   undo.dismiss();
   wake.notify_all();  // the reaper's earliest expiry
-  return sb->info();
+  auto out = sb->info();
+  mark("live");
+  return out;
 }
 
 void Engine::Impl::pool_loop() {
@@ -194,12 +260,15 @@ void Engine::Impl::pool_loop() {
         spec.cpus = fill->cpus;
         spec.memory_mb = fill->memory_mb;
         spec.disk_mb = fill->disk_mb;
-        spec.network = normalize_network(spec.network);
+        spec.network = normalize_network(fill->networked ? deny_everything() : spec.network);
         auto img = images.find(spec.image);
         if (!img) img = images.build(spec.image);
         vmm::AccelVerdict accel = resolve_accel(*img);
         auto sb = launch(spec, *img, accel, true);
-        warm_up(*sb);
+        if (!warm_up(*sb, img->config.warmup)) {
+          teardown(*sb, State::deleted, "warm-up failed", "deleted");
+          throw Error(Errc::internal, "the member's warm-up failed");
+        }
         lock.lock();
         auto it = pool_slots.find(fill->image);
         bool wanted = !pool_stopping && it != pool_slots.end() && matches(it->second, spec) &&
@@ -244,7 +313,14 @@ nlohmann::json Engine::set_pool(const std::string& image, int size, const nlohma
   if (!shape.is_null() && !shape.is_object())
     throw Error(Errc::invalid_argument, "shape must be an object", "shape");
   const nlohmann::json fields = shape.is_object() ? shape : nlohmann::json::object();
+  bool networked = false;
   for (const auto& [k, v] : fields.items()) {
+    if (k == "network") {
+      if (!v.is_boolean())
+        throw Error(Errc::invalid_argument, "network must be true or false", "network");
+      networked = v.get<bool>();
+      continue;
+    }
     if (!v.is_number_integer()) throw Error(Errc::invalid_argument, k + " must be an integer", k);
     if (k == "cpus")
       spec.cpus = v.get<int>();
@@ -269,9 +345,10 @@ nlohmann::json Engine::set_pool(const std::string& image, int size, const nlohma
   {
     std::lock_guard lock(impl.pool_mu);
     auto& slot = impl.pool_slots[image];
-    bool reshaped =
-        slot.cpus != spec.cpus || slot.memory_mb != spec.memory_mb || slot.disk_mb != spec.disk_mb;
+    bool reshaped = slot.cpus != spec.cpus || slot.memory_mb != spec.memory_mb ||
+                    slot.disk_mb != spec.disk_mb || slot.networked != networked;
     slot.image = image;
+    slot.networked = networked;
     slot.cpus = spec.cpus;
     slot.memory_mb = spec.memory_mb;
     slot.disk_mb = spec.disk_mb;
@@ -291,16 +368,19 @@ nlohmann::json Engine::pool_info() {
   for (const auto& [image, slot] : impl.pool_slots) {
     nlohmann::json members = nlohmann::json::array();
     for (const auto& m : slot.ready) members.push_back(m->rec.info.id);
-    out.push_back(
-        {{"image", image},
-         {"shape", {{"cpus", slot.cpus}, {"memory_mb", slot.memory_mb}, {"disk_mb", slot.disk_mb}}},
-         {"target", slot.target},
-         {"ready", slot.ready.size()},
-         {"members", members},
-         {"hits", slot.hits},
-         {"misses", slot.misses},
-         {"replaced", slot.replaced},
-         {"shed", slot.shed}});
+    out.push_back({{"image", image},
+                   {"shape",
+                    {{"cpus", slot.cpus},
+                     {"memory_mb", slot.memory_mb},
+                     {"disk_mb", slot.disk_mb},
+                     {"network", slot.networked}}},
+                   {"target", slot.target},
+                   {"ready", slot.ready.size()},
+                   {"members", members},
+                   {"hits", slot.hits},
+                   {"misses", slot.misses},
+                   {"replaced", slot.replaced},
+                   {"shed", slot.shed}});
   }
   return out;
 }

@@ -97,7 +97,7 @@ TEST_F(EnginePty, InputResizeAndAPasteBeyondTheCreditWindow) {
   // The exec is over: its terminal is gone.
   EXPECT_THROW(engine.pty_input(sid, ex, "x"), Error);
   EXPECT_THROW(engine.pty_resize(sid, ex, 80, 24), Error);
-  engine.destroy(sid);
+  testing::destroy_wait(engine, sid);
 }
 
 TEST_F(EnginePty, SignalAndRefusals) {
@@ -141,7 +141,7 @@ TEST_F(EnginePty, SignalAndRefusals) {
   } catch (const Error& e) {
     EXPECT_EQ(e.field(), "cols");
   }
-  engine.destroy(sid);
+  testing::destroy_wait(engine, sid);
 }
 
 }  // namespace

@@ -42,7 +42,7 @@ TEST_F(SnapshotFake, PauseResumeAndRefusedActions) {
   EXPECT_EQ(sh(e, sb.id, "echo back"), "back\n");
   EXPECT_FALSE(fs::exists(data_ / "paused" / sb.id));
   e.pause(sb.id);
-  e.destroy(sb.id);  // a paused sandbox can be deleted
+  testing::destroy_wait(e, sb.id);  // a paused sandbox can be deleted
   EXPECT_EQ(e.get(sb.id).state, State::deleted);
   EXPECT_FALSE(fs::exists(data_ / "paused" / sb.id));
   EXPECT_EQ(run_dirs(), 0u);
@@ -59,7 +59,7 @@ TEST_F(SnapshotFake, PausedSurvivesAnEngineRestart) {
   EXPECT_EQ(again.get(id).state, State::paused);
   EXPECT_EQ(again.resume(id).state, State::running);
   EXPECT_EQ(sh(again, id, "echo ok"), "ok\n");
-  again.destroy(id);
+  testing::destroy_wait(again, id);
 }
 
 TEST_F(SnapshotFake, AFailedSaveLeavesTheSandboxRunning) {
@@ -78,7 +78,7 @@ TEST_F(SnapshotFake, AFailedSaveLeavesTheSandboxRunning) {
   EXPECT_EQ(code_of([&] { e.get_snapshot("m1"); }), Errc::not_found);
   fake_->before_save = nullptr;
   EXPECT_EQ(sh(e, sb.id, "echo still"), "still\n");
-  e.destroy(sb.id);
+  testing::destroy_wait(e, sb.id);
 }
 
 TEST_F(SnapshotFake, SnapshotsAreReferenceCountedAndNamesChecked) {
@@ -109,7 +109,7 @@ TEST_F(SnapshotFake, SnapshotsAreReferenceCountedAndNamesChecked) {
     EXPECT_NE(std::string(err.what()).find(child.id), std::string::npos) << err.what();
     EXPECT_NE(std::string(err.what()).find("snapshot child"), std::string::npos) << err.what();
   }
-  e.destroy(child.id);
+  testing::destroy_wait(e, child.id);
   EXPECT_EQ(code_of([&] { e.delete_snapshot("base"); }), Errc::conflict);  // "child" still
   e.delete_snapshot("child");
   e.delete_snapshot("base");
@@ -120,14 +120,14 @@ TEST_F(SnapshotFake, SnapshotsAreReferenceCountedAndNamesChecked) {
   } catch (const Error& err) {
     EXPECT_EQ(err.field(), "from");
   }
-  e.destroy(sb.id);
+  testing::destroy_wait(e, sb.id);
 }
 
 TEST_F(SnapshotFake, ACorruptSnapshotIsRefusedAndNothingIsCreated) {
   Engine e(cfg_);
   auto sb = e.create({});
   e.snapshot(sb.id, "c1", false);
-  e.destroy(sb.id);
+  testing::destroy_wait(e, sb.id);
   fs::path layer = data_ / "snapshots" / "c1" / "layer.qcow2";
   fs::permissions(layer, fs::perms::owner_write, fs::perm_options::add);
   fs::resize_file(layer, fs::file_size(layer) - 1);
@@ -156,7 +156,7 @@ TEST_F(SnapshotFake, ForkIsAllOrNothing) {
   EXPECT_EQ(e.get(sb.id).state, State::running);
   std::string internal = forks[0].spec.from;
   EXPECT_EQ(e.get_snapshot(internal)["internal"], true);
-  for (auto& f : forks) e.destroy(f.id);
+  for (auto& f : forks) testing::destroy_wait(e, f.id);
   // The fork's snapshot goes with its last user.
   EXPECT_EQ(code_of([&] { e.get_snapshot(internal); }), Errc::not_found);
 
@@ -171,7 +171,7 @@ TEST_F(SnapshotFake, ForkIsAllOrNothing) {
   EXPECT_EQ(e.list_snapshots().size(), 0u);
   EXPECT_EQ(fake_vms(), 1u);
   EXPECT_EQ(code_of([&] { e.fork(sb.id, 0); }), Errc::invalid_argument);
-  e.destroy(sb.id);
+  testing::destroy_wait(e, sb.id);
 }
 
 }  // namespace

@@ -408,7 +408,7 @@ std::vector<SandboxInfo> Engine::fork(const std::string& id, int count) {
   if (first) {
     for (const auto& m : made) {
       try {
-        destroy(m.id);
+        impl.destroy_now(m.id, "fork failed");  // complete before the error is answered
       } catch (const std::exception& e) {
         spdlog::error("fork of {}: removing {}: {}", id, m.id, e.what());
       }

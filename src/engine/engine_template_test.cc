@@ -71,14 +71,14 @@ TEST_F(TemplateTest, ClonesOfOneTemplateDoNotLookLikeClones) {
   int code = 0;
   sh(e, b.id, "test -e /root/only-a", &code);
   EXPECT_NE(code, 0);
-  e.destroy(a.id);
-  e.destroy(b.id);
+  testing::destroy_wait(e, a.id);
+  testing::destroy_wait(e, b.id);
 }
 
 TEST_F(TemplateTest, CorruptTemplateIsDetectedRebuiltAndTheCreateSucceeds) {
   Engine e(cfg_);
   SandboxInfo a = e.create({.image = "minimal", .memory_mb = 128});
-  e.destroy(a.id);
+  testing::destroy_wait(e, a.id);
   fs::path dir = only_template_dir();
   fs::permissions(dir / "state.bin", fs::perms::owner_all);
   fs::resize_file(dir / "state.bin", 100);  // truncated
@@ -89,13 +89,13 @@ TEST_F(TemplateTest, CorruptTemplateIsDetectedRebuiltAndTheCreateSucceeds) {
   EXPECT_NE(invalid[0].dump().find("truncated"), std::string::npos) << invalid[0].dump();
   EXPECT_EQ(events(e, b.id, "template_built").size(), 1u);
   EXPECT_EQ(sh(e, b.id, "echo ok"), "ok\n");
-  e.destroy(b.id);
+  testing::destroy_wait(e, b.id);
 }
 
 TEST_F(TemplateTest, UnrestorableCloneFallsBackToColdBoot) {
   Engine e(cfg_);
   SandboxInfo a = e.create({.image = "minimal", .memory_mb = 128});
-  e.destroy(a.id);
+  testing::destroy_wait(e, a.id);
   // Damage the checks cannot see: garbage state recorded as if it were
   // the real one (same size and hash in the record). Restore fails.
   fs::path dir = only_template_dir();
@@ -120,7 +120,7 @@ TEST_F(TemplateTest, UnrestorableCloneFallsBackToColdBoot) {
   EXPECT_EQ(events(e, b.id, "clone_failed").size(), 2u);  // tried, retried once
   EXPECT_EQ(sh(e, b.id, "echo ok"), "ok\n");
   EXPECT_FALSE(fs::exists(dir));  // the suspect template is gone
-  e.destroy(b.id);
+  testing::destroy_wait(e, b.id);
 }
 
 TEST_F(TemplateTest, TemplatesOffMeansColdBoot) {
@@ -129,7 +129,7 @@ TEST_F(TemplateTest, TemplatesOffMeansColdBoot) {
   SandboxInfo a = e.create({.image = "minimal", .memory_mb = 128});
   EXPECT_EQ(a.start, "boot");
   EXPECT_FALSE(fs::exists(data_ / "templates") && !fs::is_empty(data_ / "templates"));
-  e.destroy(a.id);
+  testing::destroy_wait(e, a.id);
 }
 
 // The warm pool: members are handed out once, never after an exec, dead
@@ -176,14 +176,14 @@ TEST_F(PoolTest, MembersAreHandedOutOnceAndNeverRunAnythingBefore) {
     EXPECT_EQ(sh(e, sb.id, "echo hi"), "hi\n");
     auto now = members(e);
     EXPECT_EQ(std::count(now.begin(), now.end(), sb.id), 0);
-    e.destroy(sb.id);
+    testing::destroy_wait(e, sb.id);
   }
   EXPECT_TRUE(handed.count(before[0]) && handed.count(before[1]));
   EXPECT_GE(e.pool_info()[0]["hits"].get<int>(), 4);
   // Another shape is not served from the pool.
   SandboxInfo other = e.create({.image = "minimal", .memory_mb = 128});
   EXPECT_NE(other.start, "pool");
-  e.destroy(other.id);
+  testing::destroy_wait(e, other.id);
 }
 
 TEST_F(PoolTest, DeadMembersAreReplacedAndZeroDrainsThePool) {
@@ -204,7 +204,7 @@ TEST_F(PoolTest, DeadMembersAreReplacedAndZeroDrainsThePool) {
   SandboxInfo sb = e.create({.image = "minimal"});
   EXPECT_NE(sb.id, victim);
   EXPECT_EQ(sh(e, sb.id, "echo ok"), "ok\n");
-  e.destroy(sb.id);
+  testing::destroy_wait(e, sb.id);
   e.set_pool("minimal", 0);
   deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
   while (std::chrono::steady_clock::now() < deadline && !members(e).empty())

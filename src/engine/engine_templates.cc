@@ -2,8 +2,8 @@
 // made from (docs/design.md, "Templates and clones").
 #include <spdlog/spdlog.h>
 #include <sys/socket.h>
-#include <sys/un.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -82,6 +82,10 @@ templates::Template Engine::Impl::build_template(const storage::Image& img,
       channel::HelloParams hello;
       hello.hostname = "airlock-template";
       ch->hello(hello, deadline);
+      // The image's warm-up, before the save: every clone starts with its
+      // files in the page cache. A failing command fails the template (the
+      // create then cold-boots and says why in template_failed).
+      run_warmup(*ch, img.config.warmup, "template " + key);
     }  // closed: the saved guest waits for a host, as after a daemon restart
     uint64_t bytes = vm->save_state(st.state, std::chrono::seconds(30));
     vm->kill();
@@ -126,8 +130,12 @@ std::optional<templates::Template> Engine::Impl::template_for(const storage::Ima
   templates::Shape shape{spec.cpus, spec.memory_mb, spec.disk_mb, network_enabled(spec.network)};
   std::string key;
   try {
+    // The warm-up is part of what was saved: another list, another template.
+    std::string image_key = img.key;
+    if (!img.config.warmup.empty())
+      image_key += "+warmup:" + nlohmann::json(img.config.warmup).dump();
     key = templates::TemplateStore::key_for(
-        img.key, shape, vmm::to_string(accel),
+        image_key, shape, vmm::to_string(accel),
         templates::TemplateStore::qemu_identity(vmm::VmConfig{}.qemu_binary));
   } catch (const std::exception& e) {
     note("template_failed", {{"reason", e.what()}});
@@ -183,11 +191,11 @@ std::shared_ptr<vmm::SealedRam> Engine::Impl::sealed_ram(const templates::Templa
   if (it != sealed.end() && it->second.first == stamp) return it->second.second;
   auto t0 = std::chrono::steady_clock::now();
   auto ram = vmm::SealedRam::copy_of(tpl.ram);
-  spdlog::info("template {}: sealed RAM copy for clones ({} MiB) in {} ms", tpl.ram.string(),
-               ram->size() >> 20,
-               std::chrono::duration_cast<std::chrono::milliseconds>(
-                   std::chrono::steady_clock::now() - t0)
-                   .count());
+  spdlog::info(
+      "template {}: sealed RAM copy for clones ({} MiB) in {} ms", tpl.ram.string(),
+      ram->size() >> 20,
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0)
+          .count());
   sealed[tpl.ram.string()] = {stamp, ram};
   return ram;
 }

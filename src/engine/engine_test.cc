@@ -131,12 +131,12 @@ TEST_F(EngineTest, CreateExecDestroyLeavesNothing) {
   EXPECT_EQ(engine.stat_file(sb.id, "/tmp/x/blob")["size"], blob.size());
   EXPECT_EQ(error_code_of([&] { engine.stat_file(sb.id, "/nope"); }), Errc::not_found);
 
-  engine.destroy(sb.id);
+  testing::destroy_wait(engine, sb.id);
   expect_nothing_left();
   EXPECT_EQ(engine.get(sb.id).state, State::deleted);
   EXPECT_EQ(error_code_of([&] { engine.exec(sb.id, {.argv = {"true"}}, {}); }), Errc::conflict);
-  EXPECT_EQ(error_code_of([&] { engine.destroy(sb.id); }), Errc::conflict);
-  EXPECT_EQ(error_code_of([&] { engine.destroy("sb-000000000000"); }), Errc::not_found);
+  EXPECT_EQ(error_code_of([&] { testing::destroy_wait(engine, sb.id); }), Errc::conflict);
+  EXPECT_EQ(error_code_of([&] { testing::destroy_wait(engine, "sb-000000000000"); }), Errc::not_found);
   EXPECT_TRUE(engine.list().empty());
   EXPECT_EQ(engine.list({}, true).size(), 1u);
   auto ev = events(engine, sb.id);
@@ -245,7 +245,7 @@ TEST_F(EngineTest, RestartReadoptsLiveAndCleansDead) {
                   }});
   EXPECT_EQ(r.exit_code, 0);
   EXPECT_EQ(out, alive_id + "\n");
-  second.destroy(alive_id);
+  testing::destroy_wait(second, alive_id);
   expect_nothing_left();
   auto ev = events(second, alive_id);
   EXPECT_NE(std::find(ev.begin(), ev.end(), "adopted"), ev.end());

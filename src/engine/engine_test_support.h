@@ -11,6 +11,7 @@
 #include <string>
 
 #include "common/process.h"
+#include "engine/destroy_wait_test_support.h"
 #include "engine/engine.h"
 
 namespace airlock::engine::testing {

@@ -125,6 +125,8 @@ class Sandbox {
   // Set at creation and never changed: whether the VM has a NIC (mode
   // "none" cannot be changed into another mode, nor back).
   bool networked = false;
+  // Warm pool: the channel's stream count after the warm-up (engine_pool.cc).
+  uint32_t streams_at_ready = 0;
   // Written only before the sandbox is shared (create/recover) or under
   // `mu`; the state field inside is not used (state() is).
   SandboxRecord rec;

@@ -11,6 +11,7 @@
 #include <termios.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstring>
 
 #include "common/error.h"
@@ -33,7 +34,10 @@ void set_nonblock(int fd) { fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
 class Exec : public Stream {
  public:
   Exec(Server& server, uint32_t id, size_t log_capacity)
-      : Stream(server, id), tree_(server, "exec-" + std::to_string(id)), log_(log_capacity) {}
+      : Stream(server, id),
+        tree_(server, "exec-" + std::to_string(id)),
+        received_(std::chrono::steady_clock::now()),
+        log_(log_capacity) {}
   ~Exec() override { release(); }
 
   void start(const ExecSpec& spec);
@@ -82,6 +86,7 @@ class Exec : public Stream {
   }
 
   ProcTree tree_;
+  std::chrono::steady_clock::time_point received_;  // the exec request
   uint64_t limit_ = kDefaultOutputLimit;
   Out out_[3];  // index 1 = stdout, 2 = stderr
   int in_fd_ = -1;
@@ -393,6 +398,10 @@ void Exec::maybe_finish() {
     r["output_end"] = log_.end();
   }
   release();
+  // Request to reply inside the agent (cgroup set-up, spawn, wait, reap).
+  r["agent_us"] = std::chrono::duration_cast<std::chrono::microseconds>(
+                      std::chrono::steady_clock::now() - received_)
+                      .count();
   result_ = std::move(r);
   pump();  // attached: sends the response once the log is drained
 }

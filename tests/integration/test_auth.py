@@ -293,6 +293,10 @@ class QuotaTest(DaemonTestCase):
         self.assertEqual((e.code, e.field), ("quota_exceeded", "max_sandboxes"))
         self.assertIn("max_sandboxes 1", e.message)
         c.delete(sb)
+        # A deleted sandbox holds its VM until the background teardown ends.
+        deadline = time.time() + 60
+        while c.call("GET", f"/v1/sandboxes/{sb}")["state"] != "deleted" and time.time() < deadline:
+            time.sleep(0.05)
         c.delete(c.create(image="minimal")["id"])  # room again once it is gone
 
     def test_memory_and_disk(self):

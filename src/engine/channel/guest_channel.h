@@ -132,6 +132,9 @@ class GuestChannel {
 
   // A fresh stream id (>= 1, never reused on this connection).
   uint32_t open_stream();
+  // How many stream ids were handed out so far (the warm pool's check that
+  // nothing ran in a member since its warm-up).
+  uint32_t streams_opened() const { return next_stream_.load() - 1; }
 
   // Runs an exec on `stream` (from open_stream()). `request` holds the exec
   // fields of §5 without "op" (argv, env, cwd, user, timeout_ms); "stdin" is

@@ -12,6 +12,7 @@
 #include <ctime>
 #include <deque>
 #include <fstream>
+#include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -164,7 +165,26 @@ struct ImageStore::KernelCache {
   std::mutex mu;
   std::optional<KernelRef> kernel;
   std::chrono::steady_clock::time_point checked{};
+  // keys_for's answers by image name, with the stamp of their inputs
+  // (keys_mu; see keys_for).
+  std::mutex keys_mu;
+  std::map<std::string, std::pair<std::string, Keys>> keys;
 };
+
+namespace {
+
+// Identity of a file's current contents for the key memo: device, inode,
+// size and mtime in ns (a rewrite or a rename over it changes one of them).
+// "-" if it cannot be stat'ed (keys_for then reports what is missing).
+std::string file_stamp(const fs::path& p) {
+  struct stat st {};
+  if (::stat(p.c_str(), &st) != 0) return "-";
+  return std::to_string(st.st_dev) + ":" + std::to_string(st.st_ino) + ":" +
+         std::to_string(st.st_size) + ":" + std::to_string(st.st_mtim.tv_sec) + "." +
+         std::to_string(st.st_mtim.tv_nsec);
+}
+
+}  // namespace
 
 KernelRef ImageStore::current_kernel() const {
   std::lock_guard lock(kernel_cache_->mu);
@@ -222,6 +242,26 @@ std::string ImageStore::initrd_compression() {
 }
 
 ImageStore::Keys ImageStore::keys_for(const std::string& name, const KernelRef& kernel) const {
+  // Every create looks its image up, and hashing the inputs (the guest agent
+  // is megabytes) took most of a pool hand-out's time: the answer is kept
+  // while no input file changed (stat only, microseconds).
+  std::string stamp = kernel.package + " " + kernel.version + " " + initrd_compression();
+  for (const auto& f :
+       {recipe_dir_ / "common.sh", recipe_dir_ / (name + ".sh"), recipe_dir_ / "kernel.sh",
+        recipe_dir_ / "initramfs.sh", recipe_dir_ / "init.sh", guest_agent_})
+    stamp += " " + file_stamp(f);
+  {
+    std::lock_guard lock(kernel_cache_->keys_mu);
+    auto it = kernel_cache_->keys.find(name);
+    if (it != kernel_cache_->keys.end() && it->second.first == stamp) return it->second.second;
+  }
+  Keys k = compute_keys(name, kernel);
+  std::lock_guard lock(kernel_cache_->keys_mu);
+  kernel_cache_->keys[name] = {stamp, k};
+  return k;
+}
+
+ImageStore::Keys ImageStore::compute_keys(const std::string& name, const KernelRef& kernel) const {
   Keys k;
   k.rootfs = sha256_hex({kFormat, "rootfs", name, read_file(recipe_dir_ / "common.sh"),
                          read_file(recipe_dir_ / (name + ".sh"))})
@@ -257,6 +297,13 @@ std::optional<Image> ImageStore::load(const std::string& name, const std::string
     img.source = j.value("source", "recipe:" + name + ".sh");
     img.layers = j.value("layers", 1);
     if (j.contains("config")) img.config = image_config_from_json(j.at("config"));
+    // The built-in recipes' declared warm-up (images/*.sh build only the
+    // disk): commands templates run before they are saved and pool members
+    // before they are ready, so their files sit in the page cache and their
+    // code in the translation cache. Not part of the image key (the disk is
+    // the same); the template key includes it (engine_templates.cc).
+    if (img.kind == "recipe" && !j.contains("config") && name == "debian")
+      img.config.warmup = {"python3 -c pass"};
     img.disk_bytes = disk_usage(dir);
     return img;
   } catch (const std::exception&) {

@@ -160,7 +160,8 @@ class ImageStore {
   };
   void check_recipe(const std::string& name) const;
   KernelRef current_kernel() const;
-  Keys keys_for(const std::string& name, const KernelRef& kernel) const;
+  Keys keys_for(const std::string& name, const KernelRef& kernel) const;  // memoised
+  Keys compute_keys(const std::string& name, const KernelRef& kernel) const;
   std::optional<Image> load(const std::string& name, const std::string& key) const;
   std::optional<Image> find_installed(const std::string& name) const;
   bool is_recipe(const std::string& name) const;

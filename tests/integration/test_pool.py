@@ -1,0 +1,239 @@
+"""The warm pool's hand-out and the background delete (issue 13), on real VMs.
+
+Behaviour only (speed lives in bench/start.py): a pool hit is a running
+sandbox of its own, recorded in the journal; a delete answers with the
+sandbox out of service, and its teardown finishes in the background leaving
+nothing behind, also when the daemon is stopped while teardowns are pending.
+About 2-4 minutes under TCG.
+"""
+
+import glob
+import json
+import os
+import shutil
+import signal
+import tempfile
+import time
+import unittest
+
+import harness
+import test_network as tn  # its little internet (module import: its tests do not run here)
+
+
+def wait_pool(api, n, timeout=300):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        slots = api.call("GET", "/v1/pool")
+        if sum(s["ready"] for s in slots) >= n:
+            return slots
+        time.sleep(0.1)
+    raise AssertionError(f"the pool did not reach {n} ready members")
+
+
+def journal(data_dir, sid):
+    with open(os.path.join(data_dir, "audit", sid + ".jsonl")) as f:
+        return [json.loads(ln) for ln in f if ln.strip()]
+
+
+class PoolHandOut(harness.DaemonTestCase):
+    daemon_args = ["--pool", "minimal=2"]
+
+    def test_hand_out_is_a_running_sandbox_of_its_own(self):
+        slots = wait_pool(self.api, 2)
+        members = slots[0]["members"]
+        sb = self.api.create(image="minimal", env={"GREETING": "hi"})
+        self.assertEqual(sb["start"], "pool")
+        self.assertEqual(sb["state"], "running")
+        self.assertIn(sb["id"], members)
+        # Out of the pool at once: never handed out twice.
+        self.assertNotIn(sb["id"], self.api.call("GET", "/v1/pool")[0]["members"])
+        sb2 = self.api.create(image="minimal")
+        self.assertNotEqual(sb2["id"], sb["id"])
+        out, _, res = self.api.exec(sb["id"], argv=["sh", "-c", "echo $GREETING"])
+        self.assertEqual((res["exit_code"], out), (0, b"hi\n"))
+        # The hand-out is on record (written without fsync: design.md says
+        # why that is crash-safe), after the member's own `pooled` record.
+        events = [r["event"] for r in journal(self.data_dir, sb["id"])]
+        self.assertLess(events.index("pooled"), events.index("created"))
+        for s in (sb, sb2):
+            self.api.delete(s["id"])
+            self.assertNothingLeft(s["id"])
+
+    def test_two_hand_outs_have_their_own_identity(self):
+        wait_pool(self.api, 2)
+        probe = ("cat /proc/sys/kernel/hostname; cat /etc/machine-id; "
+                 "head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n'; echo; date +%s")
+        seen = []
+        for _ in range(2):
+            sb = self.api.create(image="minimal")
+            self.assertEqual(sb["start"], "pool")
+            out, _, res = self.api.exec(sb["id"], argv=["sh", "-c", probe])
+            self.assertEqual(res["exit_code"], 0, out)
+            host, mid, rnd, clock = out.decode().split("\n")[:4]
+            # The guest clock is the host's (reseeded), not the template's.
+            self.assertLess(abs(int(clock) - time.time()), 120)
+            self.assertEqual(host, sb["id"])
+            seen.append((host, mid, rnd))
+            self.api.delete(sb["id"])
+            wait_pool(self.api, 1)
+        for a, b, what in zip(seen[0], seen[1], ("hostname", "machine-id", "RNG")):
+            self.assertNotEqual(a, b, what)
+
+
+class BackgroundDelete(harness.DaemonTestCase):
+    daemon_args = ["--pool", "minimal=1"]
+
+    def test_delete_answers_at_once_and_teardown_completes(self):
+        wait_pool(self.api, 1)
+        sb = self.api.create(image="minimal")
+        self.api.delete(sb["id"])
+        # Gone from the API the moment DELETE answered: `deleted`, not listed,
+        # an exec refused, a second delete a conflict, though the teardown
+        # may still run.
+        self.assertEqual(self.api.call("GET", f"/v1/sandboxes/{sb['id']}")["state"], "deleted")
+        self.assertNotIn(sb["id"], [s["id"] for s in self.api.call("GET", "/v1/sandboxes")])
+        with self.assertRaises(harness.ApiError) as cm:
+            self.api.exec(sb["id"], argv=["true"])
+        self.assertEqual(cm.exception.status, 409)
+        with self.assertRaises(harness.ApiError) as cm:
+            self.api.delete(sb["id"])
+        self.assertEqual(cm.exception.status, 409)
+        # The journal's `deleted` record is written when the teardown is done:
+        # then nothing of the sandbox may remain.
+        deadline = time.time() + 60
+        while journal(self.data_dir, sb["id"])[-1]["event"] != "deleted" and time.time() < deadline:
+            time.sleep(0.05)
+        self.assertEqual(journal(self.data_dir, sb["id"])[-1]["event"], "deleted")
+        self.assertEqual(harness.leftovers_of(self.data_dir, sb["id"], wait=0), [])
+
+    def test_daemon_stop_finishes_pending_teardowns(self):
+        ids = []
+        for _ in range(3):
+            ids.append(self.api.create(image="minimal")["id"])
+        for sid in ids:
+            self.api.delete(sid)
+        # Stop the daemon while (some of) the teardowns are still queued.
+        self.daemon.send_signal(signal.SIGTERM)
+        self.daemon.wait(timeout=60)
+        for sid in ids:
+            self.assertEqual(harness.leftovers_of(self.data_dir, sid, wait=0), [])
+            self.assertEqual(journal(self.data_dir, sid)[-1]["event"], "deleted")
+        type(self).start_daemon()
+        for sid in ids:
+            self.assertEqual(self.api.call("GET", f"/v1/sandboxes/{sid}")["state"], "deleted")
+
+
+@unittest.skipIf(tn.can_run(), f"networked pool test skipped: {tn.can_run()}")
+class NetworkedPool(harness.DaemonTestCase):
+    """Members with a NIC under deny-everything serve networked creates; the
+    caller's policy is in force when the create returns. The daemon runs in
+    a namespace of the test's own (test_network's little internet)."""
+
+    daemon_prefix = ["ip", "netns", "exec", tn.NS_H]
+    servers = []
+
+    @classmethod
+    def setUpClass(cls):
+        try:
+            tn.NetworkTest.make_internet.__func__(cls)
+            os.environ["AIRLOCK_NET_DNS_UPSTREAM"] = tn.DNS
+            super().setUpClass()
+        except BaseException:
+            tn.NetworkTest.remove_internet.__func__(cls)
+            raise
+
+    @classmethod
+    def tearDownClass(cls):
+        try:
+            super().tearDownClass()
+        finally:
+            os.environ.pop("AIRLOCK_NET_DNS_UPSTREAM", None)
+            tn.NetworkTest.remove_internet.__func__(cls)
+
+    def test_allowlist_create_is_a_pool_hit_with_its_policy_in_force(self):
+        slots = self.api.call("PUT", "/v1/pool", {"image": "minimal", "size": 1, "network": True})
+        self.assertTrue(slots[0]["shape"]["network"])
+        wait_pool(self.api, 1)
+        policy = {"mode": "allowlist", "allow": ["198.51.100.10/32"]}
+        sb = self.api.create(image="minimal", network=policy)
+        self.assertEqual(sb["start"], "pool")
+        # At once, with no wait: the allowed host answers (deny-everything
+        # would have refused it), its neighbour is refused.
+        out, _, res = self.api.exec(sb["id"], cmd="wget -q -O - http://198.51.100.10/")
+        self.assertEqual((res["exit_code"], out), (0, b"hello 198.51.100.10\n"))
+        out, _, res = self.api.exec(sb["id"], cmd="nc -w 20 198.51.100.11 80 </dev/null 2>&1")
+        self.assertNotEqual(res["exit_code"], 0, out)
+        self.assertIn(b"refused", out.lower())
+        # The policy is on record before the hand-out's `created`.
+        events = journal(self.data_dir, sb["id"])
+        kinds = [r["event"] for r in events]
+        at = kinds.index("net_policy")
+        self.assertEqual(events[at]["policy"]["allow"], ["198.51.100.10/32"])
+        self.assertLess(at, kinds.index("created"))
+        self.assertEqual(self.api.call("GET", f"/v1/sandboxes/{sb['id']}")["network"]["allow"],
+                         ["198.51.100.10/32"])
+        # A create without network never gets a member with a NIC.
+        plain = self.api.create(image="minimal")
+        self.assertNotEqual(plain["start"], "pool")
+        for s in (sb, plain):
+            self.api.delete(s["id"])
+            self.assertNothingLeft(s["id"])
+
+
+class WarmUp(harness.DaemonTestCase):
+    """An image's declared warm-up runs in its template before the save and
+    in every pool member before it is ready. The image: minimal's files
+    installed as "warm" with a warm-up that notes the hostname it ran under
+    (the template's, then the member's) in a file clones inherit."""
+
+    daemon_args = ["--pool", "warm=1"]
+
+    @classmethod
+    def setUpClass(cls):
+        metas = glob.glob(os.path.join(harness.IMAGE_DIR, "minimal", "*", "image.json"))
+        src = os.path.dirname(max(metas, key=os.path.getmtime))
+        cls.images = tempfile.mkdtemp(prefix="warm-images-", dir=os.path.dirname(harness.IMAGE_DIR))
+        ver = os.path.join(cls.images, "warm", "v1")
+        os.makedirs(ver)
+        for f in ("vmlinuz", "initrd.img", "rootfs.ext4"):
+            try:
+                os.link(os.path.join(src, f), os.path.join(ver, f))
+            except OSError:
+                shutil.copy2(os.path.join(src, f), os.path.join(ver, f))
+        with open(os.path.join(src, "image.json")) as f:
+            meta = json.load(f)
+        meta.update(kind="installed", source="test",
+                    config={"warmup": ["cat /proc/sys/kernel/hostname >> /tmp/warm.log"]})
+        with open(os.path.join(ver, "image.json"), "w") as f:
+            json.dump(meta, f)
+        os.symlink("v1", os.path.join(cls.images, "warm", "current"))
+        cls.saved_image_dir, harness.IMAGE_DIR = harness.IMAGE_DIR, cls.images
+        try:
+            super().setUpClass()
+        finally:
+            harness.IMAGE_DIR = cls.saved_image_dir
+
+    @classmethod
+    def tearDownClass(cls):
+        try:
+            super().tearDownClass()
+        finally:
+            shutil.rmtree(cls.images, ignore_errors=True)
+
+    def test_template_then_member_ran_the_warmup(self):
+        wait_pool(self.api, 1)
+        sb = self.api.create(image="warm")
+        self.assertEqual(sb["start"], "pool")
+        out, _, res = self.api.exec(sb["id"], argv=["cat", "/tmp/warm.log"])
+        self.assertEqual(res["exit_code"], 0, out)
+        self.assertEqual(out.decode().split(), ["airlock-template", sb["id"]])
+        kinds = [r["event"] for r in journal(self.data_dir, sb["id"])]
+        between = kinds[kinds.index("pooled") + 1:kinds.index("created")]
+        self.assertEqual(between, ["pool_warmup"])
+        self.api.call("PUT", "/v1/pool", {"image": "warm", "size": 0})
+        self.api.delete(sb["id"])
+        self.assertNothingLeft(sb["id"])
+
+
+if __name__ == "__main__":
+    unittest.main()
