@@ -285,6 +285,9 @@ class Engine {
   // unknown id; conflict if it is already deleted/timed_out/failed (nothing
   // left to remove) or still starting.
   void destroy(const std::string& id);
+  // As destroy, returning once the VM and its files are gone (the recipe
+  // builder keeps a step sandbox's disk as a layer at once).
+  void destroy_and_wait(const std::string& id);
   // Moves a running sandbox's expiry to `seconds` (1 .. 604800) from now,
   // earlier or later; persisted, the reaper ends it then (timed_out).
   // invalid_argument field "timeout"; not_found; conflict unless running.

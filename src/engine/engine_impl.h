@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <map>
@@ -230,6 +231,11 @@ struct Engine::Impl {
   void destroy_now(const std::string& id, const std::string& reason);
   // Finishes every queued teardown and stops the thread (engine shutdown).
   void drain_reclaim();
+  // Waits (at most `limit`) until no deleted sandbox's teardown is pending:
+  // what judges who uses a snapshot or image (a deleted fork still holds
+  // its snapshot until its teardown ends), and what reuses a deleted
+  // sandbox's files, sees every delete that was answered as complete.
+  void settle_reclaim(std::chrono::milliseconds limit = std::chrono::seconds(30));
   std::mutex reclaim_mu;  // reclaim_queue, reclaim_stopping, reclaim_thread
   std::condition_variable reclaim_cv;
   std::deque<std::pair<std::shared_ptr<Live>, std::string>> reclaim_queue;

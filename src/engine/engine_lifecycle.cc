@@ -490,4 +490,9 @@ void Engine::destroy(const std::string& id) {
                                     " (stopped by someone else); nothing to delete");
 }
 
+void Engine::destroy_and_wait(const std::string& id) {
+  destroy(id);
+  impl_->settle_reclaim();
+}
+
 }  // namespace airlock::engine

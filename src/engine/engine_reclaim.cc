@@ -51,7 +51,15 @@ void Engine::Impl::reclaim_loop() {
     finish_stop(*sb, State::deleted, reason, "deleted", {}, nlohmann::json::object());
     lock.lock();
     deleting.erase(sb->id());
+    reclaim_cv.notify_all();  // settle_reclaim
   }
+}
+
+void Engine::Impl::settle_reclaim(std::chrono::milliseconds limit) {
+  std::unique_lock lock(reclaim_mu);
+  if (!reclaim_cv.wait_for(lock, limit, [&] { return deleting.empty(); }))
+    spdlog::warn("{} teardown(s) still running after {} ms; going on", deleting.size(),
+                 limit.count());
 }
 
 bool Engine::Impl::deleted_view(SandboxInfo& info) {

@@ -133,7 +133,7 @@ void run_step(StepRun& r, const Step& step, size_t i, size_t count, const fs::pa
   engine::SandboxInfo sb = r.engine.create_on_image(spec, on);
   ScopeGuard drop([&] {
     try {
-      r.engine.destroy(sb.id);
+      r.engine.destroy_and_wait(sb.id);  // its disk becomes the layer: QEMU must be gone
     } catch (const std::exception& e) {
       spdlog::warn("build sandbox {}: {}", sb.id, e.what());
     }
