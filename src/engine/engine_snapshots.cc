@@ -14,6 +14,7 @@
 #include <future>
 
 #include "common/error.h"
+#include "common/phases.h"
 #include "common/subprocess.h"
 #include "engine/engine_impl.h"
 #include "engine/types_json.h"
@@ -124,6 +125,7 @@ snapshots::Snapshot Engine::Impl::prepare_from(SandboxSpec& checked) {
                         " a network; a restore of its memory must be the same (network.mode)",
                     "network");
     }
+    Phases ph("verify " + snap->name);
     snaps->verify(*snap);  // size + SHA-256 of every file, parents too
     return *snap;
   } catch (...) {
@@ -142,6 +144,7 @@ snapshots::Snapshot Engine::Impl::take_snapshot(Live& sb, const std::string& nam
                                     "; only a running or paused one can "
                                     "be snapshotted");
   auto t0 = std::chrono::steady_clock::now();
+  Phases ph("snapshot " + name + " of " + id);
   // The guest's page cache first, so what its programs wrote is on the disk.
   if (from == State::running && sb.channel) {
     try {
@@ -158,6 +161,7 @@ snapshots::Snapshot Engine::Impl::take_snapshot(Live& sb, const std::string& nam
       spdlog::warn("sandbox {}: sync before snapshot: {}", id, e.what());
     }
   }
+  ph.mark("guest sync");
   snapshots::Staging st = snaps->stage(name);  // conflict if the name is taken
   ScopeGuard drop([&] { snaps->abandon(st); });
   sb.transition(from, State::snapshotting,
@@ -201,7 +205,9 @@ snapshots::Snapshot Engine::Impl::take_snapshot(Live& sb, const std::string& nam
       }
       meta.ram_block = pm.value("ram_block", "");
     }
+    ph.mark("save VM");
     copy_or_throw(disk, st.dir / "layer.qcow2");
+    ph.mark("copy layer");
     back();  // the source continues; the rest works on the copies
     // A template clone's overlay is backed by the template's disk, which a
     // prune may remove: the snapshot keeps its own link to it.
@@ -245,8 +251,10 @@ snapshots::Snapshot Engine::Impl::take_snapshot(Live& sb, const std::string& nam
   meta.networked = sb.networked;
   meta.created_at_ms = wall_ms();
   meta.took_ms = ms_since(t0);
+  ph.mark("resume+rebase");
   snapshots::Snapshot done = snaps->commit(st, meta);  // removes the staging dir on error
   drop.dismiss();
+  ph.mark("commit (hash)");
   try {
     journal.append(
         id, "snapshot",
@@ -377,6 +385,7 @@ std::vector<SandboxInfo> Engine::fork(const std::string& id, int count) {
                 "count");
   auto t0 = std::chrono::steady_clock::now();
   auto sb = impl.live_sandbox(id);
+  Phases ph("fork of " + id + " x" + std::to_string(count));
   std::string name = random_id("fork-");
   SandboxSpec spec;
   {
@@ -387,6 +396,7 @@ std::vector<SandboxInfo> Engine::fork(const std::string& id, int count) {
     impl.take_snapshot(*sb, name, true, true);
     spec = sb->info().spec;
   }
+  ph.mark("snapshot");
   spec.from = name;
   spec.metadata.erase(kPoolMarker);
   // All or nothing: every fork is made, or none is left.
@@ -405,6 +415,7 @@ std::vector<SandboxInfo> Engine::fork(const std::string& id, int count) {
       if (!first) first = Error(Errc::internal, e.what());
     }
   }
+  ph.mark("restores");
   if (first) {
     for (const auto& m : made) {
       try {

@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "common/error.h"
+#include "common/phases.h"
 #include "common/process.h"
 #include "engine/vmm/console.h"
 #include "engine/vmm/jail.h"
@@ -471,8 +472,10 @@ std::unique_ptr<Vm> Vm::start(const VmConfig& config) {
   const fs::path& dir = config.run_dir;
   remove_runtime_files(dir);  // stale sockets of an earlier run would confuse connect
 
+  Phases ph("vm " + config.id);
   pid_t pid = spawn_qemu(config, impl->argv);
   impl->pid = pid;
+  ph.mark("spawn");
   auto cleanup = [&](const std::string& why) -> Error {
     if (impl->console) impl->console->stop();
     impl->console.reset();
@@ -500,8 +503,10 @@ std::unique_ptr<Vm> Vm::start(const VmConfig& config) {
     impl->console = std::make_unique<ConsoleCapture>(dir / "console.sock", dir / "console.log",
                                                      config.console_cap_bytes, true,
                                                      Clock::now() + std::chrono::seconds(5));
+    ph.mark("qmp+console");
     if (!config.incoming_state.empty())
       restore_state(qmp, config.incoming_state, config.incoming_full);
+    ph.mark("load state");
     qmp.execute("cont");
   } catch (const Error& e) {
     throw cleanup(e.what());
