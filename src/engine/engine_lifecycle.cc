@@ -151,6 +151,18 @@ std::optional<Engine::Impl::BootFailure> Engine::Impl::boot_once(Live& sb,
         vc.incoming_state = from->mem_state();
         vc.incoming_full = true;
         vc.ram_block = from->ram_block;
+        if (from->files.contains("dev.state")) {
+          // A fork: the source's RAM mapped copy-on-write, device state only.
+          {
+            std::lock_guard lock(impl.snap_mu);
+            if (auto it = impl.fork_ram.find(from->name); it != impl.fork_ram.end())
+              sealed = it->second;
+          }
+          if (!sealed)
+            throw Error(Errc::unavailable, "the memory of fork snapshot " + from->name + " is gone");
+          vc.memory_fd = sealed->fd();
+          vc.incoming_state = from->dir / "dev.state";
+        }
       }
     } else {
       // A build layer (recipes/builder.cc) is a qcow2 file; images are raw.

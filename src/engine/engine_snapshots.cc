@@ -126,6 +126,14 @@ snapshots::Snapshot Engine::Impl::prepare_from(SandboxSpec& checked) {
                     "network");
     }
     Phases ph("verify " + snap->name);
+    if (snap->memory && snap->files.contains("dev.state")) {
+      std::lock_guard lock(snap_mu);
+      if (!fork_ram.count(snap->name))
+        throw Error(Errc::unavailable,
+                    "snapshot '" + snap->name +
+                        "' is a fork's: its memory was kept only while its forks started",
+                    "from");
+    }
     snaps->verify(*snap);  // size + SHA-256 of every file, parents too
     return *snap;
   } catch (...) {
@@ -136,7 +144,8 @@ snapshots::Snapshot Engine::Impl::prepare_from(SandboxSpec& checked) {
 }
 
 snapshots::Snapshot Engine::Impl::take_snapshot(Live& sb, const std::string& name, bool memory,
-                                                bool internal) {
+                                                bool internal,
+                                                std::shared_ptr<vmm::SealedRam>* split_ram) {
   const std::string id = sb.id();
   const State from = sb.state();
   if (from != State::running && from != State::paused)
@@ -183,8 +192,20 @@ snapshots::Snapshot Engine::Impl::take_snapshot(Live& sb, const std::string& nam
     if (from == State::running) {
       if (memory) {
         stopped = true;
+        if (split_ram) {
+          // A fork: the RAM into a sealed memfd its forks map copy-on-write.
+          try {
+            *split_ram =
+                sb.vm->save_memory_split(st.dir / "dev.state", std::chrono::seconds(120));
+          } catch (const Error& e) {
+            spdlog::warn("sandbox {}: fork: cannot split the saved state ({}); full state instead",
+                         id, e.what());
+            split_ram->reset();
+          }
+        }
         try {
-          sb.vm->save_memory(st.dir / "mem.state", std::chrono::seconds(120));
+          if (!split_ram || !*split_ram)
+            sb.vm->save_memory(st.dir / "mem.state", std::chrono::seconds(120));
         } catch (const Error&) {
           rethrow_if_disk_full(st.dir, (st.dir / "mem.state").string(), 0);
           throw;
@@ -388,14 +409,23 @@ std::vector<SandboxInfo> Engine::fork(const std::string& id, int count) {
   Phases ph("fork of " + id + " x" + std::to_string(count));
   std::string name = random_id("fork-");
   SandboxSpec spec;
+  std::shared_ptr<vmm::SealedRam> ram;  // the source's RAM, shared by every fork
   {
     std::lock_guard op(sb->op_mu);
     if (sb->state() != State::running)
       throw Error(Errc::conflict,
                   "sandbox " + id + " is " + to_string(sb->state()) + "; only a running one forks");
-    impl.take_snapshot(*sb, name, true, true);
+    impl.take_snapshot(*sb, name, true, true, &ram);
     spec = sb->info().spec;
   }
+  if (ram) {
+    std::lock_guard lock(impl.snap_mu);
+    impl.fork_ram[name] = ram;
+  }
+  ScopeGuard drop_ram([&] {
+    std::lock_guard lock(impl.snap_mu);
+    impl.fork_ram.erase(name);
+  });
   ph.mark("snapshot");
   spec.from = name;
   spec.metadata.erase(kPoolMarker);

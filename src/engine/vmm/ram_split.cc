@@ -1,6 +1,7 @@
 #include "engine/vmm/ram_split.h"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -28,7 +29,7 @@ constexpr uint64_t kPageSize = 4096, kFlagMask = kPageSize - 1;
 
 class Reader {
  public:
-  explicit Reader(int fd) : fd_(fd), buf_(1 << 20) {}
+  Reader(int fd, const std::atomic<bool>* stop) : fd_(fd), stop_(stop), buf_(1 << 20) {}
   // Copies n bytes into `out` (nullptr: skips them).
   void get(void* out, size_t n) {
     auto* o = static_cast<char*>(out);
@@ -72,6 +73,13 @@ class Reader {
  private:
   bool fill() {
     for (;;) {
+      if (stop_) {
+        pollfd p{fd_, POLLIN, 0};
+        int r = ::poll(&p, 1, 100);
+        if (r < 0 && errno != EINTR) throw_errno("poll migration stream");
+        if (stop_->load()) bad("abandoned by its writer");
+        if (r <= 0) continue;
+      }
       ssize_t n = ::read(fd_, buf_.data(), buf_.size());
       if (n < 0 && errno == EINTR) continue;
       if (n < 0) throw_errno("read migration stream");
@@ -81,6 +89,7 @@ class Reader {
     }
   }
   int fd_;
+  const std::atomic<bool>* stop_;
   std::vector<char> buf_;
   size_t pos_ = 0, len_ = 0;
 };
@@ -137,8 +146,9 @@ struct Ram {
 
 }  // namespace
 
-SplitStream split_migration_stream(int in_fd, int dev_fd, const std::string& block) {
-  Reader in(in_fd);
+SplitStream split_migration_stream(int in_fd, int dev_fd, const std::string& block,
+                                   const std::atomic<bool>* stop) {
+  Reader in(in_fd, stop);
   Writer out(dev_fd);
   Ram ram;
   SplitStream result;

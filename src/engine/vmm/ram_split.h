@@ -20,6 +20,7 @@
 //   vc.memory_fd = r.ram->fd(); vc.incoming_state = dev.state;
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -37,7 +38,10 @@ struct SplitStream {
 // Reads the whole stream from `in_fd` (file or pipe, to EOF) and writes the
 // device stream to `dev_fd`. `block` is the main RAM block's id: "pc.ram"
 // (plain -m) or "ram0" (a memory-backend). Error(internal) on any mismatch.
-SplitStream split_migration_stream(int in_fd, int dev_fd, const std::string& block);
+// `stop` (optional), once true, makes a read that waits give up (the
+// writer failed and will never close its end).
+SplitStream split_migration_stream(int in_fd, int dev_fd, const std::string& block,
+                                   const std::atomic<bool>* stop = nullptr);
 
 // The RAM block id QEMU gives a VM's main RAM: VmConfig::ram_block's
 // "" (plain -m) is "pc.ram", the `pc` machine's default-ram-id.

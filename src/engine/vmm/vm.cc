@@ -12,6 +12,8 @@
 #include <cstring>
 #include <fstream>
 #include <sstream>
+#include <atomic>
+#include <optional>
 #include <thread>
 
 #include "common/error.h"
@@ -128,6 +130,12 @@ void validate(const VmConfig& c) {
   }
   if (!c.ram_block.empty() && c.ram_block != "ram0")
     throw Error(Errc::invalid_argument, "ram_block must be \"\" or \"ram0\"", "ram_block");
+  if (c.memory_file.empty() && c.memory_fd >= 0) {
+    if (!c.incoming_full || !is_write_sealed(c.memory_fd))
+      throw Error(Errc::invalid_argument,
+                  "memory_fd without memory_file is a fork's sealed RAM and needs incoming_full",
+                  "memory_fd");
+  }
   if (c.incoming_full && (c.incoming_state.empty() || !c.memory_file.empty()))
     throw Error(Errc::invalid_argument,
                 "incoming_full needs incoming_state and no memory_file (RAM comes from the state)",
@@ -306,6 +314,7 @@ JailSpec jail_spec(const VmConfig& c, const std::string& exe) {
       s.inherit_fd = c.memory_fd;
     }
   }
+  if (c.memory_file.empty() && c.memory_fd >= 0) s.inherit_fd = c.memory_fd;  // a fork's RAM
   s.ro.insert(s.ro.end(), c.extra_ro.begin(), c.extra_ro.end());
   s.rw.insert(s.rw.end(), c.extra_rw.begin(), c.extra_rw.end());
   s.kvm = c.accel == Accel::kvm;
@@ -396,6 +405,15 @@ std::vector<std::string> qemu_argv(const VmConfig& c) {
                                             : "/proc/self/fd/" + std::to_string(kInheritedFd)) +
                            (c.memory_shared ? ",share=on" : ",share=off"),
                        "-machine", "memory-backend=ram0"});
+  } else if (c.memory_fd >= 0) {
+    // A fork: the source's RAM, split out of its stream, mapped
+    // copy-on-write under the source's block id so the stream matches.
+    const std::string id = ram_block_id(c.ram_block);
+    a.insert(a.end(), {"-object",
+                       "memory-backend-file,id=" + id + ",size=" + std::to_string(c.memory_mb) +
+                           "M,mem-path=/proc/self/fd/" + std::to_string(kInheritedFd) +
+                           ",share=off",
+                       "-machine", "memory-backend=" + id});
   } else if (c.ram_block == "ram0") {
     // A full restore of a clone's state: same RAM block name, own RAM.
     a.insert(a.end(), {"-object",
@@ -593,6 +611,42 @@ uint64_t Vm::save_state(const fs::path& path, std::chrono::milliseconds timeout)
   return fs::file_size(path, ec);
 }
 
+namespace {
+
+// Stops the guest and migrates its whole state (RAM included) into `fd`,
+// which QEMU takes over; returns when QEMU reports the migration complete.
+void migrate_full(QmpClient& qmp, int fd, Clock::time_point deadline,
+                  std::chrono::milliseconds timeout) {
+  qmp.execute("stop");  // also drains and flushes the disk
+  // Full stream: a clone's RAM is a private mapping, never skipped.
+  qmp.execute("migrate-set-capabilities",
+              {{"capabilities", {{{"capability", "x-ignore-shared"}, {"state", false}}}}});
+  // QEMU 7.2 throttles migration to 32 MiB/s by default; to a local file
+  // with the guest stopped there is nothing to protect.
+  qmp.execute("migrate-set-parameters", {{"max-bandwidth", int64_t{1} << 40}});
+  qmp.send_fd("memsave", fd);
+  qmp.execute("migrate", {{"uri", "fd:memsave"}});
+  for (;;) {
+    nlohmann::json st = qmp.execute("query-migrate");
+    std::string status = st.value("status", "");
+    if (status == "completed") break;
+    if (status == "failed" || status == "cancelled")
+      throw Error(Errc::internal,
+                  "saving the VM's memory failed: " + st.value("error-desc", status));
+    if (Clock::now() > deadline) {
+      try {
+        qmp.execute("migrate_cancel");
+      } catch (const std::exception&) {
+      }
+      throw Error(Errc::timeout, "saving the VM's memory took longer than " +
+                                     std::to_string(timeout.count()) + " ms");
+    }
+    std::this_thread::sleep_for(kMigrationPoll);
+  }
+}
+
+}  // namespace
+
 uint64_t Vm::save_memory(const fs::path& path, std::chrono::milliseconds timeout) {
   auto deadline = Clock::now() + timeout;
   const fs::path& dir = impl_->config.run_dir;
@@ -601,32 +655,7 @@ uint64_t Vm::save_memory(const fs::path& path, std::chrono::milliseconds timeout
   if (fd < 0) throw_errno("create " + path.string());
   std::error_code ec;
   try {
-    qmp.execute("stop");  // also drains and flushes the disk
-    // Full stream: a clone's RAM is a private mapping, never skipped.
-    qmp.execute("migrate-set-capabilities",
-                {{"capabilities", {{{"capability", "x-ignore-shared"}, {"state", false}}}}});
-    // QEMU 7.2 throttles migration to 32 MiB/s by default; to a local file
-    // with the guest stopped there is nothing to protect.
-    qmp.execute("migrate-set-parameters", {{"max-bandwidth", int64_t{1} << 40}});
-    qmp.send_fd("memsave", fd);
-    qmp.execute("migrate", {{"uri", "fd:memsave"}});
-    for (;;) {
-      nlohmann::json st = qmp.execute("query-migrate");
-      std::string status = st.value("status", "");
-      if (status == "completed") break;
-      if (status == "failed" || status == "cancelled")
-        throw Error(Errc::internal,
-                    "saving the VM's memory failed: " + st.value("error-desc", status));
-      if (Clock::now() > deadline) {
-        try {
-          qmp.execute("migrate_cancel");
-        } catch (const std::exception&) {
-        }
-        throw Error(Errc::timeout, "saving the VM's memory took longer than " +
-                                       std::to_string(timeout.count()) + " ms");
-      }
-      std::this_thread::sleep_for(kMigrationPoll);
-    }
+    migrate_full(qmp, fd, deadline, timeout);
     if (::fsync(fd) != 0) throw_errno("fsync " + path.string());
   } catch (...) {
     ::close(fd);
@@ -635,6 +664,67 @@ uint64_t Vm::save_memory(const fs::path& path, std::chrono::milliseconds timeout
   }
   ::close(fd);
   return fs::file_size(path, ec);
+}
+
+SplitStream Vm::save_memory_split(const fs::path& device_path, std::chrono::milliseconds timeout) {
+  auto deadline = Clock::now() + timeout;
+  const fs::path& dir = impl_->config.run_dir;
+  const std::string block = ram_block_id(ram_block());
+  QmpClient qmp = QmpClient::connect(dir / "qmp.sock", kQmpTimeout);
+  int dev = ::open(device_path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW,
+                   0600);
+  if (dev < 0) throw_errno("create " + device_path.string());
+  int p[2];
+  if (::pipe2(p, O_CLOEXEC) != 0) {
+    ::close(dev);
+    throw_errno("pipe2");
+  }
+  (void)::fcntl(p[1], F_SETPIPE_SZ, 1 << 20);  // fewer wake-ups; a hint only
+  // The stream is parsed while QEMU writes it: no copy of the RAM on disk.
+  std::atomic<bool> stop{false}, done{false};
+  std::optional<SplitStream> out;
+  std::exception_ptr failed;
+  std::thread reader([&] {
+    try {
+      out = split_migration_stream(p[0], dev, block, &stop);
+    } catch (...) {
+      failed = std::current_exception();
+    }
+    ::close(p[0]);  // a writer still at it gets EPIPE and fails
+    done = true;
+  });
+  auto finish = [&] {
+    if (reader.joinable()) reader.join();
+    ::close(dev);
+  };
+  std::error_code ec;
+  try {
+    try {
+      migrate_full(qmp, p[1], deadline, timeout);
+    } catch (...) {
+      ::close(p[1]);
+      p[1] = -1;
+      try {
+        qmp.execute("closefd", {{"fdname", "memsave"}});  // if QEMU never took it
+      } catch (const std::exception&) {
+      }
+      stop = true;
+      throw;
+    }
+    ::close(p[1]);  // QEMU closes its copy once completed: EOF for the reader
+    p[1] = -1;
+    while (!done && Clock::now() < deadline) std::this_thread::sleep_for(kMigrationPoll);
+    stop = true;  // a QEMU that never closes its end does not hang the daemon
+    reader.join();
+    if (failed) std::rethrow_exception(failed);
+    if (::fsync(dev) != 0) throw_errno("fsync " + device_path.string());
+  } catch (...) {
+    finish();
+    fs::remove(device_path, ec);
+    throw;
+  }
+  finish();
+  return std::move(*out);
 }
 
 void Vm::stop_cpus() {
