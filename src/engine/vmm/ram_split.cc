@@ -131,16 +131,33 @@ class Writer {
   uint64_t total_ = 0;
 };
 
-// The main RAM block being filled: a memfd mapped shared and writable
-// until it is sealed (a seal needs the writable mapping gone).
+// The main RAM block being filled: a memfd written with pwrite, runs of
+// consecutive pages coalesced (a mapping would fault on every page).
 struct Ram {
   int fd = -1;
-  char* map = nullptr;
   uint64_t size = 0;
   std::vector<bool> touched;
+  std::vector<char> run;
+  uint64_t run_off = 0;
   ~Ram() {
-    if (map) ::munmap(map, size);
     if (fd >= 0) ::close(fd);
+  }
+  void flush() {
+    for (size_t done = 0; done < run.size();) {
+      ssize_t n = ::pwrite(fd, run.data() + done, run.size() - done,
+                           static_cast<off_t>(run_off + done));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) throw_errno("write RAM memfd");
+      done += static_cast<size_t>(n);
+    }
+    run.clear();
+  }
+  // Room for the page at `off` at the end of the run.
+  char* page_at(uint64_t off) {
+    if (!run.empty() && (off != run_off + run.size() || run.size() >= (4u << 20))) flush();
+    if (run.empty()) run_off = off;
+    run.resize(run.size() + kPageSize);
+    return run.data() + run.size() - kPageSize;
   }
 };
 
@@ -186,10 +203,8 @@ SplitStream split_migration_stream(int in_fd, int dev_fd, const std::string& blo
             if (ram.fd < 0) throw_errno("memfd_create");
             if (::ftruncate(ram.fd, static_cast<off_t>(length)) != 0)
               throw_errno("size RAM memfd");
-            void* m = ::mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_SHARED, ram.fd, 0);
-            if (m == MAP_FAILED) throw_errno("map RAM memfd");
-            ram.map = static_cast<char*>(m);
             ram.size = length;
+            ram.run.reserve((4u << 20) + kPageSize);
             ram.touched.assign(length / kPageSize, false);
           }
         }
@@ -200,17 +215,16 @@ SplitStream split_migration_stream(int in_fd, int dev_fd, const std::string& blo
       if (!(flags & kContinue)) cur_in = in.str(in.u8());
       if (cur_in.empty()) bad("page record without a block");
       if (cur_in == block) {
-        if (!ram.map) bad("page of " + block + " before its block list");
+        if (ram.fd < 0) bad("page of " + block + " before its block list");
         if (addr + kPageSize > ram.size) bad("page outside RAM block " + block);
-        char* page = ram.map + addr;
         size_t pg = addr / kPageSize;
         if (kind == kPage) {
-          in.get(page, kPageSize);
+          in.get(ram.page_at(addr), kPageSize);
           ram.touched[pg] = true;
           ++result.pages;
         } else {
           uint8_t ch = in.u8();
-          if (ch != 0 || ram.touched[pg]) std::memset(page, ch, kPageSize);
+          if (ch != 0 || ram.touched[pg]) std::memset(ram.page_at(addr), ch, kPageSize);
           ram.touched[pg] = ch != 0;
         }
         continue;
@@ -288,12 +302,11 @@ SplitStream split_migration_stream(int in_fd, int dev_fd, const std::string& blo
         bad("section type " + std::to_string(type));
     }
   }
-  if (!ram.map) bad("no RAM block " + block);
+  if (ram.fd < 0) bad("no RAM block " + block);
+  ram.flush();
   in.rest([&](const char* p, size_t n) { out.put(p, n); });
   out.flush();
   result.device_bytes = out.total();
-  ::munmap(ram.map, ram.size);
-  ram.map = nullptr;
   result.ram = SealedRam::seal(ram.fd, ram.size);  // takes the fd
   ram.fd = -1;
   return result;

@@ -162,8 +162,9 @@ class Vm {
   // internal) with the partial file removed; the VM is then still stopped.
   uint64_t save_memory(const std::filesystem::path& path,
                        std::chrono::milliseconds timeout = std::chrono::seconds(120));
-  // Fork: as save_memory, but the stream goes through a pipe into
-  // split_migration_stream (ram_split.h): the main RAM block comes back as
+  // Fork: as save_memory, but the stream (in an unnamed temporary file
+  // beside device_path) is then split by split_migration_stream
+  // (ram_split.h): the main RAM block comes back as
   // a sealed memfd, the rest is written to `device_path` (created, 0600).
   // Error as save_memory (also if the stream is not the expected layout:
   // the caller may then save_memory); the VM is then still stopped.
