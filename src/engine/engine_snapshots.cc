@@ -4,7 +4,9 @@
 // its whole VM state. create --from puts a fresh overlay on that copy; a
 // memory snapshot also loads the state, then says hello with a new
 // identity (hostname, machine-id, MAC, RNG reseed, clock), as a clone does.
-// A fork is an internal memory snapshot restored `count` times.
+// A fork is an internal memory snapshot restored `count` times; its RAM is
+// split out of the stream into one sealed memfd the forks map copy-on-write
+// (vmm/ram_split.h), so each fork loads device state only.
 #include <spdlog/spdlog.h>
 #include <sys/statvfs.h>
 #include <unistd.h>

@@ -144,8 +144,8 @@ struct Ram {
   }
   void flush() {
     for (size_t done = 0; done < run.size();) {
-      ssize_t n = ::pwrite(fd, run.data() + done, run.size() - done,
-                           static_cast<off_t>(run_off + done));
+      ssize_t n =
+          ::pwrite(fd, run.data() + done, run.size() - done, static_cast<off_t>(run_off + done));
       if (n < 0 && errno == EINTR) continue;
       if (n <= 0) throw_errno("write RAM memfd");
       done += static_cast<size_t>(n);
@@ -201,8 +201,7 @@ SplitStream split_migration_stream(int in_fd, int dev_fd, const std::string& blo
             if (length == 0 || length % kPageSize) bad("RAM block " + id + " size");
             ram.fd = ::memfd_create("airlock-fork-ram", MFD_CLOEXEC | MFD_ALLOW_SEALING);
             if (ram.fd < 0) throw_errno("memfd_create");
-            if (::ftruncate(ram.fd, static_cast<off_t>(length)) != 0)
-              throw_errno("size RAM memfd");
+            if (::ftruncate(ram.fd, static_cast<off_t>(length)) != 0) throw_errno("size RAM memfd");
             ram.size = length;
             ram.run.reserve((4u << 20) + kPageSize);
             ram.touched.assign(length / kPageSize, false);
