@@ -159,7 +159,8 @@ std::optional<Engine::Impl::BootFailure> Engine::Impl::boot_once(Live& sb,
               sealed = it->second;
           }
           if (!sealed)
-            throw Error(Errc::unavailable, "the memory of fork snapshot " + from->name + " is gone");
+            throw Error(Errc::unavailable,
+                        "the memory of fork snapshot " + from->name + " is gone");
           vc.memory_fd = sealed->fd();
           vc.incoming_state = from->dir / "dev.state";
         }

@@ -197,8 +197,7 @@ snapshots::Snapshot Engine::Impl::take_snapshot(Live& sb, const std::string& nam
         if (split_ram) {
           // A fork: the RAM into a sealed memfd its forks map copy-on-write.
           try {
-            *split_ram =
-                sb.vm->save_memory_split(st.dir / "dev.state", std::chrono::seconds(120));
+            *split_ram = sb.vm->save_memory_split(st.dir / "dev.state", std::chrono::seconds(120));
           } catch (const Error& e) {
             spdlog::warn("sandbox {}: fork: cannot split the saved state ({}); full state instead",
                          id, e.what());

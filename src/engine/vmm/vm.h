@@ -32,8 +32,6 @@
 //   vm->kill();                    // SIGKILL, reap, sockets removed
 #pragma once
 
-#include "engine/vmm/ram_split.h"
-
 #include <sys/types.h>
 
 #include <chrono>
@@ -42,6 +40,8 @@
 #include <memory>
 #include <string>
 #include <vector>
+
+#include "engine/vmm/ram_split.h"
 
 namespace airlock::vmm {
 
