@@ -283,6 +283,11 @@ struct Engine::Impl {
   // Snapshots being restored right now (by name): not deletable meanwhile.
   std::mutex snap_mu;
   std::map<std::string, int> snap_restoring;
+  // A fork's RAM split out of its source's stream (vmm/ram_split.h), by the
+  // fork's internal snapshot name, held while its forks start. Each fork's
+  // QEMU keeps its own fd of the sealed memfd, so the pages live exactly as
+  // long as their last user; never on disk.
+  std::map<std::string, std::shared_ptr<vmm::SealedRam>> fork_ram;
   std::filesystem::path paused_dir(const std::string& id) const {
     return cfg.data_dir / "paused" / id;
   }
@@ -294,7 +299,11 @@ struct Engine::Impl {
   // snapshot) and the verified snapshot; Error(field "from").
   snapshots::Snapshot prepare_from(SandboxSpec& checked);
   // Takes snapshot `name` of sb (held op_mu; running or paused).
-  snapshots::Snapshot take_snapshot(Live& sb, const std::string& name, bool memory, bool internal);
+  // With `split_ram` (fork), the RAM comes back there as a sealed memfd and
+  // the snapshot holds dev.state (the stream without it) instead of
+  // mem.state; if the stream cannot be split, mem.state as before.
+  snapshots::Snapshot take_snapshot(Live& sb, const std::string& name, bool memory, bool internal,
+                                    std::shared_ptr<vmm::SealedRam>* split_ram = nullptr);
   // Removes an internal (fork) snapshot once nothing uses it. Never throws.
   void release_internal_snapshot(const std::string& name, const std::string& except_id) noexcept;
   // A paused sandbox of the previous daemon: live again, still paused.

@@ -8,6 +8,7 @@
 #include <fstream>
 
 #include "common/error.h"
+#include "common/phases.h"
 #include "engine/engine.h"
 #include "engine/engine_impl.h"
 #include "engine/trace.h"
@@ -130,6 +131,7 @@ std::optional<Engine::Impl::BootFailure> Engine::Impl::boot_once(Live& sb,
     std::error_code e2;
     fs::remove(disk, e2);
   });
+  Phases ph("boot " + info.id);
   try {
     if (tpl) {
       // A clone: the template's empty overlay (backing: the template's
@@ -150,12 +152,26 @@ std::optional<Engine::Impl::BootFailure> Engine::Impl::boot_once(Live& sb,
         vc.incoming_state = from->mem_state();
         vc.incoming_full = true;
         vc.ram_block = from->ram_block;
+        if (from->files.contains("dev.state")) {
+          // A fork: the source's RAM mapped copy-on-write, device state only.
+          {
+            std::lock_guard lock(impl.snap_mu);
+            if (auto it = impl.fork_ram.find(from->name); it != impl.fork_ram.end())
+              sealed = it->second;
+          }
+          if (!sealed)
+            throw Error(Errc::unavailable,
+                        "the memory of fork snapshot " + from->name + " is gone");
+          vc.memory_fd = sealed->fd();
+          vc.incoming_state = from->dir / "dev.state";
+        }
       }
     } else {
       // A build layer (recipes/builder.cc) is a qcow2 file; images are raw.
       storage::create_overlay(img.rootfs, disk, static_cast<uint64_t>(info.spec.disk_mb),
                               img.rootfs.extension() == ".qcow2" ? "qcow2" : "raw");
     }
+    ph.mark("overlay");
     if (networked) {
       // The helper listens before QEMU starts: QEMU connects its NIC once,
       // at start-up, and never reconnects. One helper per boot attempt (it
@@ -169,13 +185,16 @@ std::optional<Engine::Impl::BootFailure> Engine::Impl::boot_once(Live& sb,
       vc.net_socket = dir / "net.sock";
       vc.net_mac = mac_for(info.id);
     }
+    ph.mark("net");
     sb.vm = impl.launcher->start(vc);
+    ph.mark("vm start");
     // Recorded at once so a daemon that dies during the boot can find and
     // kill this QEMU when it restarts.
     sb.rec.info.pid = sb.vm->pid();
     impl.registry.set_pid(info.id, sb.rec.info.pid);
     if (networked) move_net_helper_to_cgroup(sb);
     sb.channel = channel::GuestChannel::connect(sb.vm->agent_socket(), deadline);
+    ph.mark("channel");
     channel::HelloParams hello;
     hello.hostname = info.id;
     // A memory snapshot was saved with its channel open: the guest may be
@@ -188,6 +207,7 @@ std::optional<Engine::Impl::BootFailure> Engine::Impl::boot_once(Live& sb,
     // own MAC (a clone would otherwise keep the template's).
     if (networked) hello.network = hello_network(info.id);
     sb.channel->hello(hello, deadline);
+    ph.mark("hello");
     attempt.dismiss();
     return std::nullopt;
   } catch (const Error& e) {

@@ -4,7 +4,9 @@
 // its whole VM state. create --from puts a fresh overlay on that copy; a
 // memory snapshot also loads the state, then says hello with a new
 // identity (hostname, machine-id, MAC, RNG reseed, clock), as a clone does.
-// A fork is an internal memory snapshot restored `count` times.
+// A fork is an internal memory snapshot restored `count` times; its RAM is
+// split out of the stream into one sealed memfd the forks map copy-on-write
+// (vmm/ram_split.h), so each fork loads device state only.
 #include <spdlog/spdlog.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
@@ -14,6 +16,7 @@
 #include <future>
 
 #include "common/error.h"
+#include "common/phases.h"
 #include "common/subprocess.h"
 #include "engine/engine_impl.h"
 #include "engine/types_json.h"
@@ -124,6 +127,15 @@ snapshots::Snapshot Engine::Impl::prepare_from(SandboxSpec& checked) {
                         " a network; a restore of its memory must be the same (network.mode)",
                     "network");
     }
+    Phases ph("verify " + snap->name);
+    if (snap->memory && snap->files.contains("dev.state")) {
+      std::lock_guard lock(snap_mu);
+      if (!fork_ram.count(snap->name))
+        throw Error(Errc::unavailable,
+                    "snapshot '" + snap->name +
+                        "' is a fork's: its memory was kept only while its forks started",
+                    "from");
+    }
     snaps->verify(*snap);  // size + SHA-256 of every file, parents too
     return *snap;
   } catch (...) {
@@ -134,7 +146,8 @@ snapshots::Snapshot Engine::Impl::prepare_from(SandboxSpec& checked) {
 }
 
 snapshots::Snapshot Engine::Impl::take_snapshot(Live& sb, const std::string& name, bool memory,
-                                                bool internal) {
+                                                bool internal,
+                                                std::shared_ptr<vmm::SealedRam>* split_ram) {
   const std::string id = sb.id();
   const State from = sb.state();
   if (from != State::running && from != State::paused)
@@ -142,6 +155,7 @@ snapshots::Snapshot Engine::Impl::take_snapshot(Live& sb, const std::string& nam
                                     "; only a running or paused one can "
                                     "be snapshotted");
   auto t0 = std::chrono::steady_clock::now();
+  Phases ph("snapshot " + name + " of " + id);
   // The guest's page cache first, so what its programs wrote is on the disk.
   if (from == State::running && sb.channel) {
     try {
@@ -158,6 +172,7 @@ snapshots::Snapshot Engine::Impl::take_snapshot(Live& sb, const std::string& nam
       spdlog::warn("sandbox {}: sync before snapshot: {}", id, e.what());
     }
   }
+  ph.mark("guest sync");
   snapshots::Staging st = snaps->stage(name);  // conflict if the name is taken
   ScopeGuard drop([&] { snaps->abandon(st); });
   sb.transition(from, State::snapshotting,
@@ -179,8 +194,19 @@ snapshots::Snapshot Engine::Impl::take_snapshot(Live& sb, const std::string& nam
     if (from == State::running) {
       if (memory) {
         stopped = true;
+        if (split_ram) {
+          // A fork: the RAM into a sealed memfd its forks map copy-on-write.
+          try {
+            *split_ram = sb.vm->save_memory_split(st.dir / "dev.state", std::chrono::seconds(120));
+          } catch (const Error& e) {
+            spdlog::warn("sandbox {}: fork: cannot split the saved state ({}); full state instead",
+                         id, e.what());
+            split_ram->reset();
+          }
+        }
         try {
-          sb.vm->save_memory(st.dir / "mem.state", std::chrono::seconds(120));
+          if (!split_ram || !*split_ram)
+            sb.vm->save_memory(st.dir / "mem.state", std::chrono::seconds(120));
         } catch (const Error&) {
           rethrow_if_disk_full(st.dir, (st.dir / "mem.state").string(), 0);
           throw;
@@ -201,7 +227,9 @@ snapshots::Snapshot Engine::Impl::take_snapshot(Live& sb, const std::string& nam
       }
       meta.ram_block = pm.value("ram_block", "");
     }
+    ph.mark("save VM");
     copy_or_throw(disk, st.dir / "layer.qcow2");
+    ph.mark("copy layer");
     back();  // the source continues; the rest works on the copies
     // A template clone's overlay is backed by the template's disk, which a
     // prune may remove: the snapshot keeps its own link to it.
@@ -245,8 +273,10 @@ snapshots::Snapshot Engine::Impl::take_snapshot(Live& sb, const std::string& nam
   meta.networked = sb.networked;
   meta.created_at_ms = wall_ms();
   meta.took_ms = ms_since(t0);
+  ph.mark("resume+rebase");
   snapshots::Snapshot done = snaps->commit(st, meta);  // removes the staging dir on error
   drop.dismiss();
+  ph.mark("commit (hash)");
   try {
     journal.append(
         id, "snapshot",
@@ -378,16 +408,27 @@ std::vector<SandboxInfo> Engine::fork(const std::string& id, int count) {
                 "count");
   auto t0 = std::chrono::steady_clock::now();
   auto sb = impl.live_sandbox(id);
+  Phases ph("fork of " + id + " x" + std::to_string(count));
   std::string name = random_id("fork-");
   SandboxSpec spec;
+  std::shared_ptr<vmm::SealedRam> ram;  // the source's RAM, shared by every fork
   {
     std::lock_guard op(sb->op_mu);
     if (sb->state() != State::running)
       throw Error(Errc::conflict,
                   "sandbox " + id + " is " + to_string(sb->state()) + "; only a running one forks");
-    impl.take_snapshot(*sb, name, true, true);
+    impl.take_snapshot(*sb, name, true, true, &ram);
     spec = sb->info().spec;
   }
+  if (ram) {
+    std::lock_guard lock(impl.snap_mu);
+    impl.fork_ram[name] = ram;
+  }
+  ScopeGuard drop_ram([&] {
+    std::lock_guard lock(impl.snap_mu);
+    impl.fork_ram.erase(name);
+  });
+  ph.mark("snapshot");
   spec.from = name;
   spec.metadata.erase(kPoolMarker);
   // All or nothing: every fork is made, or none is left.
@@ -406,6 +447,7 @@ std::vector<SandboxInfo> Engine::fork(const std::string& id, int count) {
       if (!first) first = Error(Errc::internal, e.what());
     }
   }
+  ph.mark("restores");
   if (first) {
     for (const auto& m : made) {
       try {

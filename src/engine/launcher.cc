@@ -20,6 +20,10 @@ class QemuVm final : public VmHandle {
                        std::chrono::milliseconds timeout) override {
     return vm_->save_memory(path, timeout);
   }
+  std::shared_ptr<vmm::SealedRam> save_memory_split(const std::filesystem::path& path,
+                                                    std::chrono::milliseconds timeout) override {
+    return vm_->save_memory_split(path, timeout).ram;
+  }
   void stop_cpus() override { vm_->stop_cpus(); }
   void resume_cpus() override { vm_->resume_cpus(); }
   std::string ram_block() const override { return vm_->ram_block(); }

@@ -20,6 +20,7 @@
 #include <memory>
 #include <string>
 
+#include "common/error.h"
 #include "engine/vmm/vm.h"
 
 namespace airlock::engine {
@@ -43,6 +44,13 @@ class VmHandle {
   // VM state, RAM included, to `path`; the VM stays stopped.
   virtual uint64_t save_memory(const std::filesystem::path& path,
                                std::chrono::milliseconds timeout) = 0;
+  // Fork (vmm::Vm::save_memory_split): the RAM as a sealed memfd, the rest
+  // to `device_path`. By default not supported (Error): the caller then
+  // saves the whole state with save_memory.
+  virtual std::shared_ptr<vmm::SealedRam> save_memory_split(const std::filesystem::path&,
+                                                            std::chrono::milliseconds) {
+    throw Error(Errc::unavailable, "this VM cannot split its saved state");
+  }
   virtual void stop_cpus() = 0;
   virtual void resume_cpus() = 0;
   // vmm::VmConfig::ram_block for a restore of this VM's saved state.

@@ -301,10 +301,44 @@ class SnapshotTest(DaemonTestCase):
         self.api.delete(b)
         self.api.call("DELETE", "/v1/snapshots/mem1")
 
+    def fork_ram_holders(self):
+        """(pid, inode) of each fd on a fork's RAM memfd held by this test's
+        daemon or its QEMUs (root: the QEMUs run as jail uids)."""
+        held = []
+        for pid in [self.daemon.pid] + harness.qemu_pids_for(self.data_dir):
+            try:
+                fds = os.listdir(f"/proc/{pid}/fd")
+            except OSError:
+                continue
+            for fd in fds:
+                path = f"/proc/{pid}/fd/{fd}"
+                try:
+                    if os.readlink(path).startswith("/memfd:airlock-fork-ram"):
+                        held.append((pid, os.stat(path).st_ino))
+                except OSError:
+                    pass
+        return held
+
     def test_d_fork(self):
+        # A page of guest RAM only (tmpfs) written before the fork: the forks
+        # map the source's RAM copy-on-write, so a write in one must stay there.
+        _, _, ex = self.api.exec(self.src, cmd="mkdir -p /run/cow && mount -t tmpfs cow /run/cow "
+                                               "&& echo source > /run/cow/mark")
+        self.assertEqual(ex["exit_code"], 0)
         r = self.api.call("POST", f"/v1/sandboxes/{self.src}/fork", {"count": 2})
         forks = [x["id"] for x in r["sandboxes"]]
         self.assertEqual(len(forks), 2)
+        self.api.exec(forks[0], cmd="echo fork0 > /run/cow/mark")
+        self.assertEqual(self.api.exec(forks[0], argv=["cat", "/run/cow/mark"])[0], b"fork0\n")
+        for sid in (forks[1], self.src):
+            self.assertEqual(self.api.exec(sid, argv=["cat", "/run/cow/mark"])[0], b"source\n")
+        if os.geteuid() == 0:
+            # One sealed RAM copy, mapped by both forks' QEMUs; the daemon
+            # kept none once they started.
+            held = self.fork_ram_holders()
+            self.assertEqual({p for p, _ in held},
+                             {harness.qemu_pids_for(sid)[0] for sid in forks}, held)
+            self.assertEqual(len({ino for _, ino in held}), 1, held)
         self.assertEqual(self.api.call("GET", f"/v1/sandboxes/{self.src}")["state"], "running")
         for i, sid in enumerate(forks):
             self.api.put_file(sid, "/root/fork-mark", str(i).encode())
@@ -323,8 +357,9 @@ class SnapshotTest(DaemonTestCase):
         self.assertEqual(len(counts(self.api, forks[0])), n0)
         for sid in forks:
             self.api.delete(sid)
-        # The fork's own snapshot went with its last fork.
+        # The fork's own snapshot went with its last fork, its RAM with them.
         self.assertEqual([x for x in self.api.call("GET", "/v1/snapshots") if x["internal"]], [])
+        self.assertEqual(self.fork_ram_holders(), [])
         # Removing it left the template's disk (its base.qcow2 is a hard link
         # to it) readable: the source, a clone, still pauses and resumes.
         self.api.call("POST", f"/v1/sandboxes/{self.src}/pause")

@@ -61,6 +61,12 @@ std::shared_ptr<SealedRam> SealedRam::copy_of(const std::filesystem::path& file)
       new SealedRam(mem.release(), static_cast<uint64_t>(st.st_size)));
 }
 
+std::shared_ptr<SealedRam> SealedRam::seal(int fd, uint64_t size) {
+  FdGuard mem{fd};
+  if (::fcntl(mem.fd, F_ADD_SEALS, kSeals) != 0) throw_errno("seal RAM memfd");
+  return std::shared_ptr<SealedRam>(new SealedRam(mem.release(), size));
+}
+
 SealedRam::~SealedRam() { ::close(fd_); }
 
 bool is_write_sealed(int fd) {

@@ -25,6 +25,9 @@ class SealedRam {
   // A sealed memfd with the contents of `file` (read once, in 1 MiB
   // chunks). Error(internal) naming the step on failure; nothing left.
   static std::shared_ptr<SealedRam> copy_of(const std::filesystem::path& file);
+  // Seals memfd `fd` (made with MFD_ALLOW_SEALING, no writable mapping
+  // left) and takes it over; on error it is closed.
+  static std::shared_ptr<SealedRam> seal(int fd, uint64_t size);
   ~SealedRam();
   SealedRam(const SealedRam&) = delete;
   SealedRam& operator=(const SealedRam&) = delete;

@@ -41,6 +41,8 @@
 #include <string>
 #include <vector>
 
+#include "engine/vmm/ram_split.h"
+
 namespace airlock::vmm {
 
 enum class Accel { kvm, tcg };
@@ -96,6 +98,10 @@ struct VmConfig {
   // memory_file. ram_block names the source's RAM block so the stream
   // matches: "" = plain `-m` (a cold-booted source), "ram0" = a
   // memory-backend (a source that was a template clone).
+  // Forks (a split state, ram_split.h): incoming_full with memory_fd set and
+  // no memory_file: the main RAM block is that sealed memfd mapped
+  // privately under the source's block id (ram_block_id(ram_block)), and
+  // incoming_state is the stream without its pages.
   bool incoming_full = false;
   std::string ram_block;
   // The jail (jail.h): QEMU gets its own uid, namespaces, root, cgroup and
@@ -156,6 +162,14 @@ class Vm {
   // internal) with the partial file removed; the VM is then still stopped.
   uint64_t save_memory(const std::filesystem::path& path,
                        std::chrono::milliseconds timeout = std::chrono::seconds(120));
+  // Fork: as save_memory, but the stream (in an unnamed temporary file
+  // beside device_path) is then split by split_migration_stream
+  // (ram_split.h): the main RAM block comes back as
+  // a sealed memfd, the rest is written to `device_path` (created, 0600).
+  // Error as save_memory (also if the stream is not the expected layout:
+  // the caller may then save_memory); the VM is then still stopped.
+  SplitStream save_memory_split(const std::filesystem::path& device_path,
+                                std::chrono::milliseconds timeout = std::chrono::seconds(120));
   // Stops the guest's CPUs (QMP stop: also drains and flushes its disk, so
   // the overlay file is consistent for a copy) / continues them.
   void stop_cpus();
