@@ -79,10 +79,11 @@ def ms_since(t0):
 
 
 def daemon(name, args, env=None):
-    cls = type(name, (harness.DaemonTestCase,), {"daemon_args": args})
     old = dict(os.environ)
     os.environ.update(env or {})
     os.environ["AIRLOCK_TRACE"] = "1"
+    args = list(args) + ["--background-delete"]  # delete answered before the teardown
+    cls = type(name, (harness.DaemonTestCase,), {"daemon_args": args})
     try:
         cls.setUpClass()
     finally:

@@ -66,6 +66,10 @@ int main(int argc, char** argv) {
                  "after a daemon restart; beyond it the oldest bytes are dropped, counted "
                  "(default 1048576)")
       ->check(CLI::Range(uint64_t{65536}, uint64_t{1} << 30));
+  bool background_delete = false;
+  app.add_flag("--background-delete", background_delete,
+               "answer a DELETE once the sandbox is out of service and finish its teardown in "
+               "the background (the journal's deleted record marks the end)");
   std::string jail_ids;
   app.add_option("--jail-ids", jail_ids,
                  "BASE:COUNT: uids/gids for QEMU jails, checked against /etc/subuid, /etc/subgid, "
@@ -127,6 +131,7 @@ int main(int argc, char** argv) {
     }
     config.journal_max_bytes = static_cast<uint64_t>(journal_max_mb) << 20;
     config.exec_buffer_bytes = exec_buffer_bytes;
+    config.background_delete = background_delete;
     // The lifecycle reserve: 1 MiB, or a quarter of a smaller cap.
     config.journal_reserve_bytes = std::min<uint64_t>(1u << 20, config.journal_max_bytes / 4);
     if (!template_ram_dir.empty())
@@ -151,10 +156,9 @@ int main(int argc, char** argv) {
                                           const daemon::Principal& who) { api.serve(e, ex, who); });
     // ... and its in-sandbox half, envd (process.Process, filesystem, /files).
     auto envd = e2b::make_envd(e2b_tokens);
-    server.add_extension("/e2b/envd/", [envd](engine::Engine& e, daemon::Exchange& ex,
-                                              const daemon::Principal& who) {
-      envd->serve(e, ex, who);
-    });
+    server.add_extension("/e2b/envd/",
+                         [envd](engine::Engine& e, daemon::Exchange& ex,
+                                const daemon::Principal& who) { envd->serve(e, ex, who); });
     spdlog::info("data dir {}, images {}", data.string(), config.image_dir.string());
     if (!server.run(*eng)) {
       // A connection thread is still inside the engine (e.g. a boot): do not

@@ -82,6 +82,12 @@ struct Config {
   // again after a daemon restart (airlockd --exec-buffer-bytes; 64 KiB ..
   // 1 GiB). Beyond it the oldest bytes go, counted (engine_attach.cc).
   uint64_t exec_buffer_bytes = 1ull << 20;
+  // airlockd --background-delete: destroy() answers once the sandbox is
+  // `stopping` and out of service; its VM and files go on the reclaim
+  // thread (engine_reclaim.cc). Off: destroy() returns when all is gone,
+  // which is what clients that check the host or re-use a snapshot right
+  // after a delete (and today's integration suites) expect.
+  bool background_delete = false;
 };
 
 // The sandbox state machine (docs/design.md, "State and lifecycle";

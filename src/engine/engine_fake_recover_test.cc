@@ -104,7 +104,9 @@ TEST_F(EngineFakeRecover, CrashDuringBackgroundTeardownLeavesNothing) {
   ASSERT_GE(child, 0);
   if (child == 0) {
     try {
-      Engine engine(cfg_);
+      Config cfg = cfg_;
+      cfg.background_delete = true;
+      Engine engine(cfg);
       std::vector<std::string> made;
       for (int i = 0; i < kN; ++i) made.push_back(engine.create({.image = "minimal"}).id);
       std::string lines;

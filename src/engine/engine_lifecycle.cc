@@ -502,10 +502,15 @@ void Engine::destroy(const std::string& id) {
                                                              : "stopping";
     throw Error(Errc::conflict, "sandbox " + id + " is " + state + "; nothing to delete");
   }
-  // Answered once the sandbox is `stopping` and out of service; the VM and
-  // its files go in the background (engine_reclaim.cc).
+  // With background_delete: answered once the sandbox is `stopping` and out
+  // of service, the VM and its files go on the reclaim thread
+  // (engine_reclaim.cc). Without: all is gone when this returns.
+
   Trace trace("delete", id);
-  if (!impl.teardown_async(sb, "deleted by request"))
+  bool stopped = impl.cfg.background_delete
+                     ? impl.teardown_async(sb, "deleted by request")
+                     : impl.teardown(*sb, State::deleted, "deleted by request", "deleted");
+  if (!stopped)
     throw Error(Errc::conflict, "sandbox " + id + " is " + to_string(sb->state()) +
                                     " (stopped by someone else); nothing to delete");
 }

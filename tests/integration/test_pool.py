@@ -81,7 +81,7 @@ class PoolHandOut(harness.DaemonTestCase):
 
 
 class BackgroundDelete(harness.DaemonTestCase):
-    daemon_args = ["--pool", "minimal=1"]
+    daemon_args = ["--pool", "minimal=1", "--background-delete"]
 
     def test_delete_answers_at_once_and_teardown_completes(self):
         wait_pool(self.api, 1)
