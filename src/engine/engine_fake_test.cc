@@ -373,20 +373,16 @@ TEST_F(EngineFake, PoolHandsOutAWarmMember) {
   engine.set_pool("minimal", 0);
 }
 
-// Warm-up (ImageConfig::warmup): a member runs its image's declared
-// commands, in order, before it is ready; each is journaled as
-// `pool_warmup`, and between the member's `pooled` and the hand-out's
-// `created` nothing else ran in it. An exec by a member's id before its
-// hand-out is refused (members are not in `live`).
-TEST_F(EngineFake, PoolMemberRunsTheImageWarmupInOrderBeforeItIsReady) {
-  // An installed image "warm": minimal's files, plus a warm-up list.
+// Installs image "warm" (minimal's files, symlinked, plus `warmup` in its
+// config) in an image dir of the test's own, and points cfg_ at it.
+void install_warm_image(Config& cfg, const fs::path& data, const std::vector<std::string>& warmup) {
   std::string ver;
   {
-    Engine probe(cfg_);
+    Engine probe(cfg);
     ver = probe.inspect_image("minimal")["version"];
   }
-  fs::path src = cfg_.image_dir / "minimal" / ver;
-  fs::path imgs = data_ / "images";
+  fs::path src = cfg.image_dir / "minimal" / ver;
+  fs::path imgs = data / "images";
   fs::create_directories(imgs / "warm" / "v1");
   for (const char* f : {"vmlinuz", "initrd.img", "rootfs.ext4"})
     fs::create_symlink(src / f, imgs / "warm" / "v1" / f);
@@ -394,11 +390,20 @@ TEST_F(EngineFake, PoolMemberRunsTheImageWarmupInOrderBeforeItIsReady) {
   auto meta = nlohmann::json::parse(in);
   meta["kind"] = "installed";
   meta["source"] = "test";
-  const std::vector<std::string> warmup = {"test ! -e /nonexistent-a", "echo warm > /dev/null"};
   meta["config"] = {{"warmup", warmup}};
   std::ofstream(imgs / "warm" / "v1" / "image.json") << meta.dump();
   fs::create_symlink("v1", imgs / "warm" / "current");
-  cfg_.image_dir = imgs;
+  cfg.image_dir = imgs;
+}
+
+// Warm-up (ImageConfig::warmup): a member runs its image's declared
+// commands, in order, before it is ready; each is journaled as
+// `pool_warmup`, and between the member's `pooled` and the hand-out's
+// `created` nothing else ran in it. An exec by a member's id before its
+// hand-out is refused (members are not in `live`).
+TEST_F(EngineFake, PoolMemberRunsTheImageWarmupInOrderBeforeItIsReady) {
+  const std::vector<std::string> warmup = {"test ! -e /nonexistent-a", "echo warm > /dev/null"};
+  install_warm_image(cfg_, data_, warmup);
 
   Engine engine(cfg_);
   engine.set_pool("warm", 1);
@@ -436,23 +441,7 @@ TEST_F(EngineFake, PoolMemberRunsTheImageWarmupInOrderBeforeItIsReady) {
 
 // A member whose warm-up fails is never made ready.
 TEST_F(EngineFake, PoolMemberWhoseWarmupFailsIsNeverReady) {
-  std::string ver;
-  {
-    Engine probe(cfg_);
-    ver = probe.inspect_image("minimal")["version"];
-  }
-  fs::path src = cfg_.image_dir / "minimal" / ver;
-  fs::path imgs = data_ / "images";
-  fs::create_directories(imgs / "warm" / "v1");
-  for (const char* f : {"vmlinuz", "initrd.img", "rootfs.ext4"})
-    fs::create_symlink(src / f, imgs / "warm" / "v1" / f);
-  std::ifstream in(src / "image.json");
-  auto meta = nlohmann::json::parse(in);
-  meta["kind"] = "installed";
-  meta["config"] = {{"warmup", {"exit 3"}}};
-  std::ofstream(imgs / "warm" / "v1" / "image.json") << meta.dump();
-  fs::create_symlink("v1", imgs / "warm" / "current");
-  cfg_.image_dir = imgs;
+  install_warm_image(cfg_, data_, {"exit 3"});
   Engine engine(cfg_);
   engine.set_pool("warm", 1);
   // The first attempt ends (its member deleted, reason said) without a ready member.

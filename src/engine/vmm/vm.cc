@@ -19,8 +19,8 @@
 #include "common/process.h"
 #include "engine/vmm/console.h"
 #include "engine/vmm/jail.h"
-#include "engine/vmm/sealed_ram.h"
 #include "engine/vmm/qmp.h"
+#include "engine/vmm/sealed_ram.h"
 
 namespace airlock::vmm {
 
@@ -242,6 +242,28 @@ pid_t spawn_detached(const std::vector<std::string>& argv, const fs::path& run_d
 
 constexpr auto kMigrationPoll = std::chrono::milliseconds(2);
 
+// Waits for an outgoing migration (a save into a file) to complete; past
+// the deadline it is cancelled. `what` names what is saved, for errors.
+void await_migration(QmpClient& qmp, Clock::time_point deadline, std::chrono::milliseconds timeout,
+                     const std::string& what) {
+  for (;;) {
+    nlohmann::json st = qmp.execute("query-migrate");
+    std::string status = st.value("status", "");
+    if (status == "completed") return;
+    if (status == "failed" || status == "cancelled")
+      throw Error(Errc::internal, "saving " + what + " failed: " + st.value("error-desc", status));
+    if (Clock::now() > deadline) {
+      try {
+        qmp.execute("migrate_cancel");
+      } catch (const std::exception&) {
+      }
+      throw Error(Errc::timeout, "saving " + what + " took longer than " +
+                                     std::to_string(timeout.count()) + " ms");
+    }
+    std::this_thread::sleep_for(kMigrationPoll);
+  }
+}
+
 void set_ignore_shared(QmpClient& qmp) {
   qmp.execute("migrate-set-capabilities",
               {{"capabilities", {{{"capability", "x-ignore-shared"}, {"state", true}}}}});
@@ -320,7 +342,7 @@ JailSpec jail_spec(const VmConfig& c, const std::string& exe) {
   uint64_t ram = static_cast<uint64_t>(c.memory_mb) * mib;
   // Guest RAM + QEMU's own (TCG translation cache, device state, threads):
   // the cache's cap (QEMU's 1 GiB default when uncapped) + 256 MiB + 25%.
-  const uint64_t tb = c.accel == Accel::kvm ? 0
+  const uint64_t tb = c.accel == Accel::kvm  ? 0
                       : c.tcg_tb_size_mb > 0 ? static_cast<uint64_t>(c.tcg_tb_size_mb) * mib
                                              : 1024 * mib;
   s.limits.memory_bytes = ram + tb + 256 * mib + ram / 4;
@@ -396,27 +418,27 @@ std::vector<std::string> qemu_argv(const VmConfig& c) {
   };
   if (!c.initrd.empty()) a.insert(a.end(), {"-initrd", c.initrd.string()});
   if (!c.memory_file.empty()) {
-    a.insert(a.end(), {"-object",
-                       "memory-backend-file,id=ram0,size=" + std::to_string(c.memory_mb) +
-                           "M,mem-path=" +
-                           (c.memory_shared ? c.memory_file.string()
-                                            : "/proc/self/fd/" + std::to_string(kInheritedFd)) +
-                           (c.memory_shared ? ",share=on" : ",share=off"),
-                       "-machine", "memory-backend=ram0"});
+    a.insert(a.end(),
+             {"-object",
+              "memory-backend-file,id=ram0,size=" + std::to_string(c.memory_mb) + "M,mem-path=" +
+                  (c.memory_shared ? c.memory_file.string()
+                                   : "/proc/self/fd/" + std::to_string(kInheritedFd)) +
+                  (c.memory_shared ? ",share=on" : ",share=off"),
+              "-machine", "memory-backend=ram0"});
   } else if (c.memory_fd >= 0) {
     // A fork: the source's RAM, split out of its stream, mapped
     // copy-on-write under the source's block id so the stream matches.
     const std::string id = ram_block_id(c.ram_block);
-    a.insert(a.end(), {"-object",
-                       "memory-backend-file,id=" + id + ",size=" + std::to_string(c.memory_mb) +
-                           "M,mem-path=/proc/self/fd/" + std::to_string(kInheritedFd) +
-                           ",share=off",
-                       "-machine", "memory-backend=" + id});
+    a.insert(a.end(),
+             {"-object",
+              "memory-backend-file,id=" + id + ",size=" + std::to_string(c.memory_mb) +
+                  "M,mem-path=/proc/self/fd/" + std::to_string(kInheritedFd) + ",share=off",
+              "-machine", "memory-backend=" + id});
   } else if (c.ram_block == "ram0") {
     // A full restore of a clone's state: same RAM block name, own RAM.
-    a.insert(a.end(), {"-object",
-                       "memory-backend-ram,id=ram0,size=" + std::to_string(c.memory_mb) + "M",
-                       "-machine", "memory-backend=ram0"});
+    a.insert(a.end(),
+             {"-object", "memory-backend-ram,id=ram0,size=" + std::to_string(c.memory_mb) + "M",
+              "-machine", "memory-backend=ram0"});
   }
   if (!c.incoming_state.empty()) a.insert(a.end(), {"-incoming", "defer"});
   a.insert(a.end(), {
@@ -587,18 +609,7 @@ uint64_t Vm::save_state(const fs::path& path, std::chrono::milliseconds timeout)
     set_ignore_shared(qmp);
     qmp.send_fd("template", fd);
     qmp.execute("migrate", {{"uri", "fd:template"}});
-    for (;;) {
-      nlohmann::json st = qmp.execute("query-migrate");
-      std::string status = st.value("status", "");
-      if (status == "completed") break;
-      if (status == "failed" || status == "cancelled")
-        throw Error(Errc::internal,
-                    "saving the VM state failed: " + st.value("error-desc", status));
-      if (Clock::now() > deadline)
-        throw Error(Errc::timeout, "saving the VM state took longer than " +
-                                       std::to_string(timeout.count()) + " ms");
-      std::this_thread::sleep_for(kMigrationPoll);
-    }
+    await_migration(qmp, deadline, timeout, "the VM state");
     if (::fsync(fd) != 0) throw_errno("fsync " + path.string());
   } catch (...) {
     ::close(fd);
@@ -624,23 +635,7 @@ void migrate_full(QmpClient& qmp, int fd, Clock::time_point deadline,
   qmp.execute("migrate-set-parameters", {{"max-bandwidth", int64_t{1} << 40}});
   qmp.send_fd("memsave", fd);
   qmp.execute("migrate", {{"uri", "fd:memsave"}});
-  for (;;) {
-    nlohmann::json st = qmp.execute("query-migrate");
-    std::string status = st.value("status", "");
-    if (status == "completed") break;
-    if (status == "failed" || status == "cancelled")
-      throw Error(Errc::internal,
-                  "saving the VM's memory failed: " + st.value("error-desc", status));
-    if (Clock::now() > deadline) {
-      try {
-        qmp.execute("migrate_cancel");
-      } catch (const std::exception&) {
-      }
-      throw Error(Errc::timeout, "saving the VM's memory took longer than " +
-                                     std::to_string(timeout.count()) + " ms");
-    }
-    std::this_thread::sleep_for(kMigrationPoll);
-  }
+  await_migration(qmp, deadline, timeout, "the VM's memory");
 }
 
 }  // namespace
@@ -675,8 +670,7 @@ SplitStream Vm::save_memory_split(const fs::path& device_path, std::chrono::mill
   // on 2 busy cores than writing a file and parsing it afterwards.
   int whole = ::open(device_path.parent_path().c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
   if (whole < 0) throw_errno("create a temporary file in " + device_path.parent_path().string());
-  int dev = ::open(device_path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW,
-                   0600);
+  int dev = ::open(device_path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
   if (dev < 0) {
     ::close(whole);
     throw_errno("create " + device_path.string());
