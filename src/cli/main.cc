@@ -17,14 +17,15 @@
 #include "cli/args.h"
 #include "cli/attach.h"
 #include "cli/client.h"
+#include "cli/image_cmd.h"
 #include "cli/journal_cmd.h"
+#include "cli/pool_cmd.h"
 #include "cli/probe.h"
 #include "cli/pty_client.h"
 #include "cli/recipe_cmd.h"
+#include "cli/snapshot_cmd.h"
 #include "cli/spawn.h"
 #include "cli/stdin_pump.h"
-#include "cli/image_cmd.h"
-#include "cli/snapshot_cmd.h"
 #include "cli/token_cmd.h"
 #include "common/error.h"
 #include "daemon/base64.h"
@@ -349,20 +350,8 @@ int main_impl(int argc, char** argv) {
   inspect->add_flag("--posture", posture, "the jail as read back from /proc, and what is missing");
   inspect->add_flag("--json", json_out, "print JSON");
 
-  std::string pool_image;
-  std::optional<int> pool_size, pool_cpus, pool_memory, pool_disk;
-  auto* pool = app.add_subcommand(
-      "pool", "warm pool: keep SIZE sandboxes of IMAGE ready (0 disables; no args: show it)");
-  pool->add_option("image", pool_image, "image name");
-  pool->add_option("size", pool_size, "members to keep ready")->check(CLI::Range(0, 64));
-  pool->add_option("--cpus", pool_cpus, "members' vCPUs (default 1)");
-  pool->add_option("--memory", pool_memory, "members' RAM in MiB (default 256)");
-  pool->add_option("--disk", pool_disk, "members' disk in MiB (default 1024)");
-  bool pool_network = false;
-  pool->add_flag("--network", pool_network,
-                 "members carry a NIC under deny-everything and serve creates with a network "
-                 "policy (run --network ...), which they get at hand-out");
-  pool->add_flag("--json", json_out, "print JSON");
+  PoolCommand pool;
+  add_pool_command(app, pool);
 
   auto* info = app.add_subcommand("info", "daemon and host facts");
   info->add_flag("--json", json_out, "print JSON");
@@ -732,34 +721,7 @@ int main_impl(int argc, char** argv) {
       std::cout << format_posture(j);
     return 0;
   }
-  if (pool->parsed()) {
-    if (!pool_image.empty() && !pool_size) throw UsageError("pool IMAGE needs a SIZE");
-    Client c = connect(g);
-    json answer;
-    if (pool_size) {
-      json body{{"image", pool_image}, {"size", *pool_size}};
-      if (pool_cpus) body["cpus"] = *pool_cpus;
-      if (pool_memory) body["memory_mb"] = *pool_memory;
-      if (pool_disk) body["disk_mb"] = *pool_disk;
-      if (pool_network) body["network"] = true;
-      answer = c.call("PUT", "/v1/pool", body);
-    } else {
-      answer = c.call("GET", "/v1/pool");
-    }
-    if (json_out) {
-      std::cout << answer.dump(2) << "\n";
-    } else {
-      for (const auto& slot : answer) {
-        const json& sh = slot["shape"];
-        std::cout << slot.value("image", "?") << " (" << sh.value("cpus", 0) << " cpu, "
-                  << sh.value("memory_mb", 0) << "M, disk " << sh.value("disk_mb", 0)
-                  << "M): " << slot.value("ready", 0) << "/" << slot.value("target", 0)
-                  << " ready, " << slot.value("hits", 0) << " hits, " << slot.value("misses", 0)
-                  << " misses\n";
-      }
-    }
-    return 0;
-  }
+  if (run_pool_command(pool, [&] { return connect(g); })) return 0;
   if (probe->parsed()) {
     Client c = connect(g);
     return run_probe(c, popts, g.paths());

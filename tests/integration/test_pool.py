@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import signal
+import subprocess
 import tempfile
 import time
 import unittest
@@ -78,6 +79,21 @@ class PoolHandOut(harness.DaemonTestCase):
             wait_pool(self.api, 1)
         for a, b, what in zip(seen[0], seen[1], ("hostname", "machine-id", "RNG")):
             self.assertNotEqual(a, b, what)
+
+    def test_cli_shows_the_pool_and_refuses_an_image_without_a_size(self):
+        wait_pool(self.api, 2)
+        env = dict(os.environ, AIRLOCK_SOCKET=self.sock, AIRLOCK_DATA_DIR=self.data_dir)
+        cli = os.path.join(harness.BIN, "airlock")
+        r = subprocess.run([cli, "pool"], env=env, capture_output=True, text=True, timeout=60)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertRegex(r.stdout, r"^minimal \(1 cpu, 256M, disk \d+M\): \d+/2 ready, \d+ hits")
+        r = subprocess.run([cli, "pool", "--json"], env=env, capture_output=True, text=True,
+                           timeout=60)
+        self.assertEqual([(s["image"], s["target"]) for s in json.loads(r.stdout)], [("minimal", 2)])
+        r = subprocess.run([cli, "pool", "minimal"], env=env, capture_output=True, text=True,
+                           timeout=60)
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("pool IMAGE needs a SIZE", r.stderr)
 
 
 class BackgroundDelete(harness.DaemonTestCase):
