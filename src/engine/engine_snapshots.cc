@@ -393,6 +393,13 @@ nlohmann::json Engine::save_snapshot_image(const std::string& snapshot, const st
     throw Error(Errc::internal,
                 "qemu-img convert of snapshot '" + snapshot + "' failed: " + r.describe());
   }
+  // A disk snapshot of a running guest is crash-consistent: its ext4 may
+  // hold a journal to replay, as after a power cut. Preen our own staged
+  // copy (what the guest's next mount would do) before install checks it.
+  auto fsck = run_command({"e2fsck", "-fp", rootfs.string()}, o);
+  if (fsck.exit_code != 0 && fsck.exit_code != 1)
+    throw Error(Errc::internal, "e2fsck -fp of snapshot '" + snapshot +
+                                    "' found what it cannot repair: " + fsck.describe());
   auto img = impl.images.install(
       name, rootfs, config,
       {.source = "snapshot:" + snapshot, .layers = static_cast<int>(chain.size())});
