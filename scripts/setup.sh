@@ -9,6 +9,7 @@ PACKAGES="
   busybox-static debootstrap mmdebstrap e2fsprogs cpio kmod zstd libssl-dev
   libslirp-dev libboost-dev nlohmann-json3-dev libspdlog-dev libcli11-dev
   libsqlite3-dev libseccomp-dev libcap-dev libarchive-dev libext2fs-dev libtomlplusplus-dev
+  libxml2-dev libicu-dev nettle-dev liblzma-dev libbz2-dev zlib1g-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   clang libclang-rt-14-dev
   python3 python3-yaml python3-jsonschema python3-pip python3-setuptools python3-wheel
@@ -20,6 +21,8 @@ PACKAGES="
 # runsc: gVisor, the peer bench/start.py measures against in the same run.
 # libext2fs-dev: airlock diff reads the guest's ext4 disk layers on the host.
 # libtomlplusplus-dev: parses image recipes (airlock.toml, src/engine/recipes).
+# libxml2-dev ... zlib1g-dev: the static archives of libarchive's own
+# dependencies; the CLI links them statically (cmake/static_deps.cmake).
 # prometheus: its promtool checks every /metrics scrape in test_metrics.py.
 # The MCP client test (tests/mcp) runs the official MCP SDK under Node.js and
 # installs it with npm. Some nodejs builds ship npm themselves; Debian's
