@@ -130,10 +130,13 @@ snapshots::Snapshot Engine::Impl::prepare_from(SandboxSpec& checked) {
     Phases ph("verify " + snap->name);
     if (snap->memory && snap->files.contains("dev.state")) {
       std::lock_guard lock(snap_mu);
+      // Its RAM lived only in the sealed memfd its forks map; no retry can
+      // bring it back, so this is the snapshot's state (409), not a shortage.
       if (!fork_ram.count(snap->name))
-        throw Error(Errc::unavailable,
+        throw Error(Errc::conflict,
                     "snapshot '" + snap->name +
-                        "' is a fork's: its memory was kept only while its forks started",
+                        "' is a fork's internal snapshot: its memory was kept only while its "
+                        "forks started; snapshot one of the forks instead",
                     "from");
     }
     snaps->verify(*snap);  // size + SHA-256 of every file, parents too

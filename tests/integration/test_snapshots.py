@@ -355,6 +355,17 @@ class SnapshotTest(DaemonTestCase):
         wait_counts_grow(self, self.api, self.src, len(counts(self.api, self.src)))
         time.sleep(1)
         self.assertEqual(len(counts(self.api, forks[0])), n0)
+        # The forks' snapshot is listed (internal) but cannot be restored:
+        # its RAM lives only in the forks' memfd. 409 naming `from`, and
+        # nothing is created.
+        internal = [x["name"] for x in self.api.call("GET", "/v1/snapshots") if x["internal"]]
+        self.assertEqual(len(internal), 1, internal)
+        before = {x["id"] for x in self.api.call("GET", "/v1/sandboxes")}
+        with self.assertRaises(ApiError) as ctx:
+            self.api.create(image="minimal", **{"from": internal[0]})
+        self.assertEqual((ctx.exception.status, ctx.exception.field), (409, "from"))
+        self.assertIn("fork", str(ctx.exception))
+        self.assertEqual({x["id"] for x in self.api.call("GET", "/v1/sandboxes")}, before)
         for sid in forks:
             self.api.delete(sid)
         # The fork's own snapshot went with its last fork, its RAM with them.
