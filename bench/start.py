@@ -18,7 +18,8 @@ taken inside the run. Minimal image, 1 vCPU, 256 MiB unless said otherwise.
                  shell built-ins, divided by N)
   delete         DELETE /v1/sandboxes/{id} until the answer
   cli overhead   `airlock ls` against a stand-in socket server: process start
-                 to first byte on the socket, and last byte sent to exit
+                 to first byte on the socket, and last byte sent to exit;
+                 baseline: spawn and wait of /bin/true, same loop
   networked      `airlock run --network allowlist --allow 198.51.100.1/32 -- true`
                  (clone; and "networked pool hit": a pool of members with a NIC)
   clone          create -> exec result, daemon with templates and no pool
@@ -176,8 +177,13 @@ def cli_overhead(runs):
     tmp = tempfile.mkdtemp(prefix="airlock-bench-")
     try:
         srv = StandIn(os.path.join(tmp, "s.sock"))
-        to_first, to_exit = [], []
+        to_first, to_exit, spawn = [], [], []
         for _ in range(runs):
+            # The baseline: the same spawn and wait of a process that does
+            # nothing (/bin/true), so what is left is the CLI's own.
+            t0 = time.monotonic()
+            subprocess.run(["/bin/true"], capture_output=True)
+            spawn.append(ms_since(t0))
             srv.first_byte = srv.answered = None
             t0 = time.monotonic()
             p = subprocess.run([CLI, "--socket", srv.path, "ls"], capture_output=True)
@@ -185,7 +191,7 @@ def cli_overhead(runs):
             if p.returncode == 0 and srv.first_byte:
                 to_first.append((srv.first_byte - t0) * 1000)
                 to_exit.append((t1 - srv.answered) * 1000)
-        return to_first, to_exit
+        return to_first, to_exit, spawn
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -276,7 +282,7 @@ def main():
         pooled.tearDownClass()
     print(f"after pool runs: {load()}", flush=True)
 
-    R["cli to socket"], R["cli exit"] = cli_overhead(args.runs)
+    R["cli to socket"], R["cli exit"], R["spawn /bin/true"] = cli_overhead(args.runs)
 
     # --- clone and networked runs, interleaved with runsc --------------------
     if not {"clone", "net"} <= skip:
@@ -419,6 +425,9 @@ def main():
     ratio("networked pool hit", "runsc true", "networked pool hit / runsc true")
     ratio("exec true (same sb)", "guest spawn", "exec true / guest spawn")
     ratio("debian python run", "runsc python", "debian python / runsc python")
+    if "cli to socket" in med and "spawn /bin/true" in med:
+        print(f"  {'cli to socket - spawn /bin/true':<34} "
+              f"{med['cli to socket'] - med['spawn /bin/true']:.2f} ms")
     print(f"  cli misses (not counted): {len(R.get('cli misses', []))}; failures: {fails}")
     print("breakdown (engine trace, AIRLOCK_TRACE=1):")
     pool_creates = [t for t in T_pool.get("create", []) if "take" in t]
