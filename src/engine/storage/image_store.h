@@ -163,6 +163,9 @@ class ImageStore {
   Keys keys_for(const std::string& name, const KernelRef& kernel) const;  // memoised
   Keys compute_keys(const std::string& name, const KernelRef& kernel) const;
   std::optional<Image> load(const std::string& name, const std::string& key) const;
+  // load's reading of image.json and the directory, without the memo.
+  std::optional<Image> read_image(const std::string& name, const std::string& key,
+                                  const std::filesystem::path& dir) const;
   std::optional<Image> find_installed(const std::string& name) const;
   bool is_recipe(const std::string& name) const;
   std::filesystem::path kernel_cache_dir() const;
