@@ -9,6 +9,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
@@ -30,9 +31,15 @@ struct StdinBatch {
 };
 bool read_stdin_batch(int fd, int wake, size_t max, StdinBatch& out);
 
+// When airlockd goes away mid-way (killed and restarted: the guest keeps
+// the exec and its stdin), a send that failed is resumed once the daemon
+// answers again (retrying for `patience`): an empty send asks how many
+// bytes the guest has of the stream (stdin_total), and the batch that was
+// in flight is sent again from there, so no byte is lost or repeated.
 class StdinPump {
  public:
-  StdinPump(std::filesystem::path socket, std::string id, int fd = 0);
+  StdinPump(std::filesystem::path socket, std::string id, int fd = 0,
+            std::chrono::milliseconds patience = std::chrono::milliseconds(0));
   ~StdinPump();  // stop()
   StdinPump(const StdinPump&) = delete;
   StdinPump& operator=(const StdinPump&) = delete;
@@ -51,6 +58,7 @@ class StdinPump {
   std::filesystem::path socket_;
   std::string id_;
   int fd_;
+  std::chrono::milliseconds patience_;
   int wake_[2] = {-1, -1};
   std::thread thread_;
   std::atomic<uint64_t> sent_{0};
