@@ -210,6 +210,35 @@ TEST(AgentAttach, KillJobSignalsADetachedExec) {
   EXPECT_EQ(a.call({{"op", "kill_job"}, {"exec_id", "ex-k"}})["error"]["code"], "not_found");
 }
 
+// A pty exec with an exec_id is parked like a piped one: its terminal
+// output goes to the log, and the attach stream types into it and resizes it.
+TEST(AgentAttach, PtyExecSurvivesItsHostAndTakesInputOnTheAttachStream) {
+  Agent a;
+  a.hello();
+  a.next_id_ = 100;
+  a.send_json(Type::request, 1,
+              {{"op", "exec"},
+               {"exec_id", "ex-pty"},
+               {"pty", {{"cols", 80}, {"rows", 24}}},
+               {"argv",
+                {"sh", "-c",
+                 "echo ready; read line; echo got=$line; trap 'stty size; exit 6' WINCH; "
+                 "echo armed; while :; do sleep 0.05; done"}}});
+  ASSERT_TRUE(pump_until(a, [&] { return a.streams_[1].out.find("ready") != std::string::npos; }));
+  const uint64_t seen = a.streams_[1].out.size();
+  a.hello();  // detached, not killed
+  a.send_json(Type::request, 5, {{"op", "attach"}, {"exec_id", "ex-pty"}, {"offset", seen}});
+  send_stdin(a, 5, "hello\r");
+  ASSERT_TRUE(pump_until(a, [&] { return a.streams_[5].out.find("armed") != std::string::npos; }))
+      << a.streams_[5].out;
+  EXPECT_NE(a.streams_[5].out.find("got=hello"), std::string::npos);
+  EXPECT_EQ(a.streams_[5].in_credit, protocol::kInitialCredit);  // typed and credited
+  a.send_json(Type::signal, 5, {{"resize", {{"cols", 111}, {"rows", 33}}}});
+  StreamResult& r = a.wait(5);
+  EXPECT_EQ(r.response["exit_code"], 6) << r.response.dump();
+  EXPECT_NE(r.out.find("33 111"), std::string::npos) << r.out;
+}
+
 // Without an exec_id (a version 1 host) an exec still dies with its host.
 TEST(AgentAttach, ExecWithoutAnIdIsAbortedByANewHello) {
   Agent a;

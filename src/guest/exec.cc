@@ -119,6 +119,11 @@ class Exec : public Stream {
   uint64_t feed_pending_ = 0;
   bool feed_eof_ = false, feed_close_ = false;
   bool has_stdin_ = false;  // started with a stdin pipe
+  // A pty exec's terminal input comes on whichever stream is attached (the
+  // original or an attach stream); in_orphan_ = bytes at the head of
+  // in_buf_ sent by a stream that is gone (credited to nobody).
+  bool pty_ = false;
+  uint64_t in_orphan_ = 0;
   int64_t linger_ms_ = 0;
   int linger_fd_ = -1;
   bool exited_ = false, done_ = false;
@@ -234,7 +239,8 @@ void Exec::on_resize(uint16_t cols, uint16_t rows) {
 
 void Exec::start(const ExecSpec& spec) {
   limit_ = spec.output_limit;
-  if (!spec.pty) exec_id_ = spec.exec_id;
+  exec_id_ = spec.exec_id;
+  pty_ = spec.pty;
   linger_ms_ = spec.detached_stdin_ms;
   if (spec.pty) {
     int master = -1, slave = -1;
@@ -390,13 +396,15 @@ json Exec::detach() {
   // sent is still written (in_buf_), credited to nobody. The stdin stays
   // open for a later host (job_stdin by exec_id) for linger_ms_.
   host_stdin_ = false;
+  in_orphan_ = in_buf_.size() - feed_pending_;
   arm_stdin_linger();
   update_watches();
   return {{"detached", true}, {"offset", cursor_}};
 }
 
 void Exec::arm_stdin_linger() {
-  if (in_fd_ < 0 || attached_ || feed_ || linger_fd_ >= 0) return;
+  // (A pty's input is its terminal: it stays as long as the exec.)
+  if (!has_stdin_ || in_fd_ < 0 || attached_ || feed_ || linger_fd_ >= 0) return;
   if (linger_ms_ <= 0) {
     close_stdin();
     return;
@@ -478,6 +486,7 @@ void Exec::feed_answer_if_done() {
 void Exec::close_stdin() {
   if (feed_ && feed_pending_) feed_->dropped(feed_pending_);
   feed_pending_ = 0;
+  in_orphan_ = 0;
   in_buf_.clear();
   in_watched_ = false;
   close_fd(in_fd_);
@@ -493,6 +502,12 @@ void Exec::attach(uint32_t stream, uint64_t offset) {
   id_ = stream;
   attached_ = true;
   disarm_stdin_linger();
+  if (pty_) {
+    // The attach stream types into the terminal, with a window of its own.
+    host_stdin_ = true;
+    in_window_ = kInitialCredit;
+    in_eof_ = false;
+  }
   cursor_ = std::max(offset, log_.start());
   for (uint8_t ch : {1, 2}) {
     out_[ch].credit = kInitialCredit;
@@ -540,7 +555,10 @@ void Exec::write_stdin() {
   // in_buf_ = [bytes of the exec stream (credited to it while it feeds
   // stdin) | feed_pending_ bytes of the StdinFeed (credited to it)].
   auto credit = [&](uint64_t n) {
-    const uint64_t head = std::min<uint64_t>(n, in_buf_.size() - feed_pending_);
+    const uint64_t orphan = std::min(n, in_orphan_);
+    in_orphan_ -= orphan;
+    n -= orphan;
+    const uint64_t head = std::min<uint64_t>(n, in_buf_.size() - orphan - feed_pending_);
     if (head && host_stdin_) {
       in_window_ += head;
       server_.send_credit(id_, 0, head);
@@ -626,8 +644,8 @@ std::unique_ptr<Stream> start_exec(Server& server, uint32_t id, const json& req)
   }
   // Every exec sends through its log; one frame's worth is the least it
   // needs. A pty exec cannot detach and keeps just that.
-  auto e = std::make_unique<Exec>(
-      server, id, std::max<uint64_t>(spec.pty ? 0 : spec.output_buffer, protocol::kMaxPayload));
+  auto e = std::make_unique<Exec>(server, id,
+                                  std::max<uint64_t>(spec.output_buffer, protocol::kMaxPayload));
   e->start(spec);
   return e;
 }
