@@ -21,6 +21,18 @@
 
 namespace airlock::daemon {
 
+// The first text frame's other form, {"exec_id", "offset"?, "cols"?, "rows"?}:
+// attach to a pty exec that outlived its client (the daemon was restarted)
+// from byte `offset` of its terminal output (optionally resizing it).
+struct PtyAttach {
+  std::string exec_id;
+  uint64_t offset = 0;
+  std::optional<std::pair<int, int>> size;  // cols, rows
+};
+// nullopt if `text` is not an attach message (no exec_id); else the
+// message, or Error(invalid_argument, field).
+std::optional<PtyAttach> parse_pty_attach(const std::string& text);
+
 // A parsed client control message (text frame after the first).
 struct PtyControl {
   std::optional<std::pair<int, int>> resize;  // cols, rows

@@ -106,6 +106,19 @@ std::optional<ExecResult> Engine::attach_exec(const std::string& id, const std::
     return callbacks.on_output ? callbacks.on_output(ch, bytes) : true;
   };
   handlers.cancelled = callbacks.cancelled;
+  // While attached, pty_input / pty_resize find the stream by exec id.
+  handlers.on_stream = [&](uint32_t stream) {
+    std::lock_guard lock(sb->mu);
+    sb->attached_streams[exec_id] = stream;
+  };
+  struct Unregister {
+    Live& sb;
+    const std::string& exec_id;
+    ~Unregister() {
+      std::lock_guard lock(sb.mu);
+      sb.attached_streams.erase(exec_id);
+    }
+  } unregister{*sb, exec_id};
   nlohmann::json r;
   try {
     r = sb->channel->attach(exec_id, offset, handlers, channel::Clock::now() + kAttachAnswer);

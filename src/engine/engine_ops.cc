@@ -266,11 +266,10 @@ ExecResult Engine::exec_counted(const std::string& id, const ExecRequest& given,
   ExecResult result;
   result.exec_id = random_id("ex-");
   // Named in the guest too: if this daemon dies, the exec runs on there,
-  // detached, keeping its last exec_buffer_bytes of output for attach_exec.
-  if (!request.pty) {
-    req["exec_id"] = result.exec_id;
-    req["output_buffer_bytes"] = impl.cfg.exec_buffer_bytes;
-  }
+  // detached, keeping its last exec_buffer_bytes of output for attach_exec
+  // (a pty exec too: its terminal output).
+  req["exec_id"] = result.exec_id;
+  req["output_buffer_bytes"] = impl.cfg.exec_buffer_bytes;
   uint32_t stream = sb->channel->open_stream();
   {
     std::lock_guard lock(sb->mu);

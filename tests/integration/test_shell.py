@@ -213,10 +213,31 @@ class ShellTest(DaemonTestCase):
         self.assertIn("icanon", self.wait_file(stty).split())
         self.assertIn("echo", self.wait_file(stty).split())
 
-    def test_zz_daemon_gone_restores_the_terminal(self):
-        # Last (zz): the daemon is killed under the session, then restarted,
-        # re-adopting the VM for the class's cleanup.
+    def test_zy_shell_survives_a_daemon_restart(self):
+        # The shell runs on in the guest while airlockd is down (kill -9);
+        # the CLI reattaches once it is back, from what it had printed, and
+        # the terminal takes input again.
         name, code, stty = self.start(f"{AIRLOCK} shell {self.sid}")
+        self.keys(name, "echo ON-$((4*4)); x=kept", "Enter")
+        self.wait_screen(name, "ON-16")
+        self.daemon.kill()
+        self.daemon.wait()
+        self.wait_screen(name, "reattaching")
+        type(self).start_daemon()
+        self.keys(name, "echo BACK-$((5*5))-$x", "Enter")
+        self.wait_screen(name, "BACK-25-kept", timeout=120)
+        # Nothing repeated: what was printed before the kill is there once.
+        screen = self.screen(name)
+        self.assertEqual((screen.count("ON-16"), screen.count("BACK-25-kept")), (1, 1), screen)
+        self.keys(name, "exit 3", "Enter")
+        self.assertEqual(self.wait_file(code, timeout=60).strip(), "CODE=3")
+        self.assertIn("icanon", self.wait_file(stty).split())
+
+    def test_zz_daemon_gone_restores_the_terminal(self):
+        # Last (zz): the daemon is killed under the session (the CLI does not
+        # wait for it: AIRLOCK_REATTACH_SECONDS=0), then restarted,
+        # re-adopting the VM for the class's cleanup.
+        name, code, stty = self.start(f"AIRLOCK_REATTACH_SECONDS=0 {AIRLOCK} shell {self.sid}")
         self.keys(name, "echo ON-$((4*4))", "Enter")
         self.wait_screen(name, "ON-16")
         self.daemon.kill()
