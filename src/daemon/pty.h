@@ -5,7 +5,10 @@
 //     {"argv": [...]?, "cols": N, "rows": N, "env": {}?, "cwd": "..."?, "user": "..."?}
 //   then binary frames = terminal input, text frames
 //     {"resize": {"cols": N, "rows": N}} or {"signal": N}
-//   server -> client: text {"type":"start","exec_id"}, binary terminal output,
+//   or, to attach to a pty exec of a previous daemon (engine attach_exec):
+//     {"exec_id": "...", "offset": N?, "cols": N?, "rows": N?}
+//   server -> client: text {"type":"start","exec_id"} (or {"type":"attach",...}),
+//     binary terminal output,
 //     text {"type":"exit","exit_code",...} or {"type":"error","error":{...}}, then close.
 //
 // Errors before the upgrade (no such sandbox, not running, not a WebSocket
