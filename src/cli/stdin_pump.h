@@ -13,7 +13,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <thread>
 
 namespace airlock::cli {
@@ -30,6 +34,19 @@ struct StdinBatch {
   bool eof = false;
 };
 bool read_stdin_batch(int fd, int wake, size_t max, StdinBatch& out);
+
+// One POST .../stdin[?eof=true] (StdinSender::send): the daemon's answer,
+// Error(unavailable) if airlockd cannot be reached or the answer broke off.
+using StdinSend = std::function<nlohmann::json(std::string_view bytes, bool eof)>;
+// Sends `batch` (the stream's bytes from `acked` on, `acked` being the
+// guest's stdin_total before it). If it fails with unavailable, waits for
+// airlockd (polling every 200-500 ms for up to `patience`; `wake` readable
+// = give up: nullopt), asks the guest's total with an empty send and sends
+// the part of the batch it lacks. Returns the guest's new total. Throws
+// the daemon's errors, and Error(internal) if the guest's total does not
+// fit what this client sent (another writer).
+std::optional<uint64_t> send_resuming(const StdinSend& send, const StdinBatch& batch,
+                                      uint64_t acked, std::chrono::milliseconds patience, int wake);
 
 // When airlockd goes away mid-way (killed and restarted: the guest keeps
 // the exec and its stdin), a send that failed is resumed once the daemon
