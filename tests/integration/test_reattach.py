@@ -2,8 +2,12 @@
 while execs stream, and restarted on the same data dir; the execs keep running
 in their guests, which keep their output, and clients attach again by offset.
 
-Real daemon, real VMs (minimal image, 7 boots, three daemon kills): 24 s on a
-quiet 2-core TCG host, 55 s under load (measured 2026-12-04).
+Also: after a restart, DELETE and POST .../stdin reach an exec the killed
+daemon started, and `airlock exec` resumes feeding a pipe into one.
+
+Real daemon, real VMs (minimal image, 9 boots, five daemon kills): 33 s on a
+2-core TCG host shared with other work (measured 2026-12-04; 24 s for the
+first three tests on a quiet host).
 """
 
 import base64
