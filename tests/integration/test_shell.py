@@ -232,6 +232,10 @@ class ShellTest(DaemonTestCase):
         self.keys(name, "exit 3", "Enter")
         self.assertEqual(self.wait_file(code, timeout=60).strip(), "CODE=3")
         self.assertIn("icanon", self.wait_file(stty).split())
+        # Its end is journaled once, by the attach that saw it.
+        logs = self.api.call("GET", f"/v1/sandboxes/{self.sid}/logs")
+        ends = [r for r in logs if r.get("event") == "exec" and r.get("reattached")]
+        self.assertEqual([r["exit_code"] for r in ends], [3], ends)
 
     def test_zz_daemon_gone_restores_the_terminal(self):
         # Last (zz): the daemon is killed under the session (the CLI does not
