@@ -2,8 +2,12 @@
 terminal (a tmux pane of the test's own tmux server), typing keys and reading
 the screen, against a real daemon and VM."""
 
+import base64
+import json
 import os
 import shutil
+import socket
+import struct
 import subprocess
 import time
 import unittest
@@ -212,6 +216,49 @@ class ShellTest(DaemonTestCase):
         self.assertEqual(self.wait_file(code).strip(), "CODE=143")
         self.assertIn("icanon", self.wait_file(stty).split())
         self.assertIn("echo", self.wait_file(stty).split())
+
+    def ws_first_reply(self, first):
+        """Opens the pty WebSocket, sends `first` (a text frame) and returns
+        the server's first text frame, parsed."""
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(60)
+        try:
+            s.connect(self.sock)
+            key = base64.b64encode(os.urandom(16)).decode()
+            s.sendall(f"GET /v1/sandboxes/{self.sid}/pty HTTP/1.1\r\nHost: x\r\n"
+                      "Connection: Upgrade\r\nUpgrade: websocket\r\n"
+                      f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n".encode())
+            buf = b""
+            while b"\r\n\r\n" not in buf:
+                buf += s.recv(4096)
+            head, buf = buf.split(b"\r\n\r\n", 1)
+            self.assertTrue(head.startswith(b"HTTP/1.1 101"), head)
+            payload, mask = json.dumps(first).encode(), os.urandom(4)
+            assert len(payload) < 126
+            s.sendall(bytes([0x81, 0x80 | len(payload)]) + mask +
+                      bytes(b ^ mask[i % 4] for i, b in enumerate(payload)))
+            while True:  # server frames are unmasked; the first text frame
+                while len(buf) < 2 or len(buf) < 2 + (buf[1] & 0x7f if buf[1] & 0x7f < 126 else 2):
+                    buf += s.recv(4096)
+                n, at = buf[1] & 0x7f, 2
+                if n == 126:
+                    n, at = struct.unpack(">H", buf[2:4])[0], 4
+                while len(buf) < at + n:
+                    buf += s.recv(4096)
+                if buf[0] & 0x0f == 1:
+                    return json.loads(buf[at:at + n])
+                buf = buf[at + n:]
+        finally:
+            s.close()
+
+    def test_pty_attach_answers_bad_input(self):
+        # The attach form of the first message (a pty exec of a previous
+        # daemon): an unknown exec, a bad offset: error frames naming them.
+        ev = self.ws_first_reply({"exec_id": "ex-nosuch", "offset": 0})
+        self.assertEqual((ev["type"], ev["error"]["code"], ev["error"]["field"]),
+                         ("error", "not_found", "exec_id"), ev)
+        ev = self.ws_first_reply({"exec_id": "ex-nosuch", "offset": -5})
+        self.assertEqual((ev["type"], ev["error"]["field"]), ("error", "offset"), ev)
 
     def test_zy_shell_survives_a_daemon_restart(self):
         # The shell runs on in the guest while airlockd is down (kill -9);
