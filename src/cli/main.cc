@@ -109,7 +109,7 @@ int run_exec(const Client& c, const std::string& id, const ExecOptions& opts,
   std::unique_ptr<StdinPump> pump;
   if (forward && !small) {
     body["stdin_stream"] = true;
-    pump = std::make_unique<StdinPump>(c.socket(), id);
+    pump = std::make_unique<StdinPump>(c.socket(), id, 0, reattach_patience());
   }
   // Whatever ends the exec (exit, error, lost connection) ends the pump.
   struct PumpStop {
@@ -138,7 +138,7 @@ int run_exec(const Client& c, const std::string& id, const ExecOptions& opts,
   } catch (const ConnectionLost&) {
     auto patience = reattach_patience();
     if (resume.exec_id.empty() || patience.count() == 0) throw;
-    if (pump) pump->stop();  // the guest closes a detached exec's stdin
+    // The pump resumes on its own (the guest keeps a detached exec's stdin).
     exit = reattach(c, resume, write_all, patience);
   }
   if (exit.value("timed_out", false))

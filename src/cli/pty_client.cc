@@ -13,9 +13,12 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/websocket.hpp>
 #include <cerrno>
+#include <chrono>
+#include <cstdio>
 #include <deque>
 
 #include "cli/args.h"
+#include "cli/attach.h"
 #include "cli/client.h"
 #include "common/error.h"
 
@@ -92,12 +95,20 @@ Error error_from(const json& j) {
                e.value("message", "error"), e.value("field", ""));
 }
 
+// What the CLI knows of its exec across sessions: its id (from the start
+// event) and how many bytes of terminal output it printed (the offset a
+// reattach resumes from).
+struct Progress {
+  std::string exec_id;
+  uint64_t offset = 0;
+};
+
 // The event loop of one session: everything on one thread (Beast's
 // websocket stream is not for concurrent use).
 class Session {
  public:
-  Session(net::io_context& io, websocket::stream<stream::socket>& ws)
-      : io_(io), ws_(ws), signals_(io), in_(io) {
+  Session(net::io_context& io, websocket::stream<stream::socket>& ws, Progress& progress)
+      : io_(io), ws_(ws), signals_(io), in_(io), progress_(progress) {
     // Handled from the start, before the terminal goes raw: no signal may
     // end the process with the terminal left raw.
     signals_.add(SIGWINCH);
@@ -180,9 +191,21 @@ class Session {
       rbuf_.consume(rbuf_.size());
       if (!ws_.got_text()) {
         write_out(payload);
+        progress_.offset += payload.size();
       } else {
         json j = json::parse(payload, nullptr, false);
         std::string type = j.is_object() ? j.value("type", "") : "";
+        if (type == "start") progress_.exec_id = j.value("exec_id", "");
+        if (type == "attach") {
+          uint64_t from = j.value("offset", progress_.offset);
+          if (from > progress_.offset) {
+            std::fprintf(stderr,
+                         "\r\nairlock: %llu bytes of terminal output were lost while no "
+                         "client was attached\r\n",
+                         static_cast<unsigned long long>(from - progress_.offset));
+            progress_.offset = from;
+          }
+        }
         if (type == "exit") exit_ = j;
         if (type == "error") error_ = error_from(j);
       }
@@ -243,21 +266,13 @@ class Session {
   std::optional<Error> error_;
   std::string lost_why_;
   int local_signal_ = 0;
+  Progress& progress_;
 };
 
-}  // namespace
-
-int run_pty(const std::filesystem::path& socket, const std::string& id, const PtyOptions& opts) {
-  if (parse_remote(socket.string()))
-    throw Error(Errc::invalid_argument,
-                "a terminal (shell, exec -t) is not served over AIRLOCK_URL yet: use the unix "
-                "socket",
-                "AIRLOCK_URL");
-  auto [cols, rows] = window_size();
-  json start = pty_start_message(opts, cols, rows, std::getenv("TERM"));
-
-  net::io_context io;
-  websocket::stream<stream::socket> ws(io);
+// Connects and upgrades to the pty route, then sends `start`. Errors the
+// daemon answers are thrown as they are; airlockd not there: unavailable.
+void open_session(const std::filesystem::path& socket, const std::string& id,
+                  websocket::stream<stream::socket>& ws, const json& start) {
   beast::error_code ec;
   beast::get_lowest_layer(ws).connect(stream::endpoint(socket.string()), ec);
   if (ec)
@@ -279,14 +294,66 @@ int run_pty(const std::filesystem::path& socket, const std::string& id, const Pt
   ws.text(true);
   ws.write(net::buffer(start.dump()), ec);
   if (ec) throw ConnectionLost("sending the start message failed: " + ec.message());
+}
 
-  // From here until return or throw the terminal is raw; the guard's
-  // destructor restores it on every path (SIGTERM/SIGHUP are handled in
-  // the loop, not by dying).
+}  // namespace
+
+int run_pty(const std::filesystem::path& socket, const std::string& id, const PtyOptions& opts) {
+  if (parse_remote(socket.string()))
+    throw Error(Errc::invalid_argument,
+                "a terminal (shell, exec -t) is not served over AIRLOCK_URL yet: use the unix "
+                "socket",
+                "AIRLOCK_URL");
+  auto [cols, rows] = window_size();
+  json start = pty_start_message(opts, cols, rows, std::getenv("TERM"));
+  Progress progress;
+  const auto patience = reattach_patience();
+  std::optional<RawTerminal> raw;
   ::signal(SIGPIPE, SIG_IGN);  // a closed stdout is an error, not death in raw mode
-  Session session(io, ws);
-  RawTerminal raw(0);
-  return session.run();
+  for (;;) {
+    {
+      net::io_context io;
+      websocket::stream<stream::socket> ws(io);
+      open_session(socket, id, ws, start);
+      // From here until return or throw the terminal is raw; the guard's
+      // destructor restores it on every path (SIGTERM/SIGHUP are handled in
+      // the loop, not by dying).
+      Session session(io, ws, progress);
+      if (!raw) raw.emplace(0);
+      try {
+        return session.run();
+      } catch (const ConnectionLost&) {
+        // The daemon went away (killed, restarted): the exec runs on in the
+        // guest, so wait for airlockd and attach again from what was printed.
+        if (progress.exec_id.empty() || patience.count() == 0) throw;
+      }
+    }
+    std::fprintf(stderr, "\r\nairlock: the connection to airlockd was lost; reattaching...\r\n");
+    // Waiting in raw mode: SIGTERM/SIGHUP/SIGINT still end the CLI cleanly.
+    net::io_context wio;
+    net::signal_set sigs(wio, SIGTERM, SIGHUP, SIGINT);
+    int got = 0;
+    sigs.async_wait([&](const beast::error_code& ec, int s) {
+      if (!ec) got = s;
+    });
+    auto [c, r] = window_size();
+    start = {{"exec_id", progress.exec_id}, {"offset", progress.offset}, {"cols", c}, {"rows", r}};
+    const auto give_up = std::chrono::steady_clock::now() + patience;
+    for (int attempt = 0;; ++attempt) {
+      wio.run_for(std::chrono::milliseconds(attempt < 10 ? 200 : 500));
+      if (got) return 128 + got;
+      // A probe: once airlockd answers, the next round attaches.
+      try {
+        Client(socket).call("GET", "/v1/sandboxes/" + id);
+        break;
+      } catch (const Error& e) {
+        if (e.code() != Errc::unavailable) throw;
+        if (std::chrono::steady_clock::now() >= give_up)
+          throw ConnectionLost("could not reattach to exec " + progress.exec_id + " within " +
+                               std::to_string(patience.count() / 1000) + " s: " + e.what());
+      }
+    }
+  }
 }
 
 }  // namespace airlock::cli

@@ -6,6 +6,7 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <optional>
 
 #include "cli/client.h"
 #include "common/error.h"
@@ -45,8 +46,48 @@ bool read_stdin_batch(int fd, int wake, size_t max, StdinBatch& out) {
   return true;
 }
 
-StdinPump::StdinPump(std::filesystem::path socket, std::string id, int fd)
-    : socket_(std::move(socket)), id_(std::move(id)), fd_(fd) {
+// Sends `batch`, the bytes from `acked` on (what the guest had of this
+// exec's stdin before it). If airlockd goes away meanwhile, waits for it
+// (up to `patience`, returning early if `wake` becomes readable), asks
+// how far the guest got and sends the rest. Returns the guest's new total
+// (nullopt: stopped while waiting).
+std::optional<uint64_t> send_resuming(const StdinSend& send, const StdinBatch& batch,
+                                      uint64_t acked, std::chrono::milliseconds patience,
+                                      int wake) {
+  auto total_of = [](const nlohmann::json& r, uint64_t fallback) {
+    auto t = r.find("stdin_total");
+    return t != r.end() && t->is_number_integer() && t->get<int64_t>() >= 0 ? t->get<uint64_t>()
+                                                                            : fallback;
+  };
+  try {
+    return total_of(send(batch.bytes, batch.eof), acked + batch.bytes.size());
+  } catch (const Error& e) {
+    if (e.code() != Errc::unavailable || patience.count() == 0) throw;
+  }
+  const auto give_up = std::chrono::steady_clock::now() + patience;
+  for (int attempt = 0;; ++attempt) {
+    pollfd p{wake, POLLIN, 0};
+    if (::poll(&p, 1, attempt < 10 ? 200 : 500) > 0) return std::nullopt;
+    try {
+      // Everything the guest holds was written before this answer.
+      uint64_t had = total_of(send({}, false), acked);
+      if (had < acked || had > acked + batch.bytes.size())
+        throw Error(Errc::internal, "the guest has " + std::to_string(had) +
+                                        " bytes of stdin, this client sent " +
+                                        std::to_string(acked) + " (+" +
+                                        std::to_string(batch.bytes.size()) + " in flight)");
+      const size_t skip = static_cast<size_t>(had - acked);
+      return total_of(send(std::string_view(batch.bytes).substr(skip), batch.eof),
+                      acked + batch.bytes.size());
+    } catch (const Error& e) {
+      if (e.code() != Errc::unavailable || std::chrono::steady_clock::now() >= give_up) throw;
+    }
+  }
+}
+
+StdinPump::StdinPump(std::filesystem::path socket, std::string id, int fd,
+                     std::chrono::milliseconds patience)
+    : socket_(std::move(socket)), id_(std::move(id)), fd_(fd), patience_(patience) {
   if (::pipe2(wake_, O_CLOEXEC) != 0) throw_errno("pipe");
 }
 
@@ -74,9 +115,13 @@ void StdinPump::run(std::string exec_id) {
   // 1 MiB per request: big enough that a bulk stream costs few requests,
   // small enough to keep the CLI's memory flat.
   constexpr size_t kBatch = 1 << 20;
+  uint64_t acked = 0;  // the guest's count of this exec's stdin bytes
   try {
     while (read_stdin_batch(fd_, wake_[0], kBatch, batch)) {
-      sender.send(batch.bytes, batch.eof);
+      auto total = send_resuming([&](std::string_view b, bool e) { return sender.send(b, e); },
+                                 batch, acked, patience_, wake_[0]);
+      if (!total) return;  // stop() while waiting for airlockd
+      acked = *total;
       sent_ += batch.bytes.size();
       if (batch.eof) return;
     }

@@ -6,6 +6,9 @@
 
 #include <chrono>
 #include <thread>
+#include <vector>
+
+#include "common/error.h"
 
 namespace airlock::cli {
 namespace {
@@ -25,6 +28,55 @@ struct Pipe {
     fd[1] = -1;
   }
 };
+
+// airlockd dies while a batch is on its way: part of it reached the guest.
+// Once the daemon answers again the pump asks how far the guest got and
+// sends exactly the rest: every byte once, in order.
+TEST(StdinResume, AFailedBatchIsResentFromWhereTheGuestGot) {
+  Pipe wake;
+  std::string guest = "abc";  // what earlier batches gave the process
+  int down = 0;               // calls that still find no daemon
+  std::vector<std::string> calls;
+  StdinSend send = [&](std::string_view b, bool eof) -> nlohmann::json {
+    calls.push_back(std::string(b) + (eof ? "<eof>" : ""));
+    if (calls.size() == 1) {  // the daemon dies mid-request: 4 bytes got through
+      guest += b.substr(0, 4);
+      down = 2;
+      throw Error(Errc::unavailable, "reading airlockd's answer failed");
+    }
+    if (down > 0 && down--) throw Error(Errc::unavailable, "cannot connect to airlockd");
+    guest += b;
+    return {{"stdin_total", guest.size()}};
+  };
+  StdinBatch batch{"0123456789", true};
+  auto total = send_resuming(send, batch, 3, std::chrono::seconds(10), wake.fd[0]);
+  ASSERT_TRUE(total);
+  EXPECT_EQ(*total, 13u);
+  EXPECT_EQ(guest, "abc0123456789");
+  ASSERT_EQ(calls.size(), 5u);
+  EXPECT_EQ(calls[3], "");  // the probe
+  EXPECT_EQ(calls[4], "456789<eof>");
+  // Without patience (AIRLOCK_REATTACH_SECONDS=0) the failure is final.
+  calls.clear();
+  EXPECT_THROW(send_resuming(send, batch, 13, std::chrono::milliseconds(0), wake.fd[0]), Error);
+  // A total this client cannot account for is an error, not a guess.
+  StdinSend other = [&](std::string_view b, bool) -> nlohmann::json {
+    if (!b.empty()) throw Error(Errc::unavailable, "gone");
+    return {{"stdin_total", 1000}};
+  };
+  try {
+    send_resuming(other, batch, 13, std::chrono::seconds(10), wake.fd[0]);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Errc::internal) << e.what();
+  }
+  // stop() while waiting: nullopt.
+  StdinSend never = [](std::string_view, bool) -> nlohmann::json {
+    throw Error(Errc::unavailable, "gone");
+  };
+  wake.write("x");
+  EXPECT_FALSE(send_resuming(never, batch, 13, std::chrono::seconds(10), wake.fd[0]));
+}
 
 // A line is sent as soon as it is readable: no waiting for a full batch.
 TEST(StdinBatch, ALineGoesAtOnce) {

@@ -77,6 +77,24 @@ engine::ExecRequest parse_pty_start(const std::string& text) {
   return req;
 }
 
+std::optional<PtyAttach> parse_pty_attach(const std::string& text) {
+  json j = parse_text(text);
+  if (!j.contains("exec_id")) return std::nullopt;
+  PtyAttach a;
+  for (auto& [k, v] : j.items())
+    if (k != "exec_id" && k != "offset" && k != "cols" && k != "rows")
+      bad("unknown field " + k + " of an attach message (exec_id, offset, cols, rows)", k);
+  if (!j["exec_id"].is_string()) bad("exec_id must be a string", "exec_id");
+  a.exec_id = j["exec_id"].get<std::string>();
+  if (auto o = j.find("offset"); o != j.end()) {
+    if (!o->is_number_unsigned()) bad("offset must be a byte count (an integer >= 0)", "offset");
+    a.offset = o->get<uint64_t>();
+  }
+  if (j.contains("cols") || j.contains("rows"))
+    a.size = std::make_pair(size_field(j, "cols", ""), size_field(j, "rows", ""));
+  return a;
+}
+
 PtyControl parse_pty_control(const std::string& text) {
   json j = parse_text(text);
   PtyControl c;
@@ -124,6 +142,8 @@ class Session {
   void close();
   void client_gone(const std::string& why);
   void start_exec(engine::ExecRequest req);
+  void start_attach(PtyAttach a);
+  void finish(json last);
   void input_loop();
 
   engine::Engine& engine_;
@@ -148,6 +168,9 @@ class Session {
   std::string exec_id_;
   bool gone_ = false;       // the client went away (or the session is over)
   bool exec_done_ = false;  // Engine::exec returned
+  // An attach session: the client going away detaches (the exec runs on,
+  // as for GET .../exec/{exec_id}?offset=), it does not kill.
+  bool attaching_ = false;
   std::thread exec_thread_, input_thread_;
 };
 
@@ -207,6 +230,12 @@ void Session::on_message(bool text, std::string payload) {
   try {
     if (!started_) {
       if (!text) bad("the first message must be a text frame with the start request", "body");
+      if (auto a = parse_pty_attach(payload)) {
+        started_ = true;
+        timer_.cancel();
+        start_attach(std::move(*a));
+        return read_next();
+      }
       engine::ExecRequest req = parse_pty_start(payload);
       started_ = true;
       timer_.cancel();
@@ -356,22 +385,83 @@ void Session::start_exec(engine::ExecRequest req) {
       last = error_body("internal", e.what());
       last["type"] = "error";
     }
-    {
+    finish(std::move(last));
+  });
+}
+
+// The exec thread's last word (null: nothing to say, the client is gone).
+void Session::finish(json last) {
+  {
+    std::lock_guard lock(mu_);
+    exec_done_ = true;
+  }
+  cv_.notify_all();
+  net::post(io_, [this, last] {
+    if (!last.is_null()) send(true, last.dump());
+    closing_ = true;
+    write_next();
+    work_.reset();
+  });
+}
+
+// Engine::attach_exec on the exec thread: {"type":"attach", ...} (as the
+// attach stream's first event), the terminal output from the offset, then
+// the exit. Input goes to the exec once attached (exec_id_ set then).
+void Session::start_attach(PtyAttach a) {
+  attaching_ = true;
+  work_.emplace(net::make_work_guard(io_));
+  if (a.size) {
+    std::lock_guard lock(mu_);
+    inq_.push_back(Input{*a.size});
+  }
+  input_thread_ = std::thread([this] { input_loop(); });
+  exec_thread_ = std::thread([this, a = std::move(a)] {
+    engine::AttachCallbacks cb;
+    cb.on_attached = [this, &a](const json& ev) {
+      json j = ev;
+      j["type"] = "attach";
+      j["exec_id"] = a.exec_id;
+      {
+        std::lock_guard lock(mu_);
+        exec_id_ = a.exec_id;
+      }
+      cv_.notify_all();
+      net::post(io_, [this, j] { send(true, j.dump()); });
+    };
+    cb.on_output = [this](int, std::string_view bytes) {
+      std::unique_lock lock(mu_);
+      cv_.wait(lock, [&] { return gone_ || out_bytes_ < kMaxQueuedOut; });
+      if (gone_) return false;  // detaches
+      out_bytes_ += bytes.size();
+      lock.unlock();
+      net::post(io_, [this, b = std::string(bytes)]() mutable { send(false, std::move(b)); });
+      return true;
+    };
+    cb.cancelled = [this] {
       std::lock_guard lock(mu_);
-      exec_done_ = true;
+      return gone_;
+    };
+    json last;
+    try {
+      std::optional<engine::ExecResult> r = engine_.attach_exec(id_, a.exec_id, a.offset, cb);
+      if (r) {
+        last = engine::to_json(*r);
+        last["type"] = "exit";
+      }
+    } catch (const Error& e) {
+      last = error_body(to_string(e.code()), e.what(), e.field());
+      last["type"] = "error";
+    } catch (const std::exception& e) {
+      last = error_body("internal", e.what());
+      last["type"] = "error";
     }
-    cv_.notify_all();
-    net::post(io_, [this, last] {
-      send(true, last.dump());
-      closing_ = true;
-      write_next();
-      work_.reset();
-    });
+    finish(std::move(last));
   });
 }
 
 void Session::input_loop() {
-  bool killed = false;
+  // An attach session's client going away detaches (attach_exec sees gone_).
+  bool killed = attaching_;
   std::unique_lock lock(mu_);
   for (;;) {
     cv_.wait(lock, [&] {

@@ -5,7 +5,10 @@
 //     {"argv": [...]?, "cols": N, "rows": N, "env": {}?, "cwd": "..."?, "user": "..."?}
 //   then binary frames = terminal input, text frames
 //     {"resize": {"cols": N, "rows": N}} or {"signal": N}
-//   server -> client: text {"type":"start","exec_id"}, binary terminal output,
+//   or, to attach to a pty exec of a previous daemon (engine attach_exec):
+//     {"exec_id": "...", "offset": N?, "cols": N?, "rows": N?}
+//   server -> client: text {"type":"start","exec_id"} (or {"type":"attach",...}),
+//     binary terminal output,
 //     text {"type":"exit","exit_code",...} or {"type":"error","error":{...}}, then close.
 //
 // Errors before the upgrade (no such sandbox, not running, not a WebSocket
@@ -20,6 +23,18 @@
 #include "engine/engine.h"
 
 namespace airlock::daemon {
+
+// The first text frame's other form, {"exec_id", "offset"?, "cols"?, "rows"?}:
+// attach to a pty exec that outlived its client (the daemon was restarted)
+// from byte `offset` of its terminal output (optionally resizing it).
+struct PtyAttach {
+  std::string exec_id;
+  uint64_t offset = 0;
+  std::optional<std::pair<int, int>> size;  // cols, rows
+};
+// nullopt if `text` is not an attach message (no exec_id); else the
+// message, or Error(invalid_argument, field).
+std::optional<PtyAttach> parse_pty_attach(const std::string& text);
 
 // A parsed client control message (text frame after the first).
 struct PtyControl {

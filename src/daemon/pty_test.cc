@@ -62,6 +62,24 @@ TEST(PtyParse, StartMessageErrorsNameTheField) {
   EXPECT_EQ(field_of([] { parse_pty_start("not json"); }), "body");
 }
 
+TEST(PtyParse, AttachMessage) {
+  EXPECT_FALSE(parse_pty_attach(R"({"cols":80,"rows":24})"));  // a start message
+  auto a = parse_pty_attach(R"({"exec_id":"ex-1","offset":42,"cols":100,"rows":30})");
+  ASSERT_TRUE(a);
+  EXPECT_EQ(a->exec_id, "ex-1");
+  EXPECT_EQ(a->offset, 42u);
+  EXPECT_EQ(a->size, std::make_pair(100, 30));
+  auto bare = parse_pty_attach(R"({"exec_id":"ex-1"})");
+  ASSERT_TRUE(bare);
+  EXPECT_EQ(bare->offset, 0u);
+  EXPECT_FALSE(bare->size);
+  EXPECT_EQ(field_of([] { parse_pty_attach(R"({"exec_id":"ex-1","offset":-1})"); }), "offset");
+  EXPECT_EQ(field_of([] { parse_pty_attach(R"({"exec_id":"ex-1","offset":"1"})"); }), "offset");
+  EXPECT_EQ(field_of([] { parse_pty_attach(R"({"exec_id":7})"); }), "exec_id");
+  EXPECT_EQ(field_of([] { parse_pty_attach(R"({"exec_id":"ex-1","cols":80})"); }), "rows");
+  EXPECT_EQ(field_of([] { parse_pty_attach(R"({"exec_id":"ex-1","argv":["sh"]})"); }), "argv");
+}
+
 TEST(PtyParse, ControlMessages) {
   auto r = parse_pty_control(R"({"resize":{"cols":100,"rows":30}})");
   ASSERT_TRUE(r.resize);

@@ -304,8 +304,9 @@ class Engine {
   ExecResult exec(const std::string& id, const ExecRequest& request,
                   const ExecCallbacks& callbacks);
   // Appends `source` to the stdin of a running exec started with
-  // stdin_stream (a streaming exec() on its stream; a background one
-  // through the guest's job_stdin, so its stdin outlives a daemon restart),
+  // stdin_stream (a streaming exec() on its stream; a background one, or a
+  // foreground one of a previous daemon, through the guest's job_stdin by
+  // exec_id, so its stdin outlives a daemon restart),
   // then closes it if `eof`. Memory is bounded: a chunk is
   // pulled from `source` only once the previous one went to the guest within
   // its credit window, so a process that does not read blocks the call.
@@ -328,7 +329,9 @@ class Engine {
   std::optional<ExecResult> attach_exec(const std::string& id, const std::string& exec_id,
                                         uint64_t offset, const AttachCallbacks& callbacks);
   // Sends `signal` to a running exec's process (tree); for a background
-  // exec, 9 kills its whole tree even after its main process ended.
+  // exec, 9 kills its whole tree even after its main process ended. A
+  // foreground exec of a previous daemon is reached by exec_id; with no
+  // client attached its end is collected (journal `exec`; up to 10 s).
   void kill_exec(const std::string& id, const std::string& exec_id, int signal = 9);
   // Terminal input of a running pty exec (exec() with request.pty), e.g.
   // keystrokes; Ctrl-C is byte 3, which the guest pty turns into SIGINT.

@@ -106,6 +106,19 @@ std::optional<ExecResult> Engine::attach_exec(const std::string& id, const std::
     return callbacks.on_output ? callbacks.on_output(ch, bytes) : true;
   };
   handlers.cancelled = callbacks.cancelled;
+  // While attached, pty_input / pty_resize find the stream by exec id.
+  handlers.on_stream = [&](uint32_t stream) {
+    std::lock_guard lock(sb->mu);
+    sb->attached_streams[exec_id] = stream;
+  };
+  struct Unregister {
+    Live& sb;
+    const std::string& exec_id;
+    ~Unregister() {
+      std::lock_guard lock(sb.mu);
+      sb.attached_streams.erase(exec_id);
+    }
+  } unregister{*sb, exec_id};
   nlohmann::json r;
   try {
     r = sb->channel->attach(exec_id, offset, handlers, channel::Clock::now() + kAttachAnswer);
@@ -168,6 +181,23 @@ std::optional<ExecResult> Engine::attach_exec(const std::string& id, const std::
     }
   }
   return result;
+}
+
+void collect_detached_end(Engine& engine, const std::string& id, const std::string& exec_id,
+                          uint64_t end) {
+  const auto give_up = std::chrono::steady_clock::now() + kKillCollect;
+  AttachCallbacks cb;
+  // The output after `end` goes to nobody (its exec_attach record still
+  // hashes it); past the deadline the collector lets go (detaches).
+  cb.on_output = [&](int, std::string_view) { return std::chrono::steady_clock::now() < give_up; };
+  cb.cancelled = [&] { return std::chrono::steady_clock::now() >= give_up; };
+  try {
+    engine.attach_exec(id, exec_id, end, cb);
+  } catch (const Error& e) {
+    // Collected or attached by someone else meanwhile: they record the end.
+    if (e.code() != Errc::not_found && e.code() != Errc::conflict)
+      spdlog::warn("sandbox {}: collecting the end of killed exec {}: {}", id, exec_id, e.what());
+  }
 }
 
 }  // namespace airlock::engine

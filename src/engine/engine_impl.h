@@ -58,6 +58,14 @@ std::string random_id(const std::string& prefix);
 // for the sandbox (stopped, failed).
 void read_exec_outcome(const nlohmann::json& r, ExecResult& res);
 [[noreturn]] void rethrow_exec_error(Live& sb, const Error& e);
+// engine_attach.cc, for kill_exec: after a detached exec (nobody attached)
+// was signalled, attaches from `end` (its output so far) and waits up to
+// kKillCollect for its end, so its `exec` record is written as an attach
+// writes it. Not ending in time (a handled signal), or another client
+// attaching meanwhile, is not an error.
+void collect_detached_end(Engine& engine, const std::string& id, const std::string& exec_id,
+                          uint64_t end);
+inline constexpr auto kKillCollect = std::chrono::seconds(10);
 
 class ActivityGuard {
  public:

@@ -266,11 +266,10 @@ ExecResult Engine::exec_counted(const std::string& id, const ExecRequest& given,
   ExecResult result;
   result.exec_id = random_id("ex-");
   // Named in the guest too: if this daemon dies, the exec runs on there,
-  // detached, keeping its last exec_buffer_bytes of output for attach_exec.
-  if (!request.pty) {
-    req["exec_id"] = result.exec_id;
-    req["output_buffer_bytes"] = impl.cfg.exec_buffer_bytes;
-  }
+  // detached, keeping its last exec_buffer_bytes of output for attach_exec
+  // (a pty exec too: its terminal output).
+  req["exec_id"] = result.exec_id;
+  req["output_buffer_bytes"] = impl.cfg.exec_buffer_bytes;
   uint32_t stream = sb->channel->open_stream();
   {
     std::lock_guard lock(sb->mu);
@@ -415,16 +414,22 @@ void Engine::kill_exec(const std::string& id, const std::string& exec_id, int si
     sb->channel->signal(stream, signal);
     return;
   }
-  // Not a streaming exec: a background one (the guest knows it or not).
+  // Not streaming to this daemon: a background exec, or a foreground one a
+  // previous daemon started (detached in the guest, or re-attached).
+  nlohmann::json r;
   try {
-    sb->channel->call({{"op", "kill_job"}, {"exec_id", exec_id}, {"signal", signal}},
-                      Clock::now() + kJsonOpTimeout);
+    r = sb->channel->call({{"op", "kill_job"}, {"exec_id", exec_id}, {"signal", signal}},
+                          Clock::now() + kJsonOpTimeout);
   } catch (const Error& e) {
     if (e.code() == Errc::not_found)
       throw Error(Errc::not_found, "no exec " + exec_id + " in sandbox " + id, "exec_id");
     rethrow_for(*sb, e);
   }
   impl_->journal.append(id, "exec_kill", {{"exec_id", exec_id}, {"signal", signal}});
+  // Nobody attached: collect its end here, so the journal records it as an
+  // attach would (an attached client receives the end itself).
+  if (r.is_object() && r.value("background", true) == false && r.value("attached", true) == false)
+    collect_detached_end(*this, id, exec_id, r.value("end", uint64_t{0}));
 }
 
 ExecStatus Engine::exec_background_counted(const std::string& id, const ExecRequest& given) {

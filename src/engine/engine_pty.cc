@@ -14,9 +14,11 @@ namespace {
 uint32_t pty_stream(Live& sb, const std::string& id, const std::string& exec_id) {
   std::lock_guard lock(sb.mu);
   auto it = sb.execs.find(exec_id);
-  if (it == sb.execs.end())
-    throw Error(Errc::not_found, "no running exec " + exec_id + " in sandbox " + id, "exec_id");
-  return it->second;
+  if (it != sb.execs.end()) return it->second;
+  // A pty exec of a previous daemon, attached again (attach_exec).
+  it = sb.attached_streams.find(exec_id);
+  if (it != sb.attached_streams.end()) return it->second;
+  throw Error(Errc::not_found, "no running exec " + exec_id + " in sandbox " + id, "exec_id");
 }
 
 }  // namespace

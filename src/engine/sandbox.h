@@ -142,6 +142,9 @@ class Sandbox {
   // (exec_id -> their exec_start record): the one attach_exec() that sees
   // one end writes its journal record; teardown closes the rest.
   std::map<std::string, nlohmann::json> detached_execs;
+  // exec_id -> the guest stream of an attach_exec() in progress (a pty
+  // exec's terminal input and resizes go there).
+  std::map<std::string, uint32_t> attached_streams;
   pid_t net_pid = 0;  // the airlock-net helper (0 = none: mode "none")
   // Reads, checks and journals the helper's events (attach_net_events);
   // reset it after kill_net_helper (it drains what the helper wrote).

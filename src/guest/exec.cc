@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <sys/epoll.h>
 #include <sys/ioctl.h>
+#include <sys/timerfd.h>
 #include <termios.h>
 #include <unistd.h>
 
@@ -30,6 +31,8 @@ using protocol::kInitialCredit;
 namespace code = protocol::code;
 
 void set_nonblock(int fd) { fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK); }
+
+class StdinFeed;
 
 class Exec : public Stream {
  public:
@@ -54,6 +57,13 @@ class Exec : public Stream {
   json detach() override;
   void attach(uint32_t stream, uint64_t offset) override;
   bool ended() const override { return done_; }
+  json signal_by_id(int signo) override;
+  std::unique_ptr<Stream> feed_stdin(uint32_t stream, bool close_after) override;
+
+  // The feeding side of a StdinFeed stream (job_stdin on a foreground exec).
+  void feed(const std::string& bytes);
+  void feed_eof();
+  void unfeed();  // the feed stream goes away (answered or aborted)
 
  private:
   struct Out {
@@ -75,6 +85,12 @@ class Exec : public Stream {
   void on_output(uint8_t ch);
   void update_watch(uint8_t ch);
   void write_stdin();
+  void close_stdin();
+  // A detached exec's open stdin is closed once nobody attached or fed it
+  // for detached_stdin_ms (the bound on what a forgotten exec holds).
+  void arm_stdin_linger();
+  void disarm_stdin_linger();
+  void feed_answer_if_done();
   void maybe_finish();
   void release();
   void close_fd(int& fd) {
@@ -95,6 +111,21 @@ class Exec : public Stream {
   bool in_eof_ = false;
   uint64_t in_window_ = kInitialCredit;
   uint64_t in_bytes_ = 0;
+  // Stdin after a detach (§5): the original stream no longer feeds it
+  // (host_stdin_ false); a StdinFeed may. feed_pending_ = bytes at the tail
+  // of in_buf_ that came from the feed (credited to it as written).
+  bool host_stdin_ = true;
+  StdinFeed* feed_ = nullptr;
+  uint64_t feed_pending_ = 0;
+  bool feed_eof_ = false, feed_close_ = false;
+  bool has_stdin_ = false;  // started with a stdin pipe
+  // A pty exec's terminal input comes on whichever stream is attached (the
+  // original or an attach stream); in_orphan_ = bytes at the head of
+  // in_buf_ sent by a stream that is gone (credited to nobody).
+  bool pty_ = false;
+  uint64_t in_orphan_ = 0;
+  int64_t linger_ms_ = 0;
+  int linger_fd_ = -1;
   bool exited_ = false, done_ = false;
   json result_;  // the response, once done_
   // Detach and attach: the exec's output log, the next offset to send, and
@@ -104,6 +135,69 @@ class Exec : public Stream {
   uint64_t cursor_ = 0;
   bool attached_ = true;
   int master_ = -1;  // pty execs: the master (read side = out_[1].fd, write side = in_fd_)
+};
+
+// A job_stdin stream on a foreground exec (after a daemon restart the new
+// host feeds a detached exec's stdin by exec_id): data goes into the exec's
+// stdin buffer, credit comes back as the exec writes it into the pipe, and
+// its eof is answered once everything buffered was written
+// ({"stdin_bytes","stdin_total","stdin_closed"}, as for a job).
+class StdinFeed : public Stream {
+ public:
+  StdinFeed(Server& server, uint32_t id, Exec& exec) : Stream(server, id), exec_(&exec) {}
+  ~StdinFeed() override { abort(); }
+
+  void on_data(uint8_t ch, const std::string& bytes) override {
+    if (ch != 0 || bytes.size() > window_) {
+      fail(code::protocol_error, ch != 0 ? "job_stdin takes data only on channel 0"
+                                         : "job_stdin data beyond the granted credit");
+      return;
+    }
+    window_ -= bytes.size();
+    if (!exec_) {  // the exec's stdin is gone: discard, keep the window open
+      dropped(bytes.size());
+      return;
+    }
+    exec_->feed(bytes);
+  }
+  void on_eof(uint8_t ch) override {
+    if (ch != 0 || eof_) return;
+    eof_ = true;
+    if (exec_)
+      exec_->feed_eof();  // answers through answer() once written
+    else
+      answer(total_, true);
+  }
+  void abort() override {
+    if (exec_) exec_->unfeed();
+    exec_ = nullptr;
+  }
+
+  // From the exec: `n` of this stream's bytes went into the pipe / were dropped.
+  void written(uint64_t n) {
+    bytes_ += n;
+    dropped(n);
+  }
+  void dropped(uint64_t n) {
+    window_ += n;
+    server_.send_credit(id_, 0, static_cast<uint32_t>(n));
+  }
+  // The exec's stdin is closed for good (the process ended, or its stdin).
+  void exec_gone(uint64_t total) {
+    exec_ = nullptr;
+    total_ = total;
+    if (eof_) answer(total_, true);
+  }
+  void answer(uint64_t total, bool closed) {
+    exec_ = nullptr;
+    server_.finish(id_,
+                   {{"stdin_bytes", bytes_}, {"stdin_total", total}, {"stdin_closed", closed}});
+  }
+
+ private:
+  Exec* exec_;
+  bool eof_ = false;
+  uint64_t window_ = kInitialCredit, bytes_ = 0, total_ = 0;
 };
 
 // The master and slave of a fresh pty sized cols x rows. Both O_CLOEXEC; the
@@ -145,7 +239,9 @@ void Exec::on_resize(uint16_t cols, uint16_t rows) {
 
 void Exec::start(const ExecSpec& spec) {
   limit_ = spec.output_limit;
-  if (!spec.pty) exec_id_ = spec.exec_id;
+  exec_id_ = spec.exec_id;
+  pty_ = spec.pty;
+  linger_ms_ = spec.detached_stdin_ms;
   if (spec.pty) {
     int master = -1, slave = -1;
     open_pty(spec.cols, spec.rows, master, slave);
@@ -215,6 +311,7 @@ void Exec::start(const ExecSpec& spec) {
   }
   if (spec.want_stdin) {
     in_fd_ = in[1];
+    has_stdin_ = true;
     set_nonblock(in_fd_);
   }
 }
@@ -227,8 +324,8 @@ void Exec::start(const ExecSpec& spec) {
 // gets the backlog, in order).
 void Exec::update_watch(uint8_t ch) {
   Out& o = out_[ch];
-  bool want = o.fd >= 0 && (!attached_ || o.sent >= limit_ ||
-                            (o.credit > 0 && cursor_ == log_.end()));
+  bool want =
+      o.fd >= 0 && (!attached_ || o.sent >= limit_ || (o.credit > 0 && cursor_ == log_.end()));
   if (want && !o.watched) server_.watch(o.fd, EPOLLIN, [this, ch](uint32_t) { on_output(ch); });
   if (!want && o.watched) server_.unwatch(o.fd);
   o.watched = want;
@@ -295,13 +392,105 @@ void Exec::pump() {
 
 json Exec::detach() {
   attached_ = false;
-  // Nobody feeds stdin any more: the process reads eof (it would otherwise
-  // wait forever for a host that may never come back).
+  // The stream that started the exec no longer feeds its stdin; what it
+  // sent is still written (in_buf_), credited to nobody. The stdin stays
+  // open for a later host (job_stdin by exec_id) for linger_ms_.
+  host_stdin_ = false;
+  in_orphan_ = in_buf_.size() - feed_pending_;
+  arm_stdin_linger();
+  update_watches();
+  return {{"detached", true}, {"offset", cursor_}};
+}
+
+void Exec::arm_stdin_linger() {
+  // (A pty's input is its terminal: it stays as long as the exec.)
+  if (!has_stdin_ || in_fd_ < 0 || attached_ || feed_ || linger_fd_ >= 0) return;
+  if (linger_ms_ <= 0) {
+    close_stdin();
+    return;
+  }
+  linger_fd_ = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
+  if (linger_fd_ < 0) {
+    close_stdin();  // cannot bound it: do not keep it
+    return;
+  }
+  itimerspec its{};
+  its.it_value.tv_sec = linger_ms_ / 1000;
+  its.it_value.tv_nsec = (linger_ms_ % 1000) * 1000000;
+  timerfd_settime(linger_fd_, 0, &its, nullptr);
+  server_.watch(linger_fd_, EPOLLIN, [this](uint32_t) {
+    disarm_stdin_linger();
+    if (!attached_ && !feed_) {
+      logf("exec %s: nobody fed its stdin for %lld ms: closed", exec_id_.c_str(),
+           static_cast<long long>(linger_ms_));
+      close_stdin();
+    }
+  });
+}
+
+void Exec::disarm_stdin_linger() { close_fd(linger_fd_); }
+
+json Exec::signal_by_id(int signo) {
+  if (!exited_) tree_.signal(signo, /*from_host=*/true);
+  return {{"exec_id", exec_id_}, {"background", false},   {"pid", tree_.pid()},
+          {"running", !done_},   {"attached", attached_}, {"end", log_.end()}};
+}
+
+std::unique_ptr<Stream> Exec::feed_stdin(uint32_t stream, bool close_after) {
+  if (!has_stdin_)
+    throw GuestError(code::exists, "exec " + exec_id_ + " was not started with streamed stdin");
+  if (in_fd_ < 0) throw GuestError(code::exists, "the stdin of " + exec_id_ + " is closed");
+  if (host_stdin_)
+    throw GuestError(code::exists, "the stdin of " + exec_id_ + " is fed by its exec stream");
+  if (feed_) throw GuestError(code::exists, "another job_stdin is writing to " + exec_id_);
+  auto f = std::make_unique<StdinFeed>(server_, stream, *this);
+  feed_ = f.get();
+  feed_pending_ = 0;
+  feed_eof_ = false;
+  feed_close_ = close_after;
+  disarm_stdin_linger();
+  return f;
+}
+
+void Exec::feed(const std::string& bytes) {
+  in_buf_ += bytes;
+  feed_pending_ += bytes.size();
+  write_stdin();
+}
+
+void Exec::feed_eof() {
+  feed_eof_ = true;
+  write_stdin();
+}
+
+void Exec::unfeed() {
+  feed_ = nullptr;
+  feed_pending_ = 0;  // still written, credited to nobody
+  feed_eof_ = false;
+  arm_stdin_linger();
+}
+
+// The feed's eof is answered once everything buffered before it went into
+// the pipe: its stdin_total is then exactly what the process was given.
+void Exec::feed_answer_if_done() {
+  if (!feed_ || !feed_eof_) return;
+  if (in_fd_ >= 0 && !in_buf_.empty()) return;
+  if (feed_close_) close_stdin();
+  StdinFeed* f = feed_;
+  feed_ = nullptr;
+  feed_eof_ = false;
+  f->answer(in_bytes_, in_fd_ < 0);
+  arm_stdin_linger();
+}
+
+void Exec::close_stdin() {
+  if (feed_ && feed_pending_) feed_->dropped(feed_pending_);
+  feed_pending_ = 0;
+  in_orphan_ = 0;
   in_buf_.clear();
   in_watched_ = false;
   close_fd(in_fd_);
-  update_watches();
-  return {{"detached", true}, {"offset", cursor_}};
+  disarm_stdin_linger();
 }
 
 void Exec::attach(uint32_t stream, uint64_t offset) {
@@ -312,14 +501,21 @@ void Exec::attach(uint32_t stream, uint64_t offset) {
                 "offset");
   id_ = stream;
   attached_ = true;
+  disarm_stdin_linger();
+  if (pty_) {
+    // The attach stream types into the terminal, with a window of its own.
+    host_stdin_ = true;
+    in_window_ = kInitialCredit;
+    in_eof_ = false;
+  }
   cursor_ = std::max(offset, log_.start());
   for (uint8_t ch : {1, 2}) {
     out_[ch].credit = kInitialCredit;
     out_[ch].eof_sent = false;
   }
-  json ev{{"attached", true},      {"exec_id", exec_id_},   {"pid", tree_.pid()},
-          {"offset", cursor_},     {"dropped", cursor_ - offset}, {"end", log_.end()},
-          {"running", !done_},     {"lost", log_.lost()}};
+  json ev{{"attached", true},  {"exec_id", exec_id_},         {"pid", tree_.pid()},
+          {"offset", cursor_}, {"dropped", cursor_ - offset}, {"end", log_.end()},
+          {"running", !done_}, {"lost", log_.lost()}};
   server_.send_json(protocol::Type::event, id_, ev);
   // The server pumps the backlog once the stream is registered again.
 }
@@ -338,9 +534,9 @@ void Exec::on_data(uint8_t ch, const std::string& bytes) {
     return;
   }
   in_window_ -= bytes.size();
-  if (in_fd_ < 0) {
-    // No stdin (not requested, or the process closed it): discard, but
-    // keep the host's window open.
+  if (in_fd_ < 0 || !host_stdin_) {
+    // No stdin (not requested, or the process closed it), or an attach
+    // stream (which does not feed it): discard, but keep the host's window open.
     in_window_ += bytes.size();
     server_.send_credit(id_, 0, bytes.size());
     return;
@@ -350,19 +546,35 @@ void Exec::on_data(uint8_t ch, const std::string& bytes) {
 }
 
 void Exec::on_eof(uint8_t ch) {
-  if (ch != 0) return;
+  if (ch != 0 || !host_stdin_) return;
   in_eof_ = true;
   write_stdin();
 }
 
 void Exec::write_stdin() {
+  // in_buf_ = [bytes of the exec stream (credited to it while it feeds
+  // stdin) | feed_pending_ bytes of the StdinFeed (credited to it)].
+  auto credit = [&](uint64_t n) {
+    const uint64_t orphan = std::min(n, in_orphan_);
+    in_orphan_ -= orphan;
+    n -= orphan;
+    const uint64_t head = std::min<uint64_t>(n, in_buf_.size() - orphan - feed_pending_);
+    if (head && host_stdin_) {
+      in_window_ += head;
+      server_.send_credit(id_, 0, head);
+    }
+    return n - head;  // the feed's share
+  };
   while (in_fd_ >= 0 && !in_buf_.empty()) {
     ssize_t n = write(in_fd_, in_buf_.data(), in_buf_.size());
     if (n > 0) {
+      uint64_t fed = credit(n);
       in_buf_.erase(0, n);
       in_bytes_ += n;
-      in_window_ += n;
-      server_.send_credit(id_, 0, n);
+      if (fed) {
+        feed_pending_ -= fed;
+        feed_->written(fed);
+      }
       continue;
     }
     if (n < 0 && errno == EINTR) continue;
@@ -372,14 +584,13 @@ void Exec::write_stdin() {
       return;
     }
     // EPIPE: the process does not read stdin any more. Drop what is left.
-    in_window_ += in_buf_.size();
-    server_.send_credit(id_, 0, in_buf_.size());
-    in_buf_.clear();
-    close_fd(in_fd_);
+    credit(in_buf_.size());
+    close_stdin();
   }
   if (in_watched_ && in_fd_ >= 0) server_.unwatch(in_fd_);
   in_watched_ = false;
-  if (in_eof_ && in_buf_.empty()) close_fd(in_fd_);
+  if (in_eof_ && in_buf_.empty()) close_stdin();
+  feed_answer_if_done();
 }
 
 void Exec::maybe_finish() {
@@ -414,6 +625,12 @@ void Exec::release() {
   master_ = -1;  // was out_[1].fd
   in_watched_ = false;
   close_fd(in_fd_);
+  disarm_stdin_linger();
+  if (feed_) {
+    StdinFeed* f = feed_;
+    feed_ = nullptr;
+    f->exec_gone(in_bytes_);
+  }
 }
 
 }  // namespace
@@ -427,8 +644,8 @@ std::unique_ptr<Stream> start_exec(Server& server, uint32_t id, const json& req)
   }
   // Every exec sends through its log; one frame's worth is the least it
   // needs. A pty exec cannot detach and keeps just that.
-  auto e = std::make_unique<Exec>(
-      server, id, std::max<uint64_t>(spec.pty ? 0 : spec.output_buffer, protocol::kMaxPayload));
+  auto e = std::make_unique<Exec>(server, id,
+                                  std::max<uint64_t>(spec.output_buffer, protocol::kMaxPayload));
   e->start(spec);
   return e;
 }

@@ -200,6 +200,8 @@ ExecSpec parse_exec_spec(const json& req) {
   s.background = protocol::optional_bool(req, "background", false);
   s.output_buffer = static_cast<uint64_t>(protocol::optional_int(
       req, "output_buffer_bytes", kDefaultOutputBuffer, 0, int64_t{1} << 30));
+  s.detached_stdin_ms = protocol::optional_int(req, "detached_stdin_ms", kDefaultDetachedStdinMs, 0,
+                                               365LL * 86400 * 1000);
   if (auto id = protocol::optional_string(req, "exec_id")) {
     bool ok = !id->empty() && id->size() <= 64;
     for (char c : *id)

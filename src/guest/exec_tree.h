@@ -36,6 +36,7 @@ struct ExecLimits {
 };
 
 inline constexpr uint64_t kDefaultOutputBuffer = 1 << 20;
+inline constexpr int64_t kDefaultDetachedStdinMs = 10 * 60 * 1000;
 
 struct ExecSpec {
   std::vector<std::string> argv;
@@ -52,6 +53,10 @@ struct ExecSpec {
   std::string exec_id;
   // Bytes of output a foreground exec keeps for re-attachment (its log).
   uint64_t output_buffer = kDefaultOutputBuffer;
+  // With want_stdin: how long a detached exec keeps its stdin open while
+  // no host attaches or feeds it (then the process reads eof). 0 = closed
+  // at once on detach.
+  int64_t detached_stdin_ms = kDefaultDetachedStdinMs;
   // A terminal instead of pipes ("pty": {"cols","rows"}): stdin, stdout and
   // stderr are the slave of a fresh pty, which becomes the controlling
   // terminal of the exec's session. Without argv, the user's shell runs (-l).

@@ -436,10 +436,9 @@ void Server::handle_hello(const Frame& f) {
   if (opts_.system) apply_hello(req);
   utsname u{};
   uname(&u);
-  send_json(Type::hello, 0,
-            {{"version", version},
-             {"agent_version", protocol::kAgentVersion},
-             {"kernel", u.release}});
+  send_json(
+      Type::hello, 0,
+      {{"version", version}, {"agent_version", protocol::kAgentVersion}, {"kernel", u.release}});
 }
 
 void Server::handle_request(Frame& f) {
@@ -475,7 +474,11 @@ void Server::handle_request(Frame& f) {
     } else if (op == "wait_job") {
       stream = jobs_->wait(id, req);
     } else if (op == "job_stdin") {
-      stream = jobs_->write_stdin(id, req);
+      // A background job's stdin, or else a foreground exec's (§5: after a
+      // daemon restart its stdin is fed by exec_id).
+      Stream* fg = find_exec(protocol::require_string(req, "exec_id"));
+      stream = fg ? fg->feed_stdin(id, protocol::optional_bool(req, "close", false))
+                  : jobs_->write_stdin(id, req);
     } else {
       json result;
       if (op == "ping")
@@ -496,9 +499,12 @@ void Server::handle_request(Frame& f) {
         result = op_sync(req);
       else if (op == "jobs")
         result = jobs_->list();
-      else if (op == "kill_job")
-        result = jobs_->kill(req);
-      else
+      else if (op == "kill_job") {
+        Stream* fg = find_exec(protocol::require_string(req, "exec_id"));
+        result = fg ? fg->signal_by_id(
+                          static_cast<int>(protocol::optional_int(req, "signal", SIGKILL, 1, 64)))
+                    : jobs_->kill(req);
+      } else
         throw Error(Errc::invalid_argument, "unknown op '" + op + "'", "op");
       finish(id, result);
       return;
@@ -549,6 +555,15 @@ std::unique_ptr<Stream> Server::start_attach(uint32_t id, const json& req) {
       throw GuestError(protocol::code::exists,
                        "attach " + exec_id + ": the exec is attached to another stream");
   throw GuestError(protocol::code::not_found, "attach " + exec_id + ": no such detached exec");
+}
+
+Stream* Server::find_exec(const std::string& exec_id) {
+  if (exec_id.empty()) return nullptr;
+  for (auto& [key, s] : detached_)
+    if (key == exec_id) return s.get();
+  for (auto& [sid, s] : streams_)
+    if (s->detach_key() == exec_id) return s.get();
+  return nullptr;
 }
 
 // ---- children ---------------------------------------------------------------

@@ -57,6 +57,16 @@ class Stream {
   // A detached stream whose process has ended (the first to go when the
   // table of detached streams is full).
   virtual bool ended() const { return false; }
+  // kill_job / job_stdin by exec_id on a foreground exec (detached, or
+  // attached to an attach stream): the host of a restarted daemon reaches
+  // an exec its predecessor started. signal_by_id signals the process tree
+  // and returns {"exec_id","running","attached","end"}; feed_stdin returns
+  // the stream that feeds its stdin (GuestError(exists) if it has none
+  // open, or another feeds it).
+  virtual nlohmann::json signal_by_id(int /*signo*/) { return nlohmann::json::object(); }
+  virtual std::unique_ptr<Stream> feed_stdin(uint32_t /*stream*/, bool /*close_after*/) {
+    return nullptr;
+  }
 
  protected:
   // Sends {"error":{code,message}} as the response and closes the stream.
@@ -119,6 +129,8 @@ class Server {
   // detached streams beyond kMaxDetached.
   void park(std::unique_ptr<Stream> s);
   std::unique_ptr<Stream> start_attach(uint32_t id, const nlohmann::json& req);
+  // The foreground exec named `exec_id` (detached or attached), or nullptr.
+  Stream* find_exec(const std::string& exec_id);
   static constexpr size_t kMaxDetached = 64;
   void flush();
   void on_sigchld();

@@ -2,8 +2,12 @@
 terminal (a tmux pane of the test's own tmux server), typing keys and reading
 the screen, against a real daemon and VM."""
 
+import base64
+import json
 import os
 import shutil
+import socket
+import struct
 import subprocess
 import time
 import unittest
@@ -213,10 +217,78 @@ class ShellTest(DaemonTestCase):
         self.assertIn("icanon", self.wait_file(stty).split())
         self.assertIn("echo", self.wait_file(stty).split())
 
-    def test_zz_daemon_gone_restores_the_terminal(self):
-        # Last (zz): the daemon is killed under the session, then restarted,
-        # re-adopting the VM for the class's cleanup.
+    def ws_first_reply(self, first):
+        """Opens the pty WebSocket, sends `first` (a text frame) and returns
+        the server's first text frame, parsed."""
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(60)
+        try:
+            s.connect(self.sock)
+            key = base64.b64encode(os.urandom(16)).decode()
+            s.sendall(f"GET /v1/sandboxes/{self.sid}/pty HTTP/1.1\r\nHost: x\r\n"
+                      "Connection: Upgrade\r\nUpgrade: websocket\r\n"
+                      f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n".encode())
+            buf = b""
+            while b"\r\n\r\n" not in buf:
+                buf += s.recv(4096)
+            head, buf = buf.split(b"\r\n\r\n", 1)
+            self.assertTrue(head.startswith(b"HTTP/1.1 101"), head)
+            payload, mask = json.dumps(first).encode(), os.urandom(4)
+            assert len(payload) < 126
+            s.sendall(bytes([0x81, 0x80 | len(payload)]) + mask +
+                      bytes(b ^ mask[i % 4] for i, b in enumerate(payload)))
+            while True:  # server frames are unmasked; the first text frame
+                while len(buf) < 2 or len(buf) < 2 + (buf[1] & 0x7f if buf[1] & 0x7f < 126 else 2):
+                    buf += s.recv(4096)
+                n, at = buf[1] & 0x7f, 2
+                if n == 126:
+                    n, at = struct.unpack(">H", buf[2:4])[0], 4
+                while len(buf) < at + n:
+                    buf += s.recv(4096)
+                if buf[0] & 0x0f == 1:
+                    return json.loads(buf[at:at + n])
+                buf = buf[at + n:]
+        finally:
+            s.close()
+
+    def test_pty_attach_answers_bad_input(self):
+        # The attach form of the first message (a pty exec of a previous
+        # daemon): an unknown exec, a bad offset: error frames naming them.
+        ev = self.ws_first_reply({"exec_id": "ex-nosuch", "offset": 0})
+        self.assertEqual((ev["type"], ev["error"]["code"], ev["error"]["field"]),
+                         ("error", "not_found", "exec_id"), ev)
+        ev = self.ws_first_reply({"exec_id": "ex-nosuch", "offset": -5})
+        self.assertEqual((ev["type"], ev["error"]["field"]), ("error", "offset"), ev)
+
+    def test_zy_shell_survives_a_daemon_restart(self):
+        # The shell runs on in the guest while airlockd is down (kill -9);
+        # the CLI reattaches once it is back, from what it had printed, and
+        # the terminal takes input again.
         name, code, stty = self.start(f"{AIRLOCK} shell {self.sid}")
+        self.keys(name, "echo ON-$((4*4)); x=kept", "Enter")
+        self.wait_screen(name, "ON-16")
+        self.daemon.kill()
+        self.daemon.wait()
+        self.wait_screen(name, "reattaching")
+        type(self).start_daemon()
+        self.keys(name, "echo BACK-$((5*5))-$x", "Enter")
+        self.wait_screen(name, "BACK-25-kept", timeout=120)
+        # Nothing repeated: what was printed before the kill is there once.
+        screen = self.screen(name)
+        self.assertEqual((screen.count("ON-16"), screen.count("BACK-25-kept")), (1, 1), screen)
+        self.keys(name, "exit 3", "Enter")
+        self.assertEqual(self.wait_file(code, timeout=60).strip(), "CODE=3")
+        self.assertIn("icanon", self.wait_file(stty).split())
+        # Its end is journaled once, by the attach that saw it.
+        logs = self.api.call("GET", f"/v1/sandboxes/{self.sid}/logs")
+        ends = [r for r in logs if r.get("event") == "exec" and r.get("reattached")]
+        self.assertEqual([r["exit_code"] for r in ends], [3], ends)
+
+    def test_zz_daemon_gone_restores_the_terminal(self):
+        # Last (zz): the daemon is killed under the session (the CLI does not
+        # wait for it: AIRLOCK_REATTACH_SECONDS=0), then restarted,
+        # re-adopting the VM for the class's cleanup.
+        name, code, stty = self.start(f"AIRLOCK_REATTACH_SECONDS=0 {AIRLOCK} shell {self.sid}")
         self.keys(name, "echo ON-$((4*4))", "Enter")
         self.wait_screen(name, "ON-16")
         self.daemon.kill()

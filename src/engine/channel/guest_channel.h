@@ -45,9 +45,9 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
-#include <utility>
 #include <string_view>
 #include <thread>
+#include <utility>
 
 #include "protocol/frame.h"
 
@@ -90,6 +90,9 @@ struct AttachHandlers {
   // Asked every `tick` while nothing arrives; true detaches.
   std::function<bool()> cancelled;
   std::chrono::milliseconds tick{500};
+  // The attach stream's id, before the request goes out (send_input and
+  // resize take it).
+  std::function<void(uint32_t stream)> on_stream;
 };
 
 struct WatchHandlers {
@@ -170,8 +173,8 @@ class GuestChannel {
   // Errors: not_found (no such detached exec), conflict (attached
   // elsewhere), invalid_argument (offset beyond the end); Error(timeout) if
   // the guest does not answer by `start_deadline`.
-  nlohmann::json attach(const std::string& exec_id, uint64_t offset,
-                        const AttachHandlers& handlers, Deadline start_deadline);
+  nlohmann::json attach(const std::string& exec_id, uint64_t offset, const AttachHandlers& handlers,
+                        Deadline start_deadline);
   // Sends a signal to the exec running on `stream` (no-op if it has ended).
   void signal(uint32_t stream, int signo);
   // Terminal input of the pty exec running on `stream` (an exec() with
@@ -188,8 +191,7 @@ class GuestChannel {
   // Returns the guest's byte count.
   // `owner` (a guest user; empty = root) owns the file and what `parents` made.
   uint64_t write_file(const std::string& path, uint32_t mode, bool parents,
-                      const ChunkSource& source, Deadline deadline,
-                      const std::string& owner = {});
+                      const ChunkSource& source, Deadline deadline, const std::string& owner = {});
   // Streams the guest file `path` into `sink`; returns the bytes delivered.
   // If `sink` returns false, nothing more is delivered: the guest is asked to
   // stop (signal frame) and the rest of the stream is drained and dropped.

@@ -36,6 +36,7 @@ nlohmann::json GuestChannel::attach(const std::string& exec_id, uint64_t offset,
   const uint32_t id = open_stream();
   auto st = register_stream(id);
   StreamGuard guard{[&] { unregister_stream(id); }};
+  if (handlers.on_stream) handlers.on_stream(id);
   send(protocol::json_frame(Type::request, id,
                             {{"op", "attach"}, {"exec_id", exec_id}, {"offset", offset}}));
   bool attached = false, detaching = false;
