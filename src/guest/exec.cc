@@ -227,8 +227,8 @@ void Exec::start(const ExecSpec& spec) {
 // gets the backlog, in order).
 void Exec::update_watch(uint8_t ch) {
   Out& o = out_[ch];
-  bool want = o.fd >= 0 && (!attached_ || o.sent >= limit_ ||
-                            (o.credit > 0 && cursor_ == log_.end()));
+  bool want =
+      o.fd >= 0 && (!attached_ || o.sent >= limit_ || (o.credit > 0 && cursor_ == log_.end()));
   if (want && !o.watched) server_.watch(o.fd, EPOLLIN, [this, ch](uint32_t) { on_output(ch); });
   if (!want && o.watched) server_.unwatch(o.fd);
   o.watched = want;
@@ -317,9 +317,9 @@ void Exec::attach(uint32_t stream, uint64_t offset) {
     out_[ch].credit = kInitialCredit;
     out_[ch].eof_sent = false;
   }
-  json ev{{"attached", true},      {"exec_id", exec_id_},   {"pid", tree_.pid()},
-          {"offset", cursor_},     {"dropped", cursor_ - offset}, {"end", log_.end()},
-          {"running", !done_},     {"lost", log_.lost()}};
+  json ev{{"attached", true},  {"exec_id", exec_id_},         {"pid", tree_.pid()},
+          {"offset", cursor_}, {"dropped", cursor_ - offset}, {"end", log_.end()},
+          {"running", !done_}, {"lost", log_.lost()}};
   server_.send_json(protocol::Type::event, id_, ev);
   // The server pumps the backlog once the stream is registered again.
 }

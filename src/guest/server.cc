@@ -436,10 +436,9 @@ void Server::handle_hello(const Frame& f) {
   if (opts_.system) apply_hello(req);
   utsname u{};
   uname(&u);
-  send_json(Type::hello, 0,
-            {{"version", version},
-             {"agent_version", protocol::kAgentVersion},
-             {"kernel", u.release}});
+  send_json(
+      Type::hello, 0,
+      {{"version", version}, {"agent_version", protocol::kAgentVersion}, {"kernel", u.release}});
 }
 
 void Server::handle_request(Frame& f) {
@@ -494,6 +493,8 @@ void Server::handle_request(Frame& f) {
         result = op_info(req);
       else if (op == "sync")
         result = op_sync(req);
+      else if (op == "set_time")
+        result = op_set_time(req);
       else if (op == "jobs")
         result = jobs_->list();
       else if (op == "kill_job")
@@ -515,6 +516,16 @@ void Server::handle_request(Frame& f) {
     finish(id, protocol::error_json(protocol::code::internal,
                                     (op.empty() ? "" : op + ": ") + e.what()));
   }
+}
+
+nlohmann::json Server::op_set_time(const json& req) {
+  int64_t ns = protocol::optional_int(req, "time_ns", 0, 1, INT64_MAX);
+  if (ns < 1) throw Error(Errc::invalid_argument, "time_ns is required", "time_ns");
+  // Host mode runs on a developer's machine or in tests: its clock is the
+  // host's own, never ours to set.
+  if (opts_.system && !set_clock_ns(ns))
+    throw GuestError(protocol::code::internal, std::string("clock_settime: ") + strerror(errno));
+  return json::object();
 }
 
 // ---- detach and attach ------------------------------------------------------

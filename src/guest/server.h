@@ -119,6 +119,9 @@ class Server {
   // detached streams beyond kMaxDetached.
   void park(std::unique_ptr<Stream> s);
   std::unique_ptr<Stream> start_attach(uint32_t id, const nlohmann::json& req);
+  // {"op": "set_time", "time_ns": N}: the host's clock at a pool member's
+  // hand-out (api/guest-protocol.md). In host mode (not system) a no-op.
+  nlohmann::json op_set_time(const nlohmann::json& req);
   static constexpr size_t kMaxDetached = 64;
   void flush();
   void on_sigchld();

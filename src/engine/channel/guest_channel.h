@@ -44,10 +44,11 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
 #include <string>
-#include <utility>
 #include <string_view>
 #include <thread>
+#include <utility>
 
 #include "protocol/frame.h"
 
@@ -130,6 +131,13 @@ class GuestChannel {
   // guest refuses the version.
   nlohmann::json hello(const HelloParams& params, Deadline deadline);
 
+  // Sends a JSON-only request (§5) without waiting for its answer: the
+  // agent handles requests in the order they arrive, so what it does is
+  // done before anything sent after it is looked at. The answer is dropped
+  // unread (an error answer is counted in ignored_messages()). Error
+  // (guest_error) if the connection is closed.
+  void post(const nlohmann::json& request);
+
   // A fresh stream id (>= 1, never reused on this connection).
   uint32_t open_stream();
   // How many stream ids were handed out so far (the warm pool's check that
@@ -170,8 +178,8 @@ class GuestChannel {
   // Errors: not_found (no such detached exec), conflict (attached
   // elsewhere), invalid_argument (offset beyond the end); Error(timeout) if
   // the guest does not answer by `start_deadline`.
-  nlohmann::json attach(const std::string& exec_id, uint64_t offset,
-                        const AttachHandlers& handlers, Deadline start_deadline);
+  nlohmann::json attach(const std::string& exec_id, uint64_t offset, const AttachHandlers& handlers,
+                        Deadline start_deadline);
   // Sends a signal to the exec running on `stream` (no-op if it has ended).
   void signal(uint32_t stream, int signo);
   // Terminal input of the pty exec running on `stream` (an exec() with
@@ -188,8 +196,7 @@ class GuestChannel {
   // Returns the guest's byte count.
   // `owner` (a guest user; empty = root) owns the file and what `parents` made.
   uint64_t write_file(const std::string& path, uint32_t mode, bool parents,
-                      const ChunkSource& source, Deadline deadline,
-                      const std::string& owner = {});
+                      const ChunkSource& source, Deadline deadline, const std::string& owner = {});
   // Streams the guest file `path` into `sink`; returns the bytes delivered.
   // If `sink` returns false, nothing more is delivered: the guest is asked to
   // stop (signal frame) and the rest of the stream is drained and dropped.
@@ -264,6 +271,7 @@ class GuestChannel {
   std::condition_variable hello_cv_;
   std::deque<nlohmann::json> hello_replies_;
   std::map<uint32_t, std::shared_ptr<Stream>> streams_;
+  std::set<uint32_t> posted_;  // post()ed streams whose answer is not in yet (bounded)
   bool closed_ = false;
   std::string why_;
   std::atomic<uint32_t> next_stream_{1};
