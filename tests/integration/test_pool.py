@@ -218,6 +218,8 @@ class LearnedPool(harness.DaemonTestCase):
                    "--pool-learn-idle-s", "20"]
 
     def test_a_used_shape_is_learned_bounded_and_forgotten(self):
+        self.assertEqual(self.api.call("GET", "/v1/info")["pool_learn"],
+                         {"shapes": 2, "memory_mb": 300, "idle_s": 20})
         self.assertEqual(self.api.call("GET", "/v1/pool"), [])
         a = self.api.create(image="minimal")
         self.assertNotEqual(a["start"], "pool")
