@@ -11,7 +11,9 @@ using nlohmann::json;
 
 void add_pool_command(CLI::App& app, PoolCommand& p) {
   p.cmd = app.add_subcommand(
-      "pool", "warm pool: keep SIZE sandboxes of IMAGE ready (0 disables; no args: show it)");
+      "pool",
+      "warm pool: keep SIZE sandboxes of IMAGE in one shape ready (0 removes that shape; no "
+      "args: show every shape, configured or learned)");
   p.cmd->add_option("image", p.image, "image name");
   p.cmd->add_option("size", p.size, "members to keep ready")->check(CLI::Range(0, 64));
   p.cmd->add_option("--cpus", p.cpus, "members' vCPUs (default 1)");
@@ -45,9 +47,11 @@ bool run_pool_command(const PoolCommand& p, const std::function<Client()>& conne
   for (const auto& slot : answer) {
     const json& sh = slot["shape"];
     std::cout << slot.value("image", "?") << " (" << sh.value("cpus", 0) << " cpu, "
-              << sh.value("memory_mb", 0) << "M, disk " << sh.value("disk_mb", 0)
-              << "M): " << slot.value("ready", 0) << "/" << slot.value("target", 0) << " ready, "
-              << slot.value("hits", 0) << " hits, " << slot.value("misses", 0) << " misses\n";
+              << sh.value("memory_mb", 0) << "M, disk " << sh.value("disk_mb", 0) << "M"
+              << (sh.value("network", false) ? ", network" : "") << "): " << slot.value("ready", 0)
+              << "/" << slot.value("target", 0) << " ready, " << slot.value("hits", 0) << " hits, "
+              << slot.value("misses", 0) << " misses"
+              << (slot.value("learned", false) ? ", learned" : "") << "\n";
   }
   return true;
 }

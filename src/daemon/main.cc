@@ -35,6 +35,26 @@ int main(int argc, char** argv) {
   std::vector<std::string> pools;
   app.add_option("--pool", pools,
                  "IMAGE=N: keep N sandboxes of IMAGE cloned and ready (repeatable; default none)");
+  // The learned pool (docs/design.md, "Warm pool"). TakeLast: a later flag
+  // wins (the test harness turns learning off first, a suite back on).
+  int pool_learn = 4, pool_learn_memory_mb = 1024, pool_learn_idle_s = 300;
+  app.add_option("--pool-learn", pool_learn,
+                 "learn up to N shapes from creates that found no ready pool member: each "
+                 "gets 1-2 members ready (0: off; default 4; configured pools are never "
+                 "changed; env AIRLOCK_POOL_LEARN)")
+      ->envname("AIRLOCK_POOL_LEARN")
+      ->check(CLI::Range(0, 64))
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  app.add_option("--pool-learn-memory-mb", pool_learn_memory_mb,
+                 "memory budget of the learned pool: the sum of its members' memory_mb "
+                 "(least recently used shapes go first; default 1024)")
+      ->check(CLI::Range(64, 1 << 20))
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  app.add_option("--pool-learn-idle-s", pool_learn_idle_s,
+                 "a learned shape no create used for this long is forgotten, its members "
+                 "deleted (default 300)")
+      ->check(CLI::Range(1, 604800))
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   bool no_templates = false;
   app.add_flag("--no-templates", no_templates,
                "always cold-boot (no VM templates or copy-on-write clones)");
@@ -136,6 +156,9 @@ int main(int argc, char** argv) {
     config.journal_reserve_bytes = std::min<uint64_t>(1u << 20, config.journal_max_bytes / 4);
     if (!template_ram_dir.empty())
       config.template_ram_dir = std::filesystem::absolute(template_ram_dir);
+    config.pool_learn_shapes = pool_learn;
+    config.pool_learn_memory_mb = pool_learn_memory_mb;
+    config.pool_learn_idle_s = pool_learn_idle_s;
     for (const std::string& p : pools) {
       auto eq = p.find('=');
       int n = -1;

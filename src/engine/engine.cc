@@ -621,6 +621,9 @@ nlohmann::json Engine::info() {
     for (const auto& t : impl_->templates->list()) j["templates"].push_back(templates::to_json(t));
   j["templates_enabled"] = impl_->cfg.templates;
   j["pool"] = pool_info();
+  j["pool_learn"] = {{"shapes", impl_->cfg.pool_learn_shapes},
+                     {"memory_mb", impl_->cfg.pool_learn_memory_mb},
+                     {"idle_s", impl_->cfg.pool_learn_idle_s}};
   return j;
 }
 

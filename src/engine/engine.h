@@ -61,6 +61,15 @@ struct Config {
   // Warm pool: image name -> sandboxes kept cloned and ready (default shape,
   // no network). Changeable at runtime with Engine::set_pool.
   std::map<std::string, int> pool;
+  // The learned pool (docs/design.md, "Warm pool"): a create that finds no
+  // ready member of its shape gets that shape a learned slot (1 member, up
+  // to 2 while misses keep coming), at most pool_learn_shapes shapes whose
+  // members' memory_mb add up to at most pool_learn_memory_mb (least
+  // recently used evicted), each forgotten after pool_learn_idle_s unused.
+  // 0 shapes = off (the engine's default; airlockd's --pool-learn is 4).
+  int pool_learn_shapes = 0;
+  int pool_learn_memory_mb = 1024;
+  int pool_learn_idle_s = 300;
   // Agent liveness (docs/design.md, "Failure states"): the reaper pings each
   // running sandbox's agent every agent_ping_interval_ms; one unanswered
   // for agent_ping_timeout_ms fails the sandbox as `agent_lost`.
@@ -436,14 +445,17 @@ class Engine {
   nlohmann::json list_ports(const std::string& id);  // [{"host", "host_port", "guest_port"}]
   void remove_port(const std::string& id, int host_port);
 
-  // Warm pool: keep `size` sandboxes of `image` cloned and ready (0..64;
-  // 0 disables). `shape` may set cpus, memory_mb, disk_mb (default: the
-  // SandboxSpec defaults); a create with that image and shape and no network
-  // takes a member (start "pool"). Returns pool_info().
+  // Warm pool: keep `size` sandboxes of `image` in one shape cloned and
+  // ready (0..64; 0 removes that shape's slot). `shape` may set cpus,
+  // memory_mb, disk_mb (default: the SandboxSpec defaults) and network
+  // (members with a NIC); each shape has its own slot, configured (never
+  // changed by learning; a learned slot set here becomes configured). A
+  // create of exactly that image and shape takes a member (start "pool").
+  // Returns pool_info().
   nlohmann::json set_pool(const std::string& image, int size,
                           const nlohmann::json& shape = nlohmann::json());
-  // [{"image", "shape", "target", "ready", "members", "hits", "misses",
-  //   "replaced", "shed"}, ...]
+  // [{"image", "shape", "learned", "target", "ready", "members", "hits",
+  //   "misses", "replaced", "shed"}, ...], one per shape
   nlohmann::json pool_info();
 
   // Pause and resume (engine_pause.cc; docs/design.md "Snapshots, fork,

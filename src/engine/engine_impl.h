@@ -163,6 +163,26 @@ bool memory_pressure(const std::filesystem::path& meminfo = "/proc/meminfo",
 // filesystem holding `dir` (engine_lifecycle.cc).
 void check_disk_space(const std::filesystem::path& dir, int64_t admitted_mb, int64_t want_mb);
 
+// Warm pool (engine_pool.cc): one slot per shape (image, cpus, memory_mb,
+// disk_mb, NIC or not); several shapes of one image coexist.
+struct PoolKey {
+  std::string image;
+  int cpus = 1, memory_mb = 256, disk_mb = 1024;
+  bool networked = false;  // members carry a NIC under deny-everything
+  auto operator<=>(const PoolKey&) const = default;
+};
+struct PoolSlot {
+  PoolKey key;
+  int target = 0;
+  // Learned from creates that found no ready member (not configured):
+  // bounded by Config::pool_learn_*, forgotten when unused for
+  // pool_learn_idle_s; a configured slot is never touched by learning.
+  bool learned = false;
+  int64_t last_used_ms = 0;  // steady_ms() of its last create (hit or miss)
+  std::deque<std::shared_ptr<Live>> ready;
+  int64_t hits = 0, misses = 0, replaced = 0, shed = 0;
+};
+
 struct Engine::Impl {
   Config cfg;
   std::shared_ptr<Launcher> launcher;  // cfg.launcher or QEMU
@@ -323,22 +343,27 @@ struct Engine::Impl {
   void kill_foreground_execs(Live& sb, std::chrono::milliseconds wait);
 
   // Warm pool (engine_pool.cc).
-  struct PoolSlot {
-    std::string image;
-    int cpus = 1, memory_mb = 256, disk_mb = 1024;
-    bool networked = false;  // members carry a NIC under deny-everything
-    int target = 0;
-    std::deque<std::shared_ptr<Live>> ready;
-    int64_t hits = 0, misses = 0, replaced = 0, shed = 0;
-  };
-  std::mutex pool_mu;  // pool_slots, pool_stopping
+  std::mutex pool_mu;  // pool_slots, pool_retired, pool_counts, pool_stopping
   std::condition_variable pool_wake;
-  std::map<std::string, PoolSlot> pool_slots;  // by image
+  std::map<PoolKey, PoolSlot> pool_slots;
+  // Members of slots removed on a create's path (a learned slot evicted):
+  // the pool thread tears them down, off the create's hot path.
+  std::vector<std::shared_ptr<Live>> pool_retired;
+  // Hits and misses per image since the daemon started (the metrics'
+  // counters: slots come and go, counters must not go down).
+  std::map<std::string, std::pair<int64_t, int64_t>> pool_counts;
   bool pool_stopping = false;
   std::thread pool_thread;
-  // A ready member matching `checked` (image, shape, NIC or not), made
-  // the caller's: running, its spec, metadata and lifetime; nullopt if none.
-  // `trace` (if any) gets the hand-out's phases.
+  // A learned slot for `key` (a create's miss), within the count and memory
+  // budget, evicting the least recently used learned slots; grows a learned
+  // slot by one member (up to kLearnedMaxTarget) on a later miss. Holds
+  // pool_mu. Returns the slot, or null if learning is off or the shape
+  // alone is over the budget.
+  PoolSlot* learn_shape(const PoolKey& key, int64_t now);
+  // A ready member of `checked`'s exact shape (image, cpus, memory_mb,
+  // disk_mb, NIC or not), made the caller's: running, its spec, metadata and
+  // lifetime, its clock set to the host's; nullopt if none (a miss, which
+  // learning records). `trace` (if any) gets the hand-out's phases.
   std::optional<SandboxInfo> take_pooled(const SandboxSpec& checked, Trace* trace = nullptr);
   void pool_loop();
   // Runs the image's warm-up commands (or `true`) in a new member and

@@ -137,18 +137,26 @@ void Engine::write_metrics(metrics::Writer& out) {
             by_state);
   impl.metrics.write(out);
   std::map<Labels, double> target, ready, hits, misses;
-  for (const auto& slot : pool_info()) {
+  for (const auto& slot : pool_info()) {  // every shape of an image, added up
     Labels l{{"image", slot.value("image", std::string())}};
-    target[l] = slot.value("target", 0);
-    ready[l] = slot.value("ready", 0);
-    hits[l] = slot.value("hits", 0);
-    misses[l] = slot.value("misses", 0);
+    target[l] += slot.value("target", 0);
+    ready[l] += slot.value("ready", 0);
+  }
+  {
+    // Since the daemon started: slots come and go, counters never go down.
+    std::lock_guard lock(impl.pool_mu);
+    for (const auto& [image, c] : impl.pool_counts) {
+      hits[{{"image", image}}] = static_cast<double>(c.first);
+      misses[{{"image", image}}] = static_cast<double>(c.second);
+    }
   }
   out.gauge("airlock_pool_target", "Warm pool size asked for, by image", target);
   out.gauge("airlock_pool_ready", "Warm pool members ready to hand out, by image", ready);
   out.counter("airlock_pool_hits_total", "Creates served by a warm pool member, by image", hits);
   out.counter("airlock_pool_misses_total",
-              "Creates that matched a pool but found no ready member, by image", misses);
+              "Creates that found no ready pool member of their shape (a configured or learned "
+              "slot), by image",
+              misses);
   out.gauge("airlock_journal_bytes", "Size of the audit journals of the sandboxes in the registry",
             journal_bytes);
   out.gauge("airlock_qemu_processes", "QEMU processes of running sandboxes", qemus);

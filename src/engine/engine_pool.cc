@@ -1,11 +1,14 @@
-// The warm pool: per image, N sandboxes cloned and idle, handed out whole
-// by a create of the same shape (docs/design.md, "Warm pool").
+// The warm pool: per shape (image, cpus, memory_mb, disk_mb, NIC or not), N
+// sandboxes cloned and idle, handed out whole by a create of exactly that
+// shape (docs/design.md, "Warm pool"). Slots are configured (PUT /v1/pool,
+// --pool) or learned from creates that found no ready member.
 //
-// Invariants: a member is in exactly one place — a slot's `ready` queue or
-// `live` (handed out) — and moves once, under pool_mu, so it is never handed
-// out twice; no exec ever reaches a member before it is handed out (execs
-// look only in `live`). Dead members are replaced; under memory pressure
-// members are shed instead of refilled.
+// Invariants: a member is in exactly one place — a slot's `ready` queue,
+// `pool_retired` (its slot went away) or `live` (handed out) — and moves
+// once, under pool_mu, so it is never handed out twice; no exec ever
+// reaches a member before it is handed out (execs look only in `live`).
+// Dead members are replaced; under memory pressure members are shed (the
+// learned slots' first) instead of refilled.
 #include <spdlog/spdlog.h>
 
 #include <cerrno>
@@ -24,12 +27,21 @@ namespace airlock::engine {
 namespace {
 
 constexpr int kMaxPoolSize = 64;
+// A learned slot starts with one member and grows by one per miss up to
+// this: enough for an agent's create-use-delete loop and a small burst,
+// small enough that guessing wrong costs little.
+constexpr int kLearnedMaxTarget = 2;
 constexpr auto kPoolTick = std::chrono::milliseconds(500);
 
-template <typename Slot>
-bool matches(const Slot& slot, const SandboxSpec& s) {
-  return slot.cpus == s.cpus && slot.memory_mb == s.memory_mb && slot.disk_mb == s.disk_mb &&
-         slot.networked == network_enabled(s.network);
+PoolKey key_of(const SandboxSpec& s) {
+  return {s.image, s.cpus, s.memory_mb, s.disk_mb, network_enabled(s.network)};
+}
+
+nlohmann::json shape_json(const PoolKey& k) {
+  return {{"cpus", k.cpus},
+          {"memory_mb", k.memory_mb},
+          {"disk_mb", k.disk_mb},
+          {"network", k.networked}};
 }
 
 // A networked member idles under this policy: a NIC, and nothing allowed
@@ -122,29 +134,78 @@ bool Engine::Impl::warm_up(Live& sb, const std::vector<std::string>& commands) {
   }
 }
 
+PoolSlot* Engine::Impl::learn_shape(const PoolKey& key, int64_t now) {
+  if (cfg.pool_learn_shapes <= 0) return nullptr;
+  const int64_t budget = cfg.pool_learn_memory_mb;
+  // The learned slots' count and memory (target members x memory_mb).
+  auto learned = [&] {
+    std::pair<int, int64_t> n{0, 0};
+    for (const auto& [k, slot] : pool_slots)
+      if (slot.learned) ++n.first, n.second += int64_t{slot.target} * k.memory_mb;
+    return n;
+  };
+  if (auto it = pool_slots.find(key); it != pool_slots.end()) {
+    PoolSlot& slot = it->second;
+    // Misses keep coming: one more member, if the budget has room (a
+    // configured slot is the operator's: never changed here).
+    if (slot.learned && slot.target < kLearnedMaxTarget &&
+        learned().second + key.memory_mb <= budget)
+      ++slot.target;
+    return &slot;
+  }
+  if (key.memory_mb > budget) return nullptr;
+  // Room for one more shape within the count and the memory: the least
+  // recently used learned shapes go.
+  for (auto [count, mb] = learned(); count >= cfg.pool_learn_shapes || mb + key.memory_mb > budget;
+       std::tie(count, mb) = learned()) {
+    auto lru = pool_slots.end();
+    for (auto it = pool_slots.begin(); it != pool_slots.end(); ++it)
+      if (it->second.learned &&
+          (lru == pool_slots.end() || it->second.last_used_ms < lru->second.last_used_ms))
+        lru = it;
+    if (lru == pool_slots.end()) return nullptr;
+    for (auto& m : lru->second.ready) pool_retired.push_back(m);
+    pool_slots.erase(lru);
+  }
+  PoolSlot& slot = pool_slots[key];
+  slot.key = key;
+  slot.learned = true;
+  slot.target = 1;
+  slot.last_used_ms = now;
+  return &slot;
+}
+
 std::optional<SandboxInfo> Engine::Impl::take_pooled(const SandboxSpec& checked, Trace* trace) {
   auto mark = [&](const char* phase) {
     if (trace) trace->mark(phase);
   };
+  const PoolKey key = key_of(checked);
   std::shared_ptr<Live> sb;
   std::vector<std::shared_ptr<Live>> dead;
   {
     std::lock_guard lock(pool_mu);
-    auto it = pool_slots.find(checked.image);
-    if (it == pool_slots.end() || it->second.target <= 0) return std::nullopt;
-    PoolSlot& slot = it->second;
-    if (!matches(slot, checked)) return std::nullopt;
-    while (!slot.ready.empty() && !sb) {
-      auto cand = slot.ready.front();
-      slot.ready.pop_front();
+    const int64_t now = steady_ms();
+    auto it = pool_slots.find(key);
+    PoolSlot* slot = it == pool_slots.end() ? nullptr : &it->second;
+    while (slot && !slot->ready.empty() && !sb) {
+      auto cand = slot->ready.front();
+      slot->ready.pop_front();
       // Untouched since its warm-up: no stream opened on its channel since.
       if (member_alive(*cand) && cand->channel->streams_opened() == cand->streams_at_ready)
         sb = cand;
       else
         dead.push_back(cand);
     }
-    slot.replaced += static_cast<int64_t>(dead.size());
-    ++(sb ? slot.hits : slot.misses);
+    // A miss teaches the pool this shape (or grows its learned slot); the
+    // pool thread makes the member on its next tick.
+    if (!sb && (!slot || slot->learned)) slot = learn_shape(key, now);
+    if (slot) {
+      slot->last_used_ms = now;
+      slot->replaced += static_cast<int64_t>(dead.size());
+      ++(sb ? slot->hits : slot->misses);
+      auto& counts = pool_counts[key.image];
+      ++(sb ? counts.first : counts.second);
+    }
   }
   // The refill starts on the pool's next tick (<= 500 ms), not at once, so
   // the new QEMU does not compete for the CPU with the caller's first exec.
@@ -163,6 +224,22 @@ std::optional<SandboxInfo> Engine::Impl::take_pooled(const SandboxSpec& checked,
   info.boot_ms =
       std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0)
           .count();
+  // The member's clock was set at its own hello, maybe minutes ago, and its
+  // warm-up may have moved it: the host's time now. Posted, not awaited: the
+  // agent applies it before it reads anything sent after it, and every exec
+  // comes after (the member is not in `live` yet). A closed channel ends the
+  // member; the caller then boots a fresh sandbox.
+  try {
+    sb->channel->post({{"op", "set_time"},
+                       {"time_ns", std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                       std::chrono::system_clock::now().time_since_epoch())
+                                       .count()}});
+  } catch (const std::exception& e) {
+    spdlog::warn("pool member {}: clock at hand-out not sent: {}", sb->id(), e.what());
+    teardown_async(sb, "pool hand-out failed: the clock was not set");
+    return std::nullopt;
+  }
+  mark("clock");
   if (sb->networked) {
     // The caller's policy replaces deny-everything in the helper before the
     // create returns (the helper answers once it is in force), so the first
@@ -223,12 +300,28 @@ void Engine::Impl::pool_loop() {
     if (pool_stopping) break;
     // Collect what to do under the lock; do it (slow: VMs) outside.
     std::vector<std::shared_ptr<Live>> drop;
-    std::optional<PoolSlot> fill;  // the shape to make one member of
+    drop.swap(pool_retired);
+    std::optional<PoolKey> fill;  // the shape to make one member of
     bool pressure = false;
     lock.unlock();
     pressure = memory_pressure();
     lock.lock();
-    for (auto& [image, slot] : pool_slots) {
+    const int64_t now = steady_ms();
+    const int64_t idle_ms = int64_t{cfg.pool_learn_idle_s} * 1000;
+    // Learned shapes unused for pool_learn_idle_s are forgotten.
+    for (auto it = pool_slots.begin(); it != pool_slots.end();) {
+      if (it->second.learned && now - it->second.last_used_ms > idle_ms) {
+        for (auto& m : it->second.ready) drop.push_back(m);
+        it = pool_slots.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    // Under pressure one member per slot per tick goes, the learned slots'
+    // first: the configured ones shed only when no learned member is left.
+    bool learned_left = false;
+    for (const auto& [key, slot] : pool_slots) learned_left |= slot.learned && !slot.ready.empty();
+    for (auto& [key, slot] : pool_slots) {
       for (auto it = slot.ready.begin(); it != slot.ready.end();) {
         if (!member_alive(**it)) {
           drop.push_back(*it);
@@ -242,13 +335,18 @@ void Engine::Impl::pool_loop() {
         drop.push_back(slot.ready.back());
         slot.ready.pop_back();
       }
-      if (pressure && !slot.ready.empty()) {
+      if (pressure && !slot.ready.empty() && (slot.learned || !learned_left)) {
         drop.push_back(slot.ready.back());
         slot.ready.pop_back();
         ++slot.shed;
       }
-      if (!pressure && !fill && static_cast<int>(slot.ready.size()) < slot.target) fill = slot;
     }
+    // Configured slots fill before learned ones.
+    for (bool learned : {false, true})
+      for (const auto& [key, slot] : pool_slots)
+        if (!pressure && !fill && slot.learned == learned &&
+            static_cast<int>(slot.ready.size()) < slot.target)
+          fill = key;
     lock.unlock();
     for (auto& d : drop) teardown(*d, State::deleted, "dropped from the warm pool", "deleted");
     if (pressure && !drop.empty())
@@ -270,8 +368,8 @@ void Engine::Impl::pool_loop() {
           throw Error(Errc::internal, "the member's warm-up failed");
         }
         lock.lock();
-        auto it = pool_slots.find(fill->image);
-        bool wanted = !pool_stopping && it != pool_slots.end() && matches(it->second, spec) &&
+        auto it = pool_slots.find(*fill);
+        bool wanted = !pool_stopping && it != pool_slots.end() &&
                       static_cast<int>(it->second.ready.size()) < it->second.target;
         if (wanted) it->second.ready.push_back(sb);
         lock.unlock();
@@ -279,9 +377,17 @@ void Engine::Impl::pool_loop() {
           teardown(*sb, State::deleted, "not needed by the warm pool any more", "deleted");
       } catch (const std::exception& e) {
         spdlog::warn("warm pool for {}: could not make a member: {}", fill->image, e.what());
-        // Back off instead of spinning on a persistent failure.
         lock.lock();
-        pool_wake.wait_for(lock, std::chrono::seconds(5), [&] { return pool_stopping; });
+        // A learned shape that cannot be made is forgotten (it was a guess;
+        // the next create of it learns it again). A configured one backs
+        // off instead of spinning on a persistent failure.
+        auto it = pool_slots.find(*fill);
+        if (it != pool_slots.end() && it->second.learned) {
+          for (auto& m : it->second.ready) pool_retired.push_back(m);
+          pool_slots.erase(it);
+        } else {
+          pool_wake.wait_for(lock, std::chrono::seconds(5), [&] { return pool_stopping; });
+        }
         lock.unlock();
       }
     }
@@ -293,7 +399,8 @@ void Engine::Impl::drain_pool() {
   std::vector<std::shared_ptr<Live>> all;
   {
     std::lock_guard lock(pool_mu);
-    for (auto& [image, slot] : pool_slots) {
+    all.swap(pool_retired);
+    for (auto& [key, slot] : pool_slots) {
       for (auto& m : slot.ready) all.push_back(m);
       slot.ready.clear();
     }
@@ -341,22 +448,26 @@ nlohmann::json Engine::set_pool(const std::string& image, int size, const nlohma
     }
   }
   if (!known) throw Error(Errc::invalid_argument, "unknown image '" + image + "'", "image");
+  const PoolKey key{image, spec.cpus, spec.memory_mb, spec.disk_mb, networked};
   std::deque<std::shared_ptr<Live>> old;
   {
     std::lock_guard lock(impl.pool_mu);
-    auto& slot = impl.pool_slots[image];
-    bool reshaped = slot.cpus != spec.cpus || slot.memory_mb != spec.memory_mb ||
-                    slot.disk_mb != spec.disk_mb || slot.networked != networked;
-    slot.image = image;
-    slot.networked = networked;
-    slot.cpus = spec.cpus;
-    slot.memory_mb = spec.memory_mb;
-    slot.disk_mb = spec.disk_mb;
-    slot.target = size;
-    // Members of another shape cannot serve this one.
-    if (reshaped) old.swap(slot.ready);
+    if (size == 0) {
+      // Removes this shape's slot (configured or learned); other shapes of
+      // the image stay.
+      if (auto it = impl.pool_slots.find(key); it != impl.pool_slots.end()) {
+        old.swap(it->second.ready);
+        impl.pool_slots.erase(it);
+      }
+    } else {
+      auto& slot = impl.pool_slots[key];
+      slot.key = key;
+      slot.target = size;
+      slot.learned = false;  // the operator's from now on: learning leaves it alone
+      slot.last_used_ms = steady_ms();
+    }
   }
-  for (auto& m : old) impl.teardown(*m, State::deleted, "warm pool reshaped", "deleted");
+  for (auto& m : old) impl.teardown(*m, State::deleted, "warm pool slot removed", "deleted");
   impl.pool_wake.notify_all();
   return pool_info();
 }
@@ -365,15 +476,12 @@ nlohmann::json Engine::pool_info() {
   auto& impl = *impl_;
   nlohmann::json out = nlohmann::json::array();
   std::lock_guard lock(impl.pool_mu);
-  for (const auto& [image, slot] : impl.pool_slots) {
+  for (const auto& [key, slot] : impl.pool_slots) {
     nlohmann::json members = nlohmann::json::array();
     for (const auto& m : slot.ready) members.push_back(m->rec.info.id);
-    out.push_back({{"image", image},
-                   {"shape",
-                    {{"cpus", slot.cpus},
-                     {"memory_mb", slot.memory_mb},
-                     {"disk_mb", slot.disk_mb},
-                     {"network", slot.networked}}},
+    out.push_back({{"image", key.image},
+                   {"shape", shape_json(key)},
+                   {"learned", slot.learned},
                    {"target", slot.target},
                    {"ready", slot.ready.size()},
                    {"members", members},

@@ -18,10 +18,9 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "guest/agent_test_support.h"
 #include "protocol/frame.h"
 #include "protocol/messages.h"
-
-#include "guest/agent_test_support.h"
 
 namespace airlock::guest {
 namespace {

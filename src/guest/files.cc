@@ -140,8 +140,8 @@ std::string join(const std::string& dir, const std::string& name) {
 // followed, `depth` levels below `dir`; the first `skip` entries are
 // passed over (the host pages with "offset"). Stops adding once the
 // response would not fit one frame (`full`).
-void walk(const std::string& dir, int depth, Names& names, json& entries, size_t& bytes,
-          bool& full, uint64_t& skip) {
+void walk(const std::string& dir, int depth, Names& names, json& entries, size_t& bytes, bool& full,
+          uint64_t& skip) {
   DIR* d = opendir(dir.c_str());
   if (!d) return;  // unreadable or raced away below the top: skipped, like envd
   std::vector<std::pair<std::string, struct stat>> items;

@@ -206,14 +206,17 @@ int open_virtio_port(const std::string& name) {
   return fd;
 }
 
+bool set_clock_ns(int64_t ns) {
+  timespec ts{static_cast<time_t>(ns / 1000000000), static_cast<long>(ns % 1000000000)};
+  return clock_settime(CLOCK_REALTIME, &ts) == 0;
+}
+
 void apply_hello(const nlohmann::json& hello) {
   try {
     auto t = hello.find("time_ns");
     if (t != hello.end() && t->is_number_integer()) {
       int64_t ns = t->get<int64_t>();
-      timespec ts{static_cast<time_t>(ns / 1000000000), static_cast<long>(ns % 1000000000)};
-      if (ns > 0 && clock_settime(CLOCK_REALTIME, &ts) != 0)
-        logf("clock_settime: %s", strerror(errno));
+      if (ns > 0 && !set_clock_ns(ns)) logf("clock_settime: %s", strerror(errno));
     }
     auto h = hello.find("hostname");
     if (h != hello.end() && h->is_string()) {

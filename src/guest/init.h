@@ -22,6 +22,10 @@ std::string setup_cgroups(const std::string& mount_point = "/sys/fs/cgroup");
 // (/sys/class/virtio-ports/*/name) O_RDWR|O_NONBLOCK; -1 if not there (yet).
 int open_virtio_port(const std::string& name);
 
+// Sets CLOCK_REALTIME to `ns` since the epoch (the hello's time_ns and the
+// set_time op). False (errno set) if the kernel refused.
+bool set_clock_ns(int64_t ns);
+
 // Applies a hello's time_ns (clock_settime), hostname and entropy
 // (RNDADDENTROPY); ignores and logs invalid values.
 void apply_hello(const nlohmann::json& hello);

@@ -48,9 +48,9 @@ TEST(GuestNetwork, RejectsBadValuesNamingTheField) {
 }
 
 TEST(GuestNetwork, ParsesIpv6AndMac) {
-  nlohmann::json j{{"address", "10.0.2.15/24"}, {"gateway", "10.0.2.2"}, {"dns", "10.0.2.3"},
-                   {"address6", "fec0::15/64"}, {"gateway6", "fec0::2"},
-                   {"mac", "52:54:00:ab:CD:0f"}};
+  nlohmann::json j{{"address", "10.0.2.15/24"}, {"gateway", "10.0.2.2"},
+                   {"dns", "10.0.2.3"},         {"address6", "fec0::15/64"},
+                   {"gateway6", "fec0::2"},     {"mac", "52:54:00:ab:CD:0f"}};
   auto n = parse_guest_network(j);
   ASSERT_TRUE(n.address6);
   char b[INET6_ADDRSTRLEN];

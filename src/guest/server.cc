@@ -497,6 +497,8 @@ void Server::handle_request(Frame& f) {
         result = op_info(req);
       else if (op == "sync")
         result = op_sync(req);
+      else if (op == "set_time")
+        result = op_set_time(req);
       else if (op == "jobs")
         result = jobs_->list();
       else if (op == "kill_job") {
@@ -521,6 +523,16 @@ void Server::handle_request(Frame& f) {
     finish(id, protocol::error_json(protocol::code::internal,
                                     (op.empty() ? "" : op + ": ") + e.what()));
   }
+}
+
+nlohmann::json Server::op_set_time(const json& req) {
+  int64_t ns = protocol::optional_int(req, "time_ns", 0, 1, INT64_MAX);
+  if (ns < 1) throw Error(Errc::invalid_argument, "time_ns is required", "time_ns");
+  // Host mode runs on a developer's machine or in tests: its clock is the
+  // host's own, never ours to set.
+  if (opts_.system && !set_clock_ns(ns))
+    throw GuestError(protocol::code::internal, std::string("clock_settime: ") + strerror(errno));
+  return json::object();
 }
 
 // ---- detach and attach ------------------------------------------------------

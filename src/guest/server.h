@@ -131,6 +131,9 @@ class Server {
   std::unique_ptr<Stream> start_attach(uint32_t id, const nlohmann::json& req);
   // The foreground exec named `exec_id` (detached or attached), or nullptr.
   Stream* find_exec(const std::string& exec_id);
+  // {"op": "set_time", "time_ns": N}: the host's clock at a pool member's
+  // hand-out (api/guest-protocol.md). In host mode (not system) a no-op.
+  nlohmann::json op_set_time(const nlohmann::json& req);
   static constexpr size_t kMaxDetached = 64;
   void flush();
   void on_sigchld();

@@ -253,7 +253,10 @@ class DaemonTestCase(unittest.TestCase):
             cls.daemon_prefix + [os.path.join(BIN, "airlockd"), "--data-dir", cls.data_dir, "--socket", cls.sock,
              "--image-dir", IMAGE_DIR,
              # Template RAM files stay inside the test's temp dir (not /dev/shm).
-             "--template-ram-dir", os.path.join(cls.tmp, "template-ram")] + cls.daemon_args,
+             "--template-ram-dir", os.path.join(cls.tmp, "template-ram"),
+             # No learned pool: suites count what runs and how creates start.
+             # A suite's own daemon_args come after and win (test_pool's learning).
+             "--pool-learn", "0"] + cls.daemon_args,
             stdout=cls.log, stderr=subprocess.STDOUT)
         deadline = time.time() + 30
         while time.time() < deadline:

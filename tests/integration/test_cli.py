@@ -194,8 +194,10 @@ class AutoStartTest(unittest.TestCase):
         tmp = tempfile.mkdtemp(prefix="airlock-auto-")
         data = os.path.join(tmp, "data")
         # Template RAM inside tmp too, so nothing is left in /dev/shm.
+        # No learned pool: no member is being made when the daemon is stopped.
         env = dict(os.environ, AIRLOCK_DATA_DIR=data, AIRLOCK_IMAGE_DIR=IMAGE_DIR,
-                   AIRLOCK_TEMPLATE_RAM_DIR=os.path.join(tmp, "template-ram"))
+                   AIRLOCK_TEMPLATE_RAM_DIR=os.path.join(tmp, "template-ram"),
+                   AIRLOCK_POOL_LEARN="0")
         env.pop("AIRLOCK_SOCKET", None)
         try:
             r = airlock(env, "run", "--", "echo", "auto")

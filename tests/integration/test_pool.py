@@ -4,7 +4,10 @@ Behaviour only (speed lives in bench/start.py): a pool hit is a running
 sandbox of its own, recorded in the journal; a delete answers with the
 sandbox out of service, and its teardown finishes in the background leaving
 nothing behind, also when the daemon is stopped while teardowns are pending.
-About 2-4 minutes under TCG.
+Also: one slot per shape (a plain and a networked slot of one image), the
+learned pool (a used shape learned, bounded by its memory budget, forgotten
+when idle), and a member's clock set at hand-out. About 1.5-2 minutes under
+TCG.
 """
 
 import glob
@@ -166,13 +169,19 @@ class NetworkedPool(harness.DaemonTestCase):
             os.environ.pop("AIRLOCK_NET_DNS_UPSTREAM", None)
             tn.NetworkTest.remove_internet.__func__(cls)
 
-    def test_allowlist_create_is_a_pool_hit_with_its_policy_in_force(self):
+    def test_plain_and_networked_pools_of_one_image_each_serve_their_shape(self):
         slots = self.api.call("PUT", "/v1/pool", {"image": "minimal", "size": 1, "network": True})
         self.assertTrue(slots[0]["shape"]["network"])
-        wait_pool(self.api, 1)
+        # A second shape of the same image: a slot of its own beside the first.
+        slots = self.api.call("PUT", "/v1/pool", {"image": "minimal", "size": 1})
+        self.assertEqual(sorted((s["shape"]["network"], s["target"], s["learned"]) for s in slots),
+                         [(False, 1, False), (True, 1, False)])
+        slots = wait_pool(self.api, 2)
+        member = {s["shape"]["network"]: s["members"][0] for s in slots}
         policy = {"mode": "allowlist", "allow": ["198.51.100.10/32"]}
         sb = self.api.create(image="minimal", network=policy)
         self.assertEqual(sb["start"], "pool")
+        self.assertEqual(sb["id"], member[True])
         # At once, with no wait: the allowed host answers (deny-everything
         # would have refused it), its neighbour is refused.
         out, _, res = self.api.exec(sb["id"], cmd="wget -q -O - http://198.51.100.10/")
@@ -188,11 +197,60 @@ class NetworkedPool(harness.DaemonTestCase):
         self.assertLess(at, kinds.index("created"))
         self.assertEqual(self.api.call("GET", f"/v1/sandboxes/{sb['id']}")["network"]["allow"],
                          ["198.51.100.10/32"])
-        # A create without network never gets a member with a NIC.
+        # A create without network gets the plain slot's member: no NIC.
         plain = self.api.create(image="minimal")
-        self.assertNotEqual(plain["start"], "pool")
+        self.assertEqual((plain["start"], plain["id"]), ("pool", member[False]))
+        out, _, res = self.api.exec(plain["id"], cmd="ls /sys/class/net")
+        self.assertEqual((res["exit_code"], out.split()), (0, [b"lo"]))
+        self.api.call("PUT", "/v1/pool", {"image": "minimal", "size": 0, "network": True})
+        self.assertEqual([s["shape"]["network"] for s in self.api.call("GET", "/v1/pool")], [False])
         for s in (sb, plain):
             self.api.delete(s["id"])
+            self.assertNothingLeft(s["id"])
+
+
+class LearnedPool(harness.DaemonTestCase):
+    """No pool configured: the pool learns the shapes creates use, within a
+    memory budget (300 MiB: one 256 MiB member, or 256 + 128 is over), and
+    forgets a shape unused for 20 s."""
+
+    daemon_args = ["--pool-learn", "2", "--pool-learn-memory-mb", "300",
+                   "--pool-learn-idle-s", "20"]
+
+    def test_a_used_shape_is_learned_bounded_and_forgotten(self):
+        self.assertEqual(self.api.call("GET", "/v1/info")["pool_learn"],
+                         {"shapes": 2, "memory_mb": 300, "idle_s": 20})
+        self.assertEqual(self.api.call("GET", "/v1/pool"), [])
+        a = self.api.create(image="minimal")
+        self.assertNotEqual(a["start"], "pool")
+        [slot] = self.api.call("GET", "/v1/pool")
+        self.assertEqual((slot["learned"], slot["target"], slot["misses"], slot["shape"]["memory_mb"]),
+                         (True, 1, 1, 256))
+        self.api.delete(a["id"])
+        wait_pool(self.api, 1)
+        # The second create of the shape is a hit.
+        b = self.api.create(image="minimal")
+        self.assertEqual(b["start"], "pool")
+        self.api.delete(b["id"])
+        [slot] = wait_pool(self.api, 1)  # refilled
+        old_member = slot["members"][0]
+        # Over the budget with both: the least recently used shape goes, its
+        # member deleted.
+        c = self.api.create(image="minimal", memory_mb=128)
+        self.assertNotEqual(c["start"], "pool")
+        self.assertEqual([(s["shape"]["memory_mb"], s["learned"])
+                          for s in self.api.call("GET", "/v1/pool")], [(128, True)])
+        self.assertEqual(harness.leftovers_of(self.data_dir, old_member, wait=30), [])
+        self.api.delete(c["id"])
+        [slot] = wait_pool(self.api, 1)
+        member = slot["members"][0]
+        # Unused for 20 s: forgotten, and nothing of its member is left.
+        deadline = time.time() + 120
+        while self.api.call("GET", "/v1/pool") and time.time() < deadline:
+            time.sleep(0.5)
+        self.assertEqual(self.api.call("GET", "/v1/pool"), [])
+        self.assertEqual(harness.leftovers_of(self.data_dir, member, wait=30), [])
+        for s in (a, b, c):
             self.assertNothingLeft(s["id"])
 
 
@@ -219,7 +277,9 @@ class WarmUp(harness.DaemonTestCase):
         with open(os.path.join(src, "image.json")) as f:
             meta = json.load(f)
         meta.update(kind="installed", source="test",
-                    config={"warmup": ["cat /proc/sys/kernel/hostname >> /tmp/warm.log"]})
+                    config={"warmup": ["cat /proc/sys/kernel/hostname >> /tmp/warm.log",
+                                       # far off: the hand-out must set it right
+                                       "date -s @1000000000 >/dev/null"]})
         with open(os.path.join(ver, "image.json"), "w") as f:
             json.dump(meta, f)
         os.symlink("v1", os.path.join(cls.images, "warm", "current"))
@@ -243,9 +303,14 @@ class WarmUp(harness.DaemonTestCase):
         out, _, res = self.api.exec(sb["id"], argv=["cat", "/tmp/warm.log"])
         self.assertEqual(res["exit_code"], 0, out)
         self.assertEqual(out.decode().split(), ["airlock-template", sb["id"]])
+        # The warm-up set the member's clock to 2001; the hand-out set it to
+        # the host's before the first exec.
+        out, _, res = self.api.exec(sb["id"], argv=["date", "+%s"])
+        self.assertEqual(res["exit_code"], 0, out)
+        self.assertLess(abs(int(out) - time.time()), 10, out)
         kinds = [r["event"] for r in journal(self.data_dir, sb["id"])]
         between = kinds[kinds.index("pooled") + 1:kinds.index("created")]
-        self.assertEqual(between, ["pool_warmup"])
+        self.assertEqual(between, ["pool_warmup", "pool_warmup"])
         self.api.call("PUT", "/v1/pool", {"image": "warm", "size": 0})
         self.api.delete(sb["id"])
         self.assertNothingLeft(sb["id"])

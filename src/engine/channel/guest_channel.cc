@@ -190,6 +190,19 @@ void GuestChannel::dispatch(Frame f) {
   }
   auto it = streams_.find(f.stream);
   if (it == streams_.end()) {
+    // The answer to a post(): nobody waits for it.
+    if (f.type == Type::response && posted_.erase(f.stream)) {
+      std::string why;
+      try {
+        auto j = protocol::parse_json(f);
+        if (!j.is_object() || !j.contains("error")) return;
+        why = j["error"].dump().substr(0, 200);
+      } catch (const Error& e) {
+        why = e.what();
+      }
+      return ignore("posted request on stream " + std::to_string(f.stream) + " failed: " + why,
+                    true);
+    }
     // Late frames of a stream we abandoned (its call timed out) land here
     // too, as do ids the host never opened: either way nothing reads them.
     return ignore("frame type " + std::to_string(static_cast<int>(f.type)) + " for stream " +
@@ -271,6 +284,19 @@ void GuestChannel::send(const Frame& frame) {
 }
 
 uint32_t GuestChannel::open_stream() { return next_stream_.fetch_add(1); }
+
+void GuestChannel::post(const nlohmann::json& request) {
+  // A guest that never answers must not grow this set: the oldest go.
+  constexpr size_t kMaxPosted = 64;
+  uint32_t id = open_stream();
+  {
+    std::lock_guard lock(mu_);
+    if (closed_) throw Error(Errc::guest_error, "guest agent connection lost: " + why_);
+    posted_.insert(id);
+    while (posted_.size() > kMaxPosted) posted_.erase(posted_.begin());
+  }
+  send(protocol::json_frame(Type::request, id, request));
+}
 
 std::shared_ptr<GuestChannel::Stream> GuestChannel::register_stream(uint32_t id) {
   if (id == 0) throw Error(Errc::internal, "stream 0 is reserved for hello");

@@ -44,6 +44,7 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -132,6 +133,13 @@ class GuestChannel {
   // Error(timeout) if no reply by `deadline`, Error(guest_error) if the
   // guest refuses the version.
   nlohmann::json hello(const HelloParams& params, Deadline deadline);
+
+  // Sends a JSON-only request (§5) without waiting for its answer: the
+  // agent handles requests in the order they arrive, so what it does is
+  // done before anything sent after it is looked at. The answer is dropped
+  // unread (an error answer is counted in ignored_messages()). Error
+  // (guest_error) if the connection is closed.
+  void post(const nlohmann::json& request);
 
   // A fresh stream id (>= 1, never reused on this connection).
   uint32_t open_stream();
@@ -266,6 +274,7 @@ class GuestChannel {
   std::condition_variable hello_cv_;
   std::deque<nlohmann::json> hello_replies_;
   std::map<uint32_t, std::shared_ptr<Stream>> streams_;
+  std::set<uint32_t> posted_;  // post()ed streams whose answer is not in yet (bounded)
   bool closed_ = false;
   std::string why_;
   std::atomic<uint32_t> next_stream_{1};

@@ -163,8 +163,9 @@ class FakeGuest {
         std::lock_guard l(mu_);
         hello_ = protocol::parse_json(f);
       }
-      put(protocol::json_frame(Type::hello, 0,
-                               {{"version", protocol::kVersion}, {"agent_version", "fake"}, {"kernel", "k"}}));
+      put(protocol::json_frame(
+          Type::hello, 0,
+          {{"version", protocol::kVersion}, {"agent_version", "fake"}, {"kernel", "k"}}));
       return;
     }
     if (f.type == Type::request) return request(f.stream, protocol::parse_json(f));
@@ -503,6 +504,19 @@ TEST_F(RealAgent, HelloAndExec) {
   EXPECT_EQ(out, "hi");
   EXPECT_EQ(err, "oops");
   EXPECT_EQ(r["exit_code"], 3);
+}
+
+// post() (the pool's clock at hand-out): nobody waits for the answer; an
+// error answer is counted as ignored. The agent handles requests in order,
+// so the answers are in before a later exec's.
+TEST_F(RealAgent, PostedRequestsAreAnsweredInOrderAndDropped) {
+  auto before = ch_->ignored_messages();
+  ch_->post({{"op", "set_time"}, {"time_ns", 1}});  // host mode: this host's clock stays
+  ch_->post({{"op", "set_time"}});                  // time_ns missing: refused
+  EXPECT_EQ(run({"true"})["exit_code"], 0);
+  EXPECT_EQ(ch_->ignored_messages(), before + 1);
+  EXPECT_NE(ch_->last_ignored().find("time_ns"), std::string::npos) << ch_->last_ignored();
+  EXPECT_GT(std::chrono::system_clock::now().time_since_epoch(), std::chrono::hours(24 * 365));
 }
 
 TEST_F(RealAgent, BinaryOutputAndStdinRoundTrip) {
