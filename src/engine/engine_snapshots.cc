@@ -159,18 +159,12 @@ snapshots::Snapshot Engine::Impl::take_snapshot(Live& sb, const std::string& nam
                                     "be snapshotted");
   auto t0 = std::chrono::steady_clock::now();
   Phases ph("snapshot " + name + " of " + id);
-  // The guest's page cache first, so what its programs wrote is on the disk.
+  // The guest's page cache first, so what its programs wrote is on the disk,
+  // and its journal checkpointed (the agent's sync op), so the layer reads
+  // right without a journal replay (the filesystem diff reads it so).
   if (from == State::running && sb.channel) {
     try {
-      auto deadline = channel::Clock::now() + std::chrono::seconds(30);
-      uint32_t stream = sb.channel->open_stream();
-      channel::ExecHandlers h;
-      h.on_output = [](int, std::string_view) { return true; };
-      nlohmann::json req{{"argv", nlohmann::json::array({"/bin/sh", "-c", "sync"})},
-                         {"env", nlohmann::json::object()},
-                         {"cwd", "/"},
-                         {"output_limit_bytes", 4096}};
-      sb.channel->exec(stream, req, nullptr, h, deadline);
+      sb.channel->call({{"op", "sync"}}, channel::Clock::now() + std::chrono::seconds(30));
     } catch (const std::exception& e) {
       spdlog::warn("sandbox {}: sync before snapshot: {}", id, e.what());
     }
