@@ -143,6 +143,13 @@ class Session {
   void client_gone(const std::string& why);
   void start_exec(engine::ExecRequest req);
   void start_attach(PtyAttach a);
+  // Output of the exec or attach (exec thread): queued for the client,
+  // waiting while too much is queued; false once the client is gone.
+  bool forward_output(std::string_view bytes);
+  // Runs the exec thread's call; its result (or its error) as the last
+  // event, then finish().
+  template <typename Call>
+  void run_to_end(Call call);
   void finish(json last);
   void input_loop();
 
@@ -364,29 +371,37 @@ void Session::start_exec(engine::ExecRequest req) {
         send(true, json{{"type", "start"}, {"exec_id", exec_id}}.dump());
       });
     };
-    cb.on_output = [this](int, std::string_view bytes) {
-      std::unique_lock lock(mu_);
-      cv_.wait(lock, [&] { return gone_ || out_bytes_ < kMaxQueuedOut; });
-      if (gone_) return false;
-      out_bytes_ += bytes.size();
-      lock.unlock();
-      net::post(io_, [this, b = std::string(bytes)]() mutable { send(false, std::move(b)); });
-      return true;
-    };
-    json last;
-    try {
-      engine::ExecResult r = engine_.exec(id_, req, cb);
-      last = engine::to_json(r);
-      last["type"] = "exit";
-    } catch (const Error& e) {
-      last = error_body(to_string(e.code()), e.what(), e.field());
-      last["type"] = "error";
-    } catch (const std::exception& e) {
-      last = error_body("internal", e.what());
-      last["type"] = "error";
-    }
-    finish(std::move(last));
+    cb.on_output = [this](int, std::string_view bytes) { return forward_output(bytes); };
+    run_to_end([&]() -> std::optional<engine::ExecResult> { return engine_.exec(id_, req, cb); });
   });
+}
+
+bool Session::forward_output(std::string_view bytes) {
+  std::unique_lock lock(mu_);
+  cv_.wait(lock, [&] { return gone_ || out_bytes_ < kMaxQueuedOut; });
+  if (gone_) return false;  // an exec's client gone kills it; an attach's detaches
+  out_bytes_ += bytes.size();
+  lock.unlock();
+  net::post(io_, [this, b = std::string(bytes)]() mutable { send(false, std::move(b)); });
+  return true;
+}
+
+template <typename Call>
+void Session::run_to_end(Call call) {
+  json last;  // null: nothing to say (an attach whose client detached)
+  try {
+    if (std::optional<engine::ExecResult> r = call()) {
+      last = engine::to_json(*r);
+      last["type"] = "exit";
+    }
+  } catch (const Error& e) {
+    last = error_body(to_string(e.code()), e.what(), e.field());
+    last["type"] = "error";
+  } catch (const std::exception& e) {
+    last = error_body("internal", e.what());
+    last["type"] = "error";
+  }
+  finish(std::move(last));
 }
 
 // The exec thread's last word (null: nothing to say, the client is gone).
@@ -428,34 +443,12 @@ void Session::start_attach(PtyAttach a) {
       cv_.notify_all();
       net::post(io_, [this, j] { send(true, j.dump()); });
     };
-    cb.on_output = [this](int, std::string_view bytes) {
-      std::unique_lock lock(mu_);
-      cv_.wait(lock, [&] { return gone_ || out_bytes_ < kMaxQueuedOut; });
-      if (gone_) return false;  // detaches
-      out_bytes_ += bytes.size();
-      lock.unlock();
-      net::post(io_, [this, b = std::string(bytes)]() mutable { send(false, std::move(b)); });
-      return true;
-    };
+    cb.on_output = [this](int, std::string_view bytes) { return forward_output(bytes); };
     cb.cancelled = [this] {
       std::lock_guard lock(mu_);
       return gone_;
     };
-    json last;
-    try {
-      std::optional<engine::ExecResult> r = engine_.attach_exec(id_, a.exec_id, a.offset, cb);
-      if (r) {
-        last = engine::to_json(*r);
-        last["type"] = "exit";
-      }
-    } catch (const Error& e) {
-      last = error_body(to_string(e.code()), e.what(), e.field());
-      last["type"] = "error";
-    } catch (const std::exception& e) {
-      last = error_body("internal", e.what());
-      last["type"] = "error";
-    }
-    finish(std::move(last));
+    run_to_end([&] { return engine_.attach_exec(id_, a.exec_id, a.offset, cb); });
   });
 }
 
