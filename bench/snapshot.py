@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Snapshot benchmark (issue 12): disk snapshot, memory snapshot, restore
 (create --from a memory snapshot, to the first exec result), fork n=1 and
-n=10, pause and resume, each as p50/p90 over --runs, against a baseline
+n=10 (and how long the source stood still for each fork and memory
+snapshot: the engine's `paused_ms`), pause and resume, each as p50/p90 over
+--runs, against a baseline
 measured in the same run on the same daemon: a template clone (create ->
 first exec result of `true`, the shape's template built first).
 
@@ -59,15 +61,17 @@ def main():
         api.call("POST", f"/v1/sandboxes/{src}/exec", {"cmd": COUNTER, "background": True})
         time.sleep(1)
         for key in ("disk snapshot", "memory snapshot", "restore (create --from memory)",
-                    "fork n=1", "fork n=10", "pause", "resume"):
+                    "fork n=1", "fork n=10", "pause", "resume", "memory snapshot: source paused",
+                    "fork n=1: source paused", "fork n=10: source paused"):
             res[key] = []
         for i in range(args.runs):
             ms, _ = timed(lambda: api.call("POST", f"/v1/sandboxes/{src}/snapshots",
                                            {"name": f"d{i}", "memory": False}))
             res["disk snapshot"].append(ms)
-            ms, _ = timed(lambda: api.call("POST", f"/v1/sandboxes/{src}/snapshots",
+            ms, s = timed(lambda: api.call("POST", f"/v1/sandboxes/{src}/snapshots",
                                            {"name": f"m{i}", "memory": True}))
             res["memory snapshot"].append(ms)
+            res["memory snapshot: source paused"].append(s["paused_ms"])
 
             def restore():
                 sb = api.create(**{"from": f"m{i}", "timeout": 3600})
@@ -81,6 +85,11 @@ def main():
             for n in (1, 10) if i < 2 or args.runs <= 2 else (1,):
                 ms, r = timed(lambda: api.call("POST", f"/v1/sandboxes/{src}/fork", {"count": n}))
                 res[f"fork n={n}"].append(ms)
+                # How long the source's vCPUs stood still (the engine's own
+                # figure, from the journal's fork record).
+                rec = [e for e in api.call("GET", f"/v1/sandboxes/{src}/events")
+                       if e.get("event") == "fork"][-1]
+                res[f"fork n={n}: source paused"].append(rec["paused_ms"])
                 for f in r["sandboxes"]:
                     api.delete(f["id"])
             ms, _ = timed(lambda: api.call("POST", f"/v1/sandboxes/{src}/pause"))

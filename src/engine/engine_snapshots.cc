@@ -161,7 +161,9 @@ snapshots::Snapshot Engine::Impl::take_snapshot(Live& sb, const std::string& nam
   Phases ph("snapshot " + name + " of " + id);
   // The guest's page cache first, so what its programs wrote is on the disk,
   // and its journal checkpointed (the agent's sync op), so the layer reads
-  // right without a journal replay (the filesystem diff reads it so).
+  // right without a journal replay (the filesystem diff reads it so; a
+  // fork's diff since its start reads its internal layer as the "before").
+  // The sync runs before the source stops, so it is not in its pause.
   if (from == State::running && sb.channel) {
     try {
       sb.channel->call({{"op", "sync"}}, channel::Clock::now() + std::chrono::seconds(30));
@@ -175,42 +177,73 @@ snapshots::Snapshot Engine::Impl::take_snapshot(Live& sb, const std::string& nam
   sb.transition(from, State::snapshotting,
                 {.event = "snapshotting", .details = {{"name", name}, {"memory", memory}}});
   bool stopped = false;
+  std::chrono::steady_clock::time_point stop_t{};
+  int64_t paused_ms = 0;  // how long the source's vCPUs stood still
+  auto stop = [&] {
+    stopped = true;
+    stop_t = std::chrono::steady_clock::now();
+  };
   auto back = [&] {
     if (stopped && sb.vm) {
       try {
         sb.vm->resume_cpus();
+        // Its clock stood still with it: set it before any later request.
+        if (sb.channel)
+          sb.channel->post({{"op", "set_time"},
+                            {"time_ns", std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                            std::chrono::system_clock::now().time_since_epoch())
+                                            .count()}});
       } catch (const std::exception& e) {
         spdlog::error("sandbox {}: cannot continue after snapshot: {}", id, e.what());
       }
+      paused_ms = ms_since(stop_t);
       stopped = false;
     }
   };
   snapshots::Snapshot meta;
   try {
     fs::path disk = sb.run_dir() / "disk.qcow2";
+    bool layer_taken = false;
+    // The disk layer is copied while the VM stands still, then it continues.
+    auto take_layer = [&] {
+      ph.mark("save VM");
+      layer_taken = true;
+      copy_or_throw(disk, st.dir / "layer.qcow2");
+      ph.mark("copy layer");
+      back();
+    };
     if (from == State::running) {
       if (memory) {
-        stopped = true;
+        stop();
         if (split_ram) {
-          // A fork: the RAM into a sealed memfd its forks map copy-on-write.
+          // A fork: the RAM into a sealed memfd its forks map copy-on-write;
+          // the source continues before the split (vmm::Vm::save_memory_split).
           try {
-            *split_ram = sb.vm->save_memory_split(st.dir / "dev.state", std::chrono::seconds(120));
+            auto r = sb.vm->save_memory_split(st.dir / "dev.state", std::chrono::seconds(120),
+                                              take_layer, st.dir / "mem.state");
+            *split_ram = r.ram;
+            if (!r.ram)
+              spdlog::warn("sandbox {}: fork: the saved state does not split ({}); whole instead",
+                           id, r.error);
           } catch (const Error& e) {
+            if (layer_taken) {
+              rethrow_if_disk_full(st.dir, (st.dir / "layer.qcow2").string(), 0);
+              throw;
+            }
             spdlog::warn("sandbox {}: fork: cannot split the saved state ({}); full state instead",
                          id, e.what());
             split_ram->reset();
           }
         }
         try {
-          if (!split_ram || !*split_ram)
-            sb.vm->save_memory(st.dir / "mem.state", std::chrono::seconds(120));
+          if (!layer_taken) sb.vm->save_memory(st.dir / "mem.state", std::chrono::seconds(120));
         } catch (const Error&) {
           rethrow_if_disk_full(st.dir, (st.dir / "mem.state").string(), 0);
           throw;
         }
         meta.ram_block = sb.vm->ram_block();
       } else {
-        stopped = true;
+        stop();
         sb.vm->stop_cpus();
       }
     } else if (memory) {
@@ -224,10 +257,7 @@ snapshots::Snapshot Engine::Impl::take_snapshot(Live& sb, const std::string& nam
       }
       meta.ram_block = pm.value("ram_block", "");
     }
-    ph.mark("save VM");
-    copy_or_throw(disk, st.dir / "layer.qcow2");
-    ph.mark("copy layer");
-    back();  // the source continues; the rest works on the copies
+    if (!layer_taken) take_layer();  // back(): the source continues; the rest works on copies
     // A template clone's overlay is backed by the template's disk, which a
     // prune may remove: the snapshot keeps its own link to it.
     auto chain = vmm::qcow2_chain(st.dir / "layer.qcow2");
@@ -270,14 +300,18 @@ snapshots::Snapshot Engine::Impl::take_snapshot(Live& sb, const std::string& nam
   meta.networked = sb.networked;
   meta.created_at_ms = wall_ms();
   meta.took_ms = ms_since(t0);
+  meta.paused_ms = paused_ms;
   ph.mark("resume+rebase");
   snapshots::Snapshot done = snaps->commit(st, meta);  // removes the staging dir on error
   drop.dismiss();
   ph.mark("commit (hash)");
   try {
-    journal.append(
-        id, "snapshot",
-        {{"name", name}, {"memory", memory}, {"bytes", done.bytes}, {"took_ms", done.took_ms}});
+    journal.append(id, "snapshot",
+                   {{"name", name},
+                    {"memory", memory},
+                    {"bytes", done.bytes},
+                    {"took_ms", done.took_ms},
+                    {"paused_ms", done.paused_ms}});
   } catch (const std::exception& e) {
     spdlog::error("sandbox {}: audit: {}", id, e.what());
   }
@@ -416,12 +450,13 @@ std::vector<SandboxInfo> Engine::fork(const std::string& id, int count) {
   std::string name = random_id("fork-");
   SandboxSpec spec;
   std::shared_ptr<vmm::SealedRam> ram;  // the source's RAM, shared by every fork
+  int64_t paused_ms = 0;
   {
     std::lock_guard op(sb->op_mu);
     if (sb->state() != State::running)
       throw Error(Errc::conflict,
                   "sandbox " + id + " is " + to_string(sb->state()) + "; only a running one forks");
-    impl.take_snapshot(*sb, name, true, true, &ram);
+    paused_ms = impl.take_snapshot(*sb, name, true, true, &ram).paused_ms;
     spec = sb->info().spec;
   }
   if (ram) {
@@ -467,7 +502,12 @@ std::vector<SandboxInfo> Engine::fork(const std::string& id, int count) {
   try {
     nlohmann::json ids = nlohmann::json::array();
     for (const auto& m : made) ids.push_back(m.id);
-    impl.journal.append(id, "fork", {{"count", count}, {"forks", ids}, {"snapshot", name}});
+    impl.journal.append(id, "fork",
+                        {{"count", count},
+                         {"forks", ids},
+                         {"snapshot", name},
+                         {"paused_ms", paused_ms},
+                         {"took_ms", ms_since(t0)}});
   } catch (const std::exception& e) {
     spdlog::error("sandbox {}: audit: {}", id, e.what());
   }

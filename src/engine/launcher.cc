@@ -20,9 +20,11 @@ class QemuVm final : public VmHandle {
                        std::chrono::milliseconds timeout) override {
     return vm_->save_memory(path, timeout);
   }
-  std::shared_ptr<vmm::SealedRam> save_memory_split(const std::filesystem::path& path,
-                                                    std::chrono::milliseconds timeout) override {
-    return vm_->save_memory_split(path, timeout).ram;
+  vmm::SplitStream save_memory_split(const std::filesystem::path& path,
+                                     std::chrono::milliseconds timeout,
+                                     const std::function<void()>& saved,
+                                     const std::filesystem::path& whole_fallback) override {
+    return vm_->save_memory_split(path, timeout, saved, whole_fallback);
   }
   void stop_cpus() override { vm_->stop_cpus(); }
   void resume_cpus() override { vm_->resume_cpus(); }

@@ -17,6 +17,7 @@
 #include <chrono>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -45,10 +46,14 @@ class VmHandle {
   virtual uint64_t save_memory(const std::filesystem::path& path,
                                std::chrono::milliseconds timeout) = 0;
   // Fork (vmm::Vm::save_memory_split): the RAM as a sealed memfd, the rest
-  // to `device_path`. By default not supported (Error): the caller then
-  // saves the whole state with save_memory.
-  virtual std::shared_ptr<vmm::SealedRam> save_memory_split(const std::filesystem::path&,
-                                                            std::chrono::milliseconds) {
+  // to `device_path`; `saved` runs once the state is taken (it may resume
+  // the VM), `whole_fallback` keeps a stream that does not split. By default
+  // not supported (Error before `saved`): the caller then saves the whole
+  // state with save_memory.
+  virtual vmm::SplitStream save_memory_split(const std::filesystem::path&,
+                                             std::chrono::milliseconds,
+                                             const std::function<void()>& /*saved*/,
+                                             const std::filesystem::path& /*whole_fallback*/) {
     throw Error(Errc::unavailable, "this VM cannot split its saved state");
   }
   virtual void stop_cpus() = 0;

@@ -358,8 +358,18 @@ class SnapshotTest(DaemonTestCase):
         # The forks' snapshot is listed (internal) but cannot be restored:
         # its RAM lives only in the forks' memfd. 409 naming `from`, and
         # nothing is created.
-        internal = [x["name"] for x in self.api.call("GET", "/v1/snapshots") if x["internal"]]
+        internal = [x for x in self.api.call("GET", "/v1/snapshots") if x["internal"]]
         self.assertEqual(len(internal), 1, internal)
+        # The source stood still for part of the fork only (the split of its
+        # RAM and the restores came after it continued), and the journal
+        # says how long.
+        self.assertGreater(internal[0]["paused_ms"], 0)
+        self.assertLess(internal[0]["paused_ms"], internal[0]["took_ms"])
+        rec = [e for e in self.api.call("GET", f"/v1/sandboxes/{self.src}/events")
+               if e.get("event") == "fork"][-1]
+        self.assertEqual(rec["paused_ms"], internal[0]["paused_ms"], rec)
+        self.assertGreaterEqual(rec["took_ms"], rec["paused_ms"], rec)
+        internal = [x["name"] for x in internal]
         before = {x["id"] for x in self.api.call("GET", "/v1/sandboxes")}
         with self.assertRaises(ApiError) as ctx:
             self.api.create(image="minimal", **{"from": internal[0]})
@@ -379,6 +389,28 @@ class SnapshotTest(DaemonTestCase):
             self.api.call("POST", f"/v1/sandboxes/{self.src}/fork", {"count": 0})
         self.assertEqual(ctx.exception.status, 400)
         self.assertEqual(ctx.exception.field, "count")
+
+    def test_d2_source_clock_is_set_after_each_stop(self):
+        # A memory snapshot stops the source's vCPUs and with them its clock
+        # (TCG and KVM alike); the engine sets it again as the source
+        # continues, so stops do not add up to a clock behind the host's.
+        # Stops adding up to 3 s at least: a clock left alone would then be
+        # 3 s behind, well past the 1.5 s this allows (whole seconds: the
+        # minimal image's date has no %N).
+        stood = 0
+        for i in range(20):
+            s = self.snap(f"clock{i}", memory=True)
+            self.assertGreater(s["paused_ms"], 0, s)
+            self.assertLessEqual(s["paused_ms"], s["took_ms"], s)
+            self.api.call("DELETE", f"/v1/snapshots/clock{i}")
+            stood += s["paused_ms"]
+            if stood >= 3000:
+                break
+        self.assertGreaterEqual(stood, 3000)
+        t0 = time.time()
+        out, _, _ = self.api.exec(self.src, argv=["date", "+%s"])
+        t1 = time.time()
+        self.assertLess(abs(int(out) - (t0 + t1) / 2), 1.5 + (t1 - t0) / 2, (out, t0, t1, stood))
 
     def test_e_corrupt_snapshot_is_refused(self):
         self.snap("bad1")

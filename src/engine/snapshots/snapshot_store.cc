@@ -63,6 +63,7 @@ Snapshot from_json(const nlohmann::json& j, const fs::path& dir) {
   s.networked = j.value("networked", false);
   s.created_at_ms = j.value("created_at_ms", int64_t{0});
   s.took_ms = j.value("took_ms", int64_t{0});
+  s.paused_ms = j.value("paused_ms", int64_t{0});
   s.bytes = j.value("bytes", uint64_t{0});
   s.files = j.value("files", nlohmann::json::object());
   s.dir = dir;
@@ -86,6 +87,7 @@ nlohmann::json to_json(const Snapshot& s) {
           {"networked", s.networked},
           {"created_at_ms", s.created_at_ms},
           {"took_ms", s.took_ms},
+          {"paused_ms", s.paused_ms},
           {"bytes", s.bytes},
           {"files", s.files}};
 }

@@ -48,7 +48,8 @@ struct Snapshot {
   bool networked = false;  // the saved VM has a NIC (restores must too)
   int64_t created_at_ms = 0;
   int64_t took_ms = 0;
-  uint64_t bytes = 0;  // sum of the files
+  int64_t paused_ms = 0;  // how long the source's vCPUs stood still for it
+  uint64_t bytes = 0;     // sum of the files
   // file name -> {"size", "sha256"}
   nlohmann::json files = nlohmann::json::object();
   std::filesystem::path dir;

@@ -33,6 +33,7 @@ struct SplitStream {
   std::shared_ptr<SealedRam> ram;  // the main RAM block, sealed
   uint64_t pages = 0;              // non-zero pages moved into `ram`
   uint64_t device_bytes = 0;       // written to the device stream
+  std::string error;               // why there is no `ram` (Vm::save_memory_split's fallback)
 };
 
 // Reads the whole stream from `in_fd` (file or pipe, to EOF) and writes the

@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <sstream>
 #include <thread>
 
@@ -246,12 +247,22 @@ constexpr auto kMigrationPoll = std::chrono::milliseconds(2);
 // the deadline it is cancelled. `what` names what is saved, for errors.
 void await_migration(QmpClient& qmp, Clock::time_point deadline, std::chrono::milliseconds timeout,
                      const std::string& what) {
+  bool completed = false;
   for (;;) {
-    nlohmann::json st = qmp.execute("query-migrate");
-    std::string status = st.value("status", "");
-    if (status == "completed") return;
-    if (status == "failed" || status == "cancelled")
-      throw Error(Errc::internal, "saving " + what + " failed: " + st.value("error-desc", status));
+    if (completed) {
+      // QEMU reports "completed" before its migration thread moves the VM
+      // to "postmigrate"; a `cont` in between is undone by that move and
+      // leaves the VM stopped for good. So the caller gets it only then.
+      if (qmp.execute("query-status").value("status", "") == "postmigrate") return;
+    } else {
+      nlohmann::json st = qmp.execute("query-migrate");
+      std::string status = st.value("status", "");
+      completed = status == "completed";
+      if (completed) continue;
+      if (status == "failed" || status == "cancelled")
+        throw Error(Errc::internal,
+                    "saving " + what + " failed: " + st.value("error-desc", status));
+    }
     if (Clock::now() > deadline) {
       try {
         qmp.execute("migrate_cancel");
@@ -622,6 +633,19 @@ uint64_t Vm::save_state(const fs::path& path, std::chrono::milliseconds timeout)
 
 namespace {
 
+// Closes an fd on scope exit (or at reset()).
+struct FdGuard {
+  int fd;
+  explicit FdGuard(int f) : fd(f) {}
+  FdGuard(const FdGuard&) = delete;
+  FdGuard& operator=(const FdGuard&) = delete;
+  ~FdGuard() { reset(); }
+  void reset() {
+    if (fd >= 0) ::close(fd);
+    fd = -1;
+  }
+};
+
 // Stops the guest and migrates its whole state (RAM included) into `fd`,
 // which QEMU takes over; returns when QEMU reports the migration complete.
 void migrate_full(QmpClient& qmp, int fd, Clock::time_point deadline,
@@ -659,39 +683,58 @@ uint64_t Vm::save_memory(const fs::path& path, std::chrono::milliseconds timeout
   return fs::file_size(path, ec);
 }
 
-SplitStream Vm::save_memory_split(const fs::path& device_path, std::chrono::milliseconds timeout) {
+SplitStream Vm::save_memory_split(const fs::path& device_path, std::chrono::milliseconds timeout,
+                                  const std::function<void()>& saved,
+                                  const fs::path& whole_fallback) {
   auto deadline = Clock::now() + timeout;
   const fs::path& dir = impl_->config.run_dir;
   const std::string block = ram_block_id(ram_block());
-  QmpClient qmp = QmpClient::connect(dir / "qmp.sock", kQmpTimeout);
   // The whole stream first goes to an unnamed file beside `device_path`
   // (gone when closed, even after a crash), then is split. Measured: QEMU
   // writing into a pipe read by a parser thread took 2-4x longer under TCG
-  // on 2 busy cores than writing a file and parsing it afterwards.
-  int whole = ::open(device_path.parent_path().c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
-  if (whole < 0) throw_errno("create a temporary file in " + device_path.parent_path().string());
-  int dev = ::open(device_path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
-  if (dev < 0) {
-    ::close(whole);
-    throw_errno("create " + device_path.string());
-  }
+  // on 2 busy cores than writing a file and parsing it afterwards; and with
+  // the file, the VM can continue (`saved`) before the split.
+  FdGuard whole{::open(device_path.parent_path().c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600)};
+  if (whole.fd < 0) throw_errno("create a temporary file in " + device_path.parent_path().string());
+  FdGuard dev{
+      ::open(device_path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600)};
+  if (dev.fd < 0) throw_errno("create " + device_path.string());
   Phases ph("split save " + impl_->config.id);
   std::error_code ec;
   try {
-    migrate_full(qmp, whole, deadline, timeout);
+    {
+      // Closed before `saved`: QEMU's monitor takes one client at a time.
+      QmpClient qmp = QmpClient::connect(dir / "qmp.sock", kQmpTimeout);
+      migrate_full(qmp, whole.fd, deadline, timeout);
+    }
     ph.mark("migrate");
-    if (::lseek(whole, 0, SEEK_SET) != 0) throw_errno("seek saved state");
-    SplitStream out = split_migration_stream(whole, dev, block);
-    ph.mark("split");
-    if (::fsync(dev) != 0) throw_errno("fsync " + device_path.string());
-    ::close(dev);
-    ::close(whole);
-    return out;
+    if (saved) saved();  // may resume the VM: the stream is complete
+    ph.mark("saved callback");
   } catch (...) {
-    ::close(dev);
-    ::close(whole);
+    dev.reset();
     fs::remove(device_path, ec);
     throw;
+  }
+  try {
+    if (::lseek(whole.fd, 0, SEEK_SET) != 0) throw_errno("seek saved state");
+    // No fsync: a split state is only used while its memfd lives, i.e.
+    // never after a crash of this process.
+    SplitStream out = split_migration_stream(whole.fd, dev.fd, block);
+    ph.mark("split");
+    return out;
+  } catch (const Error& e) {
+    dev.reset();
+    fs::remove(device_path, ec);
+    if (whole_fallback.empty()) throw;
+    // The stream is the whole state already: keep it under a name instead
+    // of saving again (the VM may have moved on since `saved`).
+    std::string proc = "/proc/self/fd/" + std::to_string(whole.fd);
+    if (::linkat(AT_FDCWD, proc.c_str(), AT_FDCWD, whole_fallback.c_str(), AT_SYMLINK_FOLLOW) != 0)
+      throw_errno("keep the saved state as " + whole_fallback.string());
+    if (::fsync(whole.fd) != 0) throw_errno("fsync " + whole_fallback.string());
+    SplitStream kept;
+    kept.error = e.what();
+    return kept;
   }
 }
 

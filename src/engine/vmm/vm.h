@@ -37,6 +37,7 @@
 #include <chrono>
 #include <cstddef>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -164,12 +165,19 @@ class Vm {
                        std::chrono::milliseconds timeout = std::chrono::seconds(120));
   // Fork: as save_memory, but the stream (in an unnamed temporary file
   // beside device_path) is then split by split_migration_stream
-  // (ram_split.h): the main RAM block comes back as
-  // a sealed memfd, the rest is written to `device_path` (created, 0600).
-  // Error as save_memory (also if the stream is not the expected layout:
-  // the caller may then save_memory); the VM is then still stopped.
+  // (ram_split.h): the main RAM block comes back as a sealed memfd, the rest
+  // is written to `device_path` (created, 0600, not fsynced: it is only used
+  // while the memfd lives). `saved`, if set, runs once the stream is
+  // complete and before the split (the VM still stopped; it may resume it,
+  // so the source's pause does not include the split); what it throws
+  // propagates. An error before `saved`: as save_memory (the VM still
+  // stopped; the caller may then save_memory). A stream that does not split
+  // (not the expected layout): with `whole_fallback` set, the whole stream is
+  // kept as that file (fsynced) and the result has no `ram`; else Error.
   SplitStream save_memory_split(const std::filesystem::path& device_path,
-                                std::chrono::milliseconds timeout = std::chrono::seconds(120));
+                                std::chrono::milliseconds timeout = std::chrono::seconds(120),
+                                const std::function<void()>& saved = {},
+                                const std::filesystem::path& whole_fallback = {});
   // Stops the guest's CPUs (QMP stop: also drains and flushes its disk, so
   // the overlay file is consistent for a copy) / continues them.
   void stop_cpus();
