@@ -21,6 +21,7 @@
 #include "guest/log.h"
 #include "guest/ops.h"
 #include "guest/output_log.h"
+#include "guest/spawn.h"
 #include "protocol/messages.h"
 
 namespace airlock::guest {
@@ -36,10 +37,11 @@ class StdinFeed;
 
 class Exec : public Stream {
  public:
-  Exec(Server& server, uint32_t id, size_t log_capacity)
+  Exec(Server& server, uint32_t id, size_t log_capacity, int64_t received_us)
       : Stream(server, id),
-        tree_(server, "exec-" + std::to_string(id)),
+        tree_(server),
         received_(std::chrono::steady_clock::now()),
+        received_us_(received_us),
         log_(log_capacity) {}
   ~Exec() override { release(); }
 
@@ -103,6 +105,7 @@ class Exec : public Stream {
 
   ProcTree tree_;
   std::chrono::steady_clock::time_point received_;  // the exec request
+  int64_t received_us_;  // monotonic_us() before the request was parsed (phase trace)
   uint64_t limit_ = kDefaultOutputLimit;
   Out out_[3];  // index 1 = stdout, 2 = stderr
   int in_fd_ = -1;
@@ -608,6 +611,7 @@ void Exec::maybe_finish() {
     r["output_lost"] = log_.lost();
     r["output_end"] = log_.end();
   }
+  r["spawn_us"] = tree_.spawn_trace(received_us_, monotonic_us());
   release();
   // Request to reply inside the agent (cgroup set-up, spawn, wait, reap).
   r["agent_us"] = std::chrono::duration_cast<std::chrono::microseconds>(
@@ -636,6 +640,7 @@ void Exec::release() {
 }  // namespace
 
 std::unique_ptr<Stream> start_exec(Server& server, uint32_t id, const json& req) {
+  const int64_t received_us = monotonic_us();
   ExecSpec spec = parse_exec_spec(req);
   if (spec.background) {
     // Answered at once; the job lives on in the server's job table.
@@ -644,8 +649,8 @@ std::unique_ptr<Stream> start_exec(Server& server, uint32_t id, const json& req)
   }
   // Every exec sends through its log; one frame's worth is the least it
   // needs. A pty exec cannot detach and keeps just that.
-  auto e = std::make_unique<Exec>(server, id,
-                                  std::max<uint64_t>(spec.output_buffer, protocol::kMaxPayload));
+  auto e = std::make_unique<Exec>(
+      server, id, std::max<uint64_t>(spec.output_buffer, protocol::kMaxPayload), received_us);
   e->start(spec);
   return e;
 }

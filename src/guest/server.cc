@@ -1,15 +1,18 @@
 #include "guest/server.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/epoll.h>
 #include <sys/signalfd.h>
+#include <sys/stat.h>
 #include <sys/utsname.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <cstring>
+#include <utility>
 
 #include "common/error.h"
 #include "guest/exec_tree.h"
@@ -68,6 +71,10 @@ Server::~Server() {
   detached_.clear();
   graveyard_.clear();
   jobs_.reset();  // kills the background execs' trees
+  if (spare_.fd >= 0) {
+    close(spare_.fd);
+    rmdir(spare_.path.c_str());
+  }
   // Leaving (test mode only): do not leave exec cgroups behind. Kill what is
   // left in them and wait briefly for the kernel to empty them.
   for (const auto& cg : lingering_) {
@@ -109,6 +116,8 @@ void Server::run() {
   epoll_event events[64];
   while (!stop_) {
     collect_garbage();
+    // After the batch of events that used it (the reply is out by now).
+    refill_spare_cgroup();
     bool pumping = false;
     if (!congested())
       for (auto& [id, s] : streams_)
@@ -579,6 +588,46 @@ Stream* Server::find_exec(const std::string& exec_id) {
 }
 
 // ---- children ---------------------------------------------------------------
+
+ExecCgroup Server::make_cgroup() {
+  ExecCgroup cg;
+  for (int attempt = 0;; ++attempt) {
+    cg.path = opts_.cgroup_root + "/exec-" + std::to_string(next_serial());
+    if (mkdir(cg.path.c_str(), 0755) == 0) break;
+    // EEXIST: a leftover of an earlier agent on the same root.
+    if (errno != EEXIST || attempt == 8) throw_sys("mkdir exec cgroup under " + opts_.cgroup_root);
+  }
+  // An OOM kill takes the whole exec, not one random member of it.
+  if (FILE* f = fopen((cg.path + "/memory.oom.group").c_str(), "we")) {
+    fputs("1", f);
+    fclose(f);
+  }
+  cg.fd = open(cg.path.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC);
+  if (cg.fd < 0) {
+    int e = errno;
+    rmdir(cg.path.c_str());
+    errno = e;
+    throw_sys("open " + cg.path);
+  }
+  return cg;
+}
+
+ExecCgroup Server::take_cgroup() {
+  spare_failed_ = false;
+  if (spare_.fd >= 0) return std::exchange(spare_, ExecCgroup{});
+  return make_cgroup();
+}
+
+void Server::refill_spare_cgroup() {
+  if (opts_.cgroup_root.empty() || spare_.fd >= 0 || spare_failed_ || state_ != State::serving)
+    return;
+  try {
+    spare_ = make_cgroup();
+  } catch (const std::exception& e) {
+    spare_failed_ = true;  // the next exec makes its own (and reports why it cannot)
+    logf("spare exec cgroup: %s", e.what());
+  }
+}
 
 void Server::on_child_exit(pid_t pid, std::function<void(int status)> on_exit) {
   children_[pid] = std::move(on_exit);

@@ -75,6 +75,13 @@ class Stream {
   uint32_t id_;
 };
 
+// One exec's fresh cgroup: its path and its directory open O_PATH (for
+// clone3's CLONE_INTO_CGROUP, spawn.h).
+struct ExecCgroup {
+  std::string path;
+  int fd = -1;
+};
+
 struct ServerOptions {
   int fd = -1;               // the port / socket, O_NONBLOCK
   bool system = false;       // PID 1 in the VM: hello sets clock, hostname, RNG
@@ -112,6 +119,11 @@ class Server {
   // A cgroup that still had processes when its exec ended: removed once empty.
   void linger_cgroup(std::string path) { lingering_.push_back(std::move(path)); }
   const std::string& cgroup_root() const { return opts_.cgroup_root; }
+  // A new, empty cgroup under cgroup_root for one exec (memory.oom.group
+  // set), owned by the caller from then on. Made ahead: the server keeps
+  // one spare, made again after each batch of events that used it, so the
+  // mkdir is not on an exec's path. Throws GuestError if none can be made.
+  ExecCgroup take_cgroup();
   // Background execs (jobs.h); they outlive connections.
   Jobs& jobs() { return *jobs_; }
   uint64_t next_serial() { return ++serial_; }
@@ -138,6 +150,8 @@ class Server {
   void flush();
   void on_sigchld();
   void collect_garbage();
+  ExecCgroup make_cgroup();
+  void refill_spare_cgroup();
 
   ServerOptions opts_;
   int epoll_ = -1;
@@ -161,6 +175,8 @@ class Server {
   std::vector<std::unique_ptr<Stream>> graveyard_;
   std::unordered_map<pid_t, std::function<void(int)>> children_;
   std::vector<std::string> lingering_;
+  ExecCgroup spare_;           // fd -1: none
+  bool spare_failed_ = false;  // the last attempt failed: retried at the next take
   std::unique_ptr<Jobs> jobs_;
 };
 
