@@ -270,7 +270,7 @@ void Exec::start(const ExecSpec& spec) {
       throw;
     }
     close(slave);
-    server_.send_json(protocol::Type::event, id_, {{"started", true}, {"pid", tree_.pid()}});
+    server_.send_json_soon(protocol::Type::event, id_, {{"started", true}, {"pid", tree_.pid()}});
     master_ = master;
     out_[1].fd = master;
     set_nonblock(master);
@@ -305,7 +305,7 @@ void Exec::start(const ExecSpec& spec) {
   }
   for (int fd : {in[0], out[1], err[1]})
     if (fd >= 0) close(fd);
-  server_.send_json(protocol::Type::event, id_, {{"started", true}, {"pid", tree_.pid()}});
+  server_.send_json_soon(protocol::Type::event, id_, {{"started", true}, {"pid", tree_.pid()}});
   out_[1].fd = out[0];
   out_[2].fd = err[0];
   for (uint8_t ch : {1, 2}) {
@@ -384,7 +384,7 @@ void Exec::pump() {
     eof.type = protocol::Type::eof;
     eof.channel = ch;
     eof.stream = id_;
-    server_.send(eof);
+    server_.send_soon(eof);  // the response or more eofs usually follow at once
   }
   update_watches();
   if (done_) {
@@ -526,7 +526,7 @@ void Exec::attach(uint32_t stream, uint64_t offset) {
 void Exec::on_credit(uint8_t ch, uint32_t bytes) {
   if (ch != 1 && ch != 2) return;
   out_[ch].credit = std::min<uint64_t>(out_[ch].credit + bytes, UINT32_MAX);
-  pump();
+  pump();  // attached: sends the response once the log is drained
   if (attached_) update_watch(ch);
 }
 

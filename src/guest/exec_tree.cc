@@ -228,9 +228,8 @@ void ProcTree::spawn(const ExecSpec& spec, int in_fd, int out_fd, int err_fd,
   } else {
     // A fresh cgroup: made ahead of time after the previous exec (the
     // server's spare), or now. Throws GuestError naming the mkdir.
-    ExecCgroup cg = server_.take_cgroup();
-    cgroup_ = std::move(cg.path);
-    cgroup_fd_ = cg.fd;
+    cg_ = server_.take_cgroup();
+    cgroup_ = cg_.path;
     auto set = [&](const char* file, const std::string& value, bool required) {
       if (write_str(cgroup_ + "/" + file, value.c_str()) != 0 && required) {
         int e = errno;
@@ -272,7 +271,7 @@ void ProcTree::spawn(const ExecSpec& spec, int in_fd, int out_fd, int err_fd,
   // Per-process backstop of the cgroup-wide CPU watch below.
   if (limits_.cpu_seconds > 0)
     plan.cpu_seconds = static_cast<rlim_t>(std::ceil(limits_.cpu_seconds));
-  plan.cgroup_fd = cgroup_fd_;
+  plan.cgroup_fd = cg_.fd;
   if (!procs.empty()) plan.cgroup_procs = procs.c_str();
 
   trace_.prepared = monotonic_us();
@@ -304,8 +303,10 @@ void ProcTree::spawn(const ExecSpec& spec, int in_fd, int out_fd, int err_fd,
     pid_ = -1;
     end_ = std::chrono::steady_clock::now();
     trace_.reaped = monotonic_us();
-    // Judged now, while whatever filled the disk is still there.
-    no_space_ = fs_full("/") || fs_full(cwd_);
+    // Judged now, while whatever filled the disk is still there (and only
+    // for a failure, the only case where it can be the reason).
+    const bool ok = WIFEXITED(st) && WEXITSTATUS(st) == 0;
+    no_space_ = !ok && (fs_full("/") || fs_full(cwd_));
     if (timer_fd_ >= 0) server_.unwatch(timer_fd_), close(timer_fd_), timer_fd_ = -1;
     if (cpu_fd_ >= 0) server_.unwatch(cpu_fd_), close(cpu_fd_), cpu_fd_ = -1;
     cb(st);
@@ -349,19 +350,10 @@ void ProcTree::on_cpu_tick() {
   kill();
 }
 
-uint64_t ProcTree::cgroup_value(const std::string& file, const std::string& key) const {
-  if (cgroup_.empty()) return 0;
-  // Read on every exec's end (memory.events, pids.events): plain reads, no
-  // iostream set-up.
-  int fd = open((cgroup_ + "/" + file).c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return 0;
-  char buf[4096];
-  ssize_t n = read(fd, buf, sizeof buf - 1);
-  close(fd);
-  if (n <= 0) return 0;
-  buf[n] = 0;
-  // Lines "key value".
-  for (char* line = buf; line && *line;) {
+namespace {
+// The value of `key` in "key value" lines.
+uint64_t value_of(char* text, const std::string& key) {
+  for (char* line = text; line && *line;) {
     char* next = strchr(line, '\n');
     if (next) *next++ = 0;
     char* sp = strchr(line, ' ');
@@ -371,6 +363,29 @@ uint64_t ProcTree::cgroup_value(const std::string& file, const std::string& key)
     line = next;
   }
   return 0;
+}
+}  // namespace
+
+uint64_t ProcTree::cgroup_value(int fd, const std::string& file, const std::string& key) const {
+  if (fd < 0) return cgroup_value(file, key);
+  char buf[4096];
+  ssize_t n = pread(fd, buf, sizeof buf - 1, 0);
+  if (n <= 0) return 0;
+  buf[n] = 0;
+  return value_of(buf, key);
+}
+
+uint64_t ProcTree::cgroup_value(const std::string& file, const std::string& key) const {
+  if (cgroup_.empty()) return 0;
+  // Plain reads, no iostream set-up (some are read at every exec's end).
+  int fd = open((cgroup_ + "/" + file).c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return 0;
+  char buf[4096];
+  ssize_t n = read(fd, buf, sizeof buf - 1);
+  close(fd);
+  if (n <= 0) return 0;
+  buf[n] = 0;
+  return value_of(buf, key);
 }
 
 void ProcTree::signal(int signo, bool from_host) {
@@ -390,7 +405,9 @@ void ProcTree::signal(int signo, bool from_host) {
 
 void ProcTree::kill() {
   if (!cgroup_.empty()) {
-    if (write_str(cgroup_ + "/cgroup.kill", "1") == 0) return;
+    if (cg_.kill_fd >= 0 ? write(cg_.kill_fd, "1", 1) == 1
+                         : write_str(cgroup_ + "/cgroup.kill", "1") == 0)
+      return;
     // Kernels before 5.14 have no cgroup.kill: kill member by member, twice
     // to catch children forked meanwhile.
     for (int round = 0; round < 2; ++round) {
@@ -428,9 +445,9 @@ json ProcTree::outcome() const {
     reason = "killed";
   else if (cpu_killed_ || sig == SIGXCPU)
     reason = "cpu_limit";
-  else if (cgroup_value("memory.events", "oom_kill") > 0)
+  else if (cgroup_value(cg_.events_fd, "memory.events", "oom_kill") > 0)
     reason = "oom_killed";
-  else if (cgroup_value("pids.events", "max") > 0 && (failed || timed_out_))
+  else if ((failed || timed_out_) && cgroup_value("pids.events", "max") > 0)
     reason = "pids_limit";
   else if (timed_out_)
     // The agent's own decision wins over the disk-space heuristic below: a
@@ -482,7 +499,7 @@ void ProcTree::release() {
   if (cpu_fd_ >= 0) server_.unwatch(cpu_fd_), close(cpu_fd_), cpu_fd_ = -1;
   if (pid_ > 0) server_.forget_child(pid_);
   pid_ = -1;
-  if (cgroup_fd_ >= 0) close(cgroup_fd_), cgroup_fd_ = -1;
+  cg_.close_fds();
   if (!cgroup_.empty()) {
     // (This runs once the exec's reply is out: the stream is destroyed
     // after it.) Processes still dying keep the cgroup busy; the server removes it

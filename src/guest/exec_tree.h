@@ -118,13 +118,15 @@ class ProcTree {
   void on_timeout();
   void on_cpu_tick();
   uint64_t cgroup_value(const std::string& file, const std::string& key) const;
+  // The same from an fd opened ahead (pread from 0); -1: by file name.
+  uint64_t cgroup_value(int fd, const std::string& file, const std::string& key) const;
   void release();
 
   Server& server_;
   std::string cgroup_;
-  pid_t pid_ = -1;      // while the main process runs
-  pid_t pgid_ = -1;     // the session / process group (fallback tree kill)
-  int cgroup_fd_ = -1;  // the cgroup's directory (O_PATH), for CLONE_INTO_CGROUP
+  pid_t pid_ = -1;   // while the main process runs
+  pid_t pgid_ = -1;  // the session / process group (fallback tree kill)
+  ExecCgroup cg_;    // its fds (cg_.path is cgroup_ until release)
   int timer_fd_ = -1, cpu_fd_ = -1;
   ExecLimits limits_;
   std::string cwd_;

@@ -20,6 +20,7 @@
 #include "guest/jobs.h"
 #include "guest/log.h"
 #include "guest/ops.h"
+#include "guest/spawn.h"
 #include "protocol/messages.h"
 
 namespace airlock::guest {
@@ -72,7 +73,7 @@ Server::~Server() {
   graveyard_.clear();
   jobs_.reset();  // kills the background execs' trees
   if (spare_.fd >= 0) {
-    close(spare_.fd);
+    spare_.close_fds();
     rmdir(spare_.path.c_str());
   }
   // Leaving (test mode only): do not leave exec cgroups behind. Kill what is
@@ -115,14 +116,20 @@ void Server::unwatch(int fd) {
 void Server::run() {
   epoll_event events[64];
   while (!stop_) {
+    // What the last batch of events sent goes out in one write: each write
+    // to the port is a virtqueue kick handled by QEMU while the vCPU waits:
+    // 0.05-4 ms of the guest's time per write under TCG on a loaded host
+    // (bench/RESULTS.md, issue 13).
+    const int hold_ms = flush_if_due();
     collect_garbage();
-    // After the batch of events that used it (the reply is out by now).
+    // After a batch of events that sent a reply, never while an exec's
+    // process starts: one vCPU runs both, and the mkdir would delay it.
     refill_spare_cgroup();
     bool pumping = false;
     if (!congested())
       for (auto& [id, s] : streams_)
         if (s->wants_pump()) pumping = true;
-    int n = epoll_wait(epoll_, events, 64, pumping ? 0 : -1);
+    int n = epoll_wait(epoll_, events, 64, pumping ? 0 : hold_ms);
     if (n < 0) {
       if (errno != EINTR) logf("epoll_wait: %s", strerror(errno));
       continue;
@@ -163,8 +170,29 @@ void Server::collect_garbage() { graveyard_.clear(); }
 
 void Server::send(const Frame& frame) {
   if (state_ != State::serving && frame.type != Type::hello) return;
+  protocol::encode_to(out_, frame);  // written after this batch of events (run)
+  flush_due_ = true;
+}
+
+void Server::send_soon(const Frame& frame) {
+  if (state_ != State::serving) return;
   protocol::encode_to(out_, frame);
-  flush();
+  if (hold_until_us_ == 0) hold_until_us_ = monotonic_us() + kHoldMs * 1000;
+}
+
+void Server::send_json_soon(Type type, uint32_t stream, const json& body) {
+  send_soon(protocol::json_frame(type, stream, body));
+}
+
+int Server::flush_if_due() {
+  if (hold_until_us_ != 0 && !flush_due_) {
+    const int64_t left = hold_until_us_ - monotonic_us();
+    if (left > 0) return static_cast<int>((left + 999) / 1000);
+  }
+  if (flush_due_ || hold_until_us_ != 0) flush();
+  flush_due_ = false;
+  hold_until_us_ = 0;
+  return -1;
 }
 
 void Server::send_json(Type type, uint32_t stream, const json& body) {
@@ -200,6 +228,7 @@ void Server::send_credit(uint32_t stream, uint8_t channel, uint32_t bytes) {
 void Server::finish(uint32_t stream, const json& response) {
   auto it = streams_.find(stream);
   send_json(Type::response, stream, response);
+  refill_due_ = true;
   if (it != streams_.end()) {
     graveyard_.push_back(std::move(it->second));
     streams_.erase(it);
@@ -609,22 +638,29 @@ ExecCgroup Server::make_cgroup() {
     errno = e;
     throw_sys("open " + cg.path);
   }
+  cg.kill_fd = openat(cg.fd, "cgroup.kill", O_WRONLY | O_CLOEXEC);
+  cg.events_fd = openat(cg.fd, "memory.events", O_RDONLY | O_CLOEXEC);
   return cg;
 }
 
+void ExecCgroup::close_fds() {
+  for (int* f : {&fd, &kill_fd, &events_fd})
+    if (*f >= 0) close(*f), *f = -1;
+}
+
 ExecCgroup Server::take_cgroup() {
-  spare_failed_ = false;
   if (spare_.fd >= 0) return std::exchange(spare_, ExecCgroup{});
   return make_cgroup();
 }
 
 void Server::refill_spare_cgroup() {
-  if (opts_.cgroup_root.empty() || spare_.fd >= 0 || spare_failed_ || state_ != State::serving)
+  if (opts_.cgroup_root.empty() || spare_.fd >= 0 || !refill_due_ || state_ != State::serving)
     return;
+  refill_due_ = false;
   try {
     spare_ = make_cgroup();
   } catch (const std::exception& e) {
-    spare_failed_ = true;  // the next exec makes its own (and reports why it cannot)
+    // The next exec makes its own (and reports why it cannot).
     logf("spare exec cgroup: %s", e.what());
   }
 }

@@ -55,6 +55,44 @@ int write_all(int fd, const char* s, size_t n) { return write(fd, s, n) == ssize
   _exit(127);
 }
 
+// execvp(argv[0], argv), with the search made cheap. environ is the plan's
+// (set by the parent around the clone), so PATH is the exec's. execvp tries
+// execve in each PATH directory until one works, and every failed execve
+// builds a new address space and copies the environment into it before it
+// looks for the file (slow under TCG), and `true` is in the fourth or sixth
+// directory of the default PATH. access(X_OK) as the exec's user
+// (the uid switch is done) finds the candidate without that; anything
+// unusual (no PATH, a script without #!, the candidate failing after
+// all) goes to execvp itself, so what runs and the errno are execvp's.
+void exec_program(char* const* argv) {
+  const char* file = argv[0];
+  const char* path = getenv("PATH");
+  if (!strchr(file, '/') && path && *path) {
+    const size_t flen = strlen(file);
+    char buf[4096];
+    for (const char* dir = path;;) {
+      const char* end = strchrnul(dir, ':');
+      const size_t dlen = end - dir;
+      if (dlen + 1 + flen < sizeof buf) {
+        // An empty entry is the current directory, as for execvp.
+        size_t n = 0;
+        if (dlen == 0) buf[n++] = '.';
+        memcpy(buf + n, dir, dlen);
+        n += dlen;
+        buf[n++] = '/';
+        memcpy(buf + n, file, flen + 1);
+        if (access(buf, X_OK) == 0) {
+          execve(buf, argv, environ);
+          break;  // execvp decides (ENOEXEC: the script case; or a later dir)
+        }
+      }
+      if (*end == 0) break;
+      dir = end + 1;
+    }
+  }
+  execvp(file, argv);
+}
+
 // The child, between clone and exec: system calls only (with clone3 it runs
 // in the agent's memory while the agent waits: it must not allocate, take
 // a lock or change what the agent sees; the uid switches are raw system
@@ -112,9 +150,7 @@ int write_all(int fd, const char* s, size_t n) { return write(fd, s, n) == ssize
     setrlimit(RLIMIT_CPU, &rl);
   }
   if (c.trace) c.trace->setup = c.trace->exec = monotonic_us();
-  // environ is the plan's (set by the parent around the clone), so execvp
-  // searches the exec's PATH.
-  execvp(p.argv[0], p.argv);
+  exec_program(p.argv);
   child_fail(c, SpawnStage::exec);
 }
 

@@ -135,6 +135,40 @@ TEST(Spawn, SwitchesUser) {
   }
 }
 
+// The agent runs at oom_score_adj -1000 and its exec'd processes at 0. The
+// child shares the agent's memory until exec; the kernel spreads an
+// oom_score_adj write to every process sharing the memory, except for a
+// vfork child (CLONE_VFORK): the agent must keep its own value.
+TEST(Spawn, ChildOomScoreIsZeroAndOursStays) {
+  auto read_adj = [] {
+    char buf[32] = {};
+    int fd = open("/proc/self/oom_score_adj", O_RDONLY | O_CLOEXEC);
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    return n > 0 ? std::string(buf, n) : std::string();
+  };
+  auto write_adj = [](const std::string& v) {
+    int fd = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
+    bool ok = fd >= 0 && write(fd, v.data(), v.size()) == static_cast<ssize_t>(v.size());
+    if (fd >= 0) close(fd);
+    return ok;
+  };
+  const std::string before = read_adj();
+  // Raised (allowed without privilege; the agent's -1000 needs it): the
+  // child's own write of 0 must not reach us either way.
+  ASSERT_TRUE(write_adj("300"));
+  for (SpawnMethod m : kMethods) {
+    SCOPED_TRACE(name(m));
+    SpawnPlan plan;
+    plan.method = m;
+    Ran r = run(plan, {"cat", "/proc/self/oom_score_adj"});
+    ASSERT_GT(r.r.pid, 0);
+    EXPECT_EQ(r.out, "0\n");
+    EXPECT_EQ(read_adj(), "300\n");
+  }
+  write_adj(before);
+}
+
 // A writable cgroup2 directory of our own, or "".
 std::string cgroup_dir(const std::string& leaf) {
   for (const char* m : {"/sys/fs/cgroup/unified", "/sys/fs/cgroup"}) {
