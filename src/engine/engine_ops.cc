@@ -385,6 +385,14 @@ ExecResult Engine::exec_counted(const std::string& id, const ExecRequest& given,
   // logged): request to reply inside the agent, and the process's life.
   trace.note("agent_us", static_cast<int64_t>(count_field(r, "agent_us")));
   trace.note("run_us", static_cast<int64_t>(count_field(r, "run_us")));
+  if (Trace::enabled()) {
+    // ... and its phases (api/guest-protocol.md §5, spawn_us), the same way.
+    auto s = r.find("spawn_us");
+    nlohmann::json none = nlohmann::json::object();
+    const nlohmann::json& phases = s != r.end() && s->is_object() ? *s : none;
+    for (const char* k : {"prepare", "clone", "setup", "exec", "run", "finish"})
+      trace.note((std::string("agent_") + k).c_str(), static_cast<int64_t>(count_field(phases, k)));
+  }
   audit.update(to_json(result));
   audit["stdout_sha256"] = out_hash.hex();
   audit["stderr_sha256"] = err_hash.hex();

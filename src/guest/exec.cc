@@ -21,6 +21,7 @@
 #include "guest/log.h"
 #include "guest/ops.h"
 #include "guest/output_log.h"
+#include "guest/spawn.h"
 #include "protocol/messages.h"
 
 namespace airlock::guest {
@@ -36,10 +37,11 @@ class StdinFeed;
 
 class Exec : public Stream {
  public:
-  Exec(Server& server, uint32_t id, size_t log_capacity)
+  Exec(Server& server, uint32_t id, size_t log_capacity, int64_t received_us)
       : Stream(server, id),
-        tree_(server, "exec-" + std::to_string(id)),
+        tree_(server),
         received_(std::chrono::steady_clock::now()),
+        received_us_(received_us),
         log_(log_capacity) {}
   ~Exec() override { release(); }
 
@@ -103,6 +105,7 @@ class Exec : public Stream {
 
   ProcTree tree_;
   std::chrono::steady_clock::time_point received_;  // the exec request
+  int64_t received_us_;  // monotonic_us() before the request was parsed (phase trace)
   uint64_t limit_ = kDefaultOutputLimit;
   Out out_[3];  // index 1 = stdout, 2 = stderr
   int in_fd_ = -1;
@@ -267,7 +270,7 @@ void Exec::start(const ExecSpec& spec) {
       throw;
     }
     close(slave);
-    server_.send_json(protocol::Type::event, id_, {{"started", true}, {"pid", tree_.pid()}});
+    server_.send_json_soon(protocol::Type::event, id_, {{"started", true}, {"pid", tree_.pid()}});
     master_ = master;
     out_[1].fd = master;
     set_nonblock(master);
@@ -302,7 +305,7 @@ void Exec::start(const ExecSpec& spec) {
   }
   for (int fd : {in[0], out[1], err[1]})
     if (fd >= 0) close(fd);
-  server_.send_json(protocol::Type::event, id_, {{"started", true}, {"pid", tree_.pid()}});
+  server_.send_json_soon(protocol::Type::event, id_, {{"started", true}, {"pid", tree_.pid()}});
   out_[1].fd = out[0];
   out_[2].fd = err[0];
   for (uint8_t ch : {1, 2}) {
@@ -381,7 +384,7 @@ void Exec::pump() {
     eof.type = protocol::Type::eof;
     eof.channel = ch;
     eof.stream = id_;
-    server_.send(eof);
+    server_.send_soon(eof);  // the response or more eofs usually follow at once
   }
   update_watches();
   if (done_) {
@@ -523,7 +526,7 @@ void Exec::attach(uint32_t stream, uint64_t offset) {
 void Exec::on_credit(uint8_t ch, uint32_t bytes) {
   if (ch != 1 && ch != 2) return;
   out_[ch].credit = std::min<uint64_t>(out_[ch].credit + bytes, UINT32_MAX);
-  pump();
+  pump();  // attached: sends the response once the log is drained
   if (attached_) update_watch(ch);
 }
 
@@ -608,6 +611,7 @@ void Exec::maybe_finish() {
     r["output_lost"] = log_.lost();
     r["output_end"] = log_.end();
   }
+  r["spawn_us"] = tree_.spawn_trace(received_us_, monotonic_us());
   release();
   // Request to reply inside the agent (cgroup set-up, spawn, wait, reap).
   r["agent_us"] = std::chrono::duration_cast<std::chrono::microseconds>(
@@ -636,6 +640,7 @@ void Exec::release() {
 }  // namespace
 
 std::unique_ptr<Stream> start_exec(Server& server, uint32_t id, const json& req) {
+  const int64_t received_us = monotonic_us();
   ExecSpec spec = parse_exec_spec(req);
   if (spec.background) {
     // Answered at once; the job lives on in the server's job table.
@@ -644,8 +649,8 @@ std::unique_ptr<Stream> start_exec(Server& server, uint32_t id, const json& req)
   }
   // Every exec sends through its log; one frame's worth is the least it
   // needs. A pty exec cannot detach and keeps just that.
-  auto e = std::make_unique<Exec>(server, id,
-                                  std::max<uint64_t>(spec.output_buffer, protocol::kMaxPayload));
+  auto e = std::make_unique<Exec>(
+      server, id, std::max<uint64_t>(spec.output_buffer, protocol::kMaxPayload), received_us);
   e->start(spec);
   return e;
 }

@@ -22,22 +22,14 @@
 #include "common/error.h"
 #include "guest/log.h"
 #include "guest/ops.h"
+#include "guest/spawn.h"
 #include "protocol/messages.h"
-
-extern char** environ;
 
 namespace airlock::guest {
 namespace {
 
 using nlohmann::json;
 namespace code = protocol::code;
-
-enum Stage : int { kStageCgroup = 1, kStageCwd, kStageUser, kStageExec, kStageIo };
-
-struct ChildError {
-  int stage;
-  int err;
-};
 
 // How often the CPU-time limit is checked against the cgroup's cpu.stat.
 constexpr long kCpuTickMs = 100;
@@ -215,7 +207,7 @@ ExecSpec parse_exec_spec(const json& req) {
   return s;
 }
 
-ProcTree::ProcTree(Server& server, std::string name) : server_(server), name_(std::move(name)) {}
+ProcTree::ProcTree(Server& server) : server_(server) {}
 
 ProcTree::~ProcTree() {
   kill();
@@ -234,15 +226,10 @@ void ProcTree::spawn(const ExecSpec& spec, int in_fd, int out_fd, int err_fd,
                   "limits.pids and limits.memory_mb need cgroup v2, which this agent does not have",
                   limits_.pids ? "limits.pids" : "limits.memory_mb");
   } else {
-    cgroup_ = server_.cgroup_root() + "/" + name_;
-    if (mkdir(cgroup_.c_str(), 0755) != 0) {
-      // A leftover of an earlier connection's stream with the same name.
-      cgroup_ += "-" + std::to_string(server_.next_serial());
-      if (mkdir(cgroup_.c_str(), 0755) != 0) {
-        cgroup_.clear();
-        throw_sys("mkdir exec cgroup under " + server_.cgroup_root());
-      }
-    }
+    // A fresh cgroup: made ahead of time after the previous exec (the
+    // server's spare), or now. Throws GuestError naming the mkdir.
+    cg_ = server_.take_cgroup();
+    cgroup_ = cg_.path;
     auto set = [&](const char* file, const std::string& value, bool required) {
       if (write_str(cgroup_ + "/" + file, value.c_str()) != 0 && required) {
         int e = errno;
@@ -258,104 +245,53 @@ void ProcTree::spawn(const ExecSpec& spec, int in_fd, int out_fd, int err_fd,
       // No swap in the VM, but if there were, a limit must not spill into it.
       set("memory.swap.max", "0", false);
     }
-    // An OOM kill takes the whole exec, not one random member of it.
-    set("memory.oom.group", "1", false);
   }
   const std::string procs = cgroup_.empty() ? "" : cgroup_ + "/cgroup.procs";
-  rlimit cpu_rl{RLIM_INFINITY, RLIM_INFINITY};
-  if (limits_.cpu_seconds > 0) {
-    // Per-process backstop of the cgroup-wide watch below.
-    cpu_rl.rlim_cur = static_cast<rlim_t>(std::ceil(limits_.cpu_seconds));
-    cpu_rl.rlim_max = cpu_rl.rlim_cur + 1;
-  }
 
-  // Everything the child needs is prepared before fork: after it, only
-  // async-signal-safe calls.
+  // Everything the child needs is prepared before the clone: after it,
+  // only system calls (spawn.h).
   std::vector<char*> cargv, cenv;
   for (auto& a : spec.argv) cargv.push_back(const_cast<char*>(a.c_str()));
   cargv.push_back(nullptr);
   for (auto& e : spec.env) cenv.push_back(const_cast<char*>(e.c_str()));
   cenv.push_back(nullptr);
   const User& user = spec.user;
-  const char* cwd = spec.cwd.c_str();
-  const bool pty = spec.pty;
+  SpawnPlan plan;
+  plan.argv = cargv.data();
+  plan.envp = cenv.data();
+  plan.in_fd = in_fd;
+  plan.out_fd = out_fd;
+  plan.err_fd = err_fd;
+  plan.pty = spec.pty;
+  plan.cwd = spec.cwd.c_str();
+  plan.uid = user.uid;
+  plan.gid = user.gid;
+  plan.groups = user.groups.data();
+  plan.ngroups = user.groups.size();
+  // Per-process backstop of the cgroup-wide CPU watch below.
+  if (limits_.cpu_seconds > 0)
+    plan.cpu_seconds = static_cast<rlim_t>(std::ceil(limits_.cpu_seconds));
+  plan.cgroup_fd = cg_.fd;
+  if (!procs.empty()) plan.cgroup_procs = procs.c_str();
 
-  int status[2];
-  if (pipe2(status, O_CLOEXEC) != 0) {
-    int e = errno;
-    release();
-    errno = e;
-    throw_sys("pipe");
-  }
+  trace_.prepared = monotonic_us();
   start_ = std::chrono::steady_clock::now();
-  pid_t pid = fork();
+  SpawnResult sr = spawn_process(plan, &trace_.spawn);
+  pid_t pid = sr.pid;
   if (pid < 0) {
-    int e = errno;
-    close(status[0]);
-    close(status[1]);
     release();
-    errno = e;
-    throw_sys("fork");
-  }
-  if (pid == 0) {
-    auto die = [&](int stage) {
-      ChildError ce{stage, errno};
-      ssize_t r = write(status[1], &ce, sizeof ce);
-      (void)r;
-      _exit(127);
-    };
-    sigset_t none;
-    sigemptyset(&none);
-    sigprocmask(SIG_SETMASK, &none, nullptr);
-    for (int s = 1; s < NSIG; ++s) signal(s, SIG_DFL);
-    // Own session and process group: user code never shares the agent's,
-    // and the group is the fallback tree kill.
-    setsid();
-    if (!procs.empty() && write_str(procs, "0") != 0) die(kStageCgroup);
-    // User code is the OOM killer's first choice, never the agent.
-    int adj = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
-    if (adj >= 0) {
-      ssize_t r = write(adj, "0", 1);
-      (void)r;
-      close(adj);
-    }
-    int null_in = in_fd < 0 ? open("/dev/null", O_RDONLY) : -1;
-    int null_out = out_fd < 0 || err_fd < 0 ? open("/dev/null", O_WRONLY) : -1;
-    if (dup2(in_fd < 0 ? null_in : in_fd, 0) < 0 || dup2(out_fd < 0 ? null_out : out_fd, 1) < 0 ||
-        dup2(err_fd < 0 ? null_out : err_fd, 2) < 0)
-      die(kStageIo);
-    // After setsid: the pty slave becomes this session's controlling
-    // terminal, so its line discipline turns Ctrl-C/Ctrl-Z into signals to the
-    // foreground job and a hangup to the session.
-    if (pty && ioctl(0, TIOCSCTTY, 0) != 0) die(kStageIo);
-    if (chdir(cwd) != 0) die(kStageCwd);
-    if (setgroups(user.groups.size(), user.groups.data()) != 0 && user.uid != 0) die(kStageUser);
-    if (setgid(user.gid) != 0 || setuid(user.uid) != 0) die(kStageUser);
-    if (cpu_rl.rlim_cur != RLIM_INFINITY) setrlimit(RLIMIT_CPU, &cpu_rl);
-    environ = cenv.data();  // execvp searches the new PATH
-    execvp(cargv[0], cargv.data());
-    die(kStageExec);
-  }
-  close(status[1]);
-  ChildError ce{};
-  ssize_t n;
-  do n = read(status[0], &ce, sizeof ce);
-  while (n < 0 && errno == EINTR);
-  close(status[0]);
-  if (n == sizeof ce) {
-    // The child failed before exec: reap it here and report why.
-    waitpid(pid, nullptr, 0);
-    release();
-    errno = ce.err;
-    switch (ce.stage) {
-      case kStageCwd:
+    errno = sr.err;
+    switch (sr.stage) {
+      case SpawnStage::cwd:
         throw_sys("cwd " + spec.cwd);
-      case kStageUser:
+      case SpawnStage::user:
         throw_sys("switching to user " + user.name);
-      case kStageCgroup:
+      case SpawnStage::cgroup:
         throw_sys("joining the exec's cgroup");
-      case kStageExec:
+      case SpawnStage::exec:
         throw_sys("exec " + spec.argv[0]);
+      case SpawnStage::clone:
+        throw_sys("clone");
       default:
         throw_sys("setting up stdio");
     }
@@ -366,8 +302,11 @@ void ProcTree::spawn(const ExecSpec& spec, int in_fd, int out_fd, int err_fd,
     status_ = st;
     pid_ = -1;
     end_ = std::chrono::steady_clock::now();
-    // Judged now, while whatever filled the disk is still there.
-    no_space_ = fs_full("/") || fs_full(cwd_);
+    trace_.reaped = monotonic_us();
+    // Judged now, while whatever filled the disk is still there (and only
+    // for a failure, the only case where it can be the reason).
+    const bool ok = WIFEXITED(st) && WEXITSTATUS(st) == 0;
+    no_space_ = !ok && (fs_full("/") || fs_full(cwd_));
     if (timer_fd_ >= 0) server_.unwatch(timer_fd_), close(timer_fd_), timer_fd_ = -1;
     if (cpu_fd_ >= 0) server_.unwatch(cpu_fd_), close(cpu_fd_), cpu_fd_ = -1;
     cb(st);
@@ -411,14 +350,42 @@ void ProcTree::on_cpu_tick() {
   kill();
 }
 
+namespace {
+// The value of `key` in "key value" lines.
+uint64_t value_of(char* text, const std::string& key) {
+  for (char* line = text; line && *line;) {
+    char* next = strchr(line, '\n');
+    if (next) *next++ = 0;
+    char* sp = strchr(line, ' ');
+    if (sp && static_cast<size_t>(sp - line) == key.size() &&
+        key.compare(0, key.size(), line, key.size()) == 0)
+      return strtoull(sp + 1, nullptr, 10);
+    line = next;
+  }
+  return 0;
+}
+}  // namespace
+
+uint64_t ProcTree::cgroup_value(int fd, const std::string& file, const std::string& key) const {
+  if (fd < 0) return cgroup_value(file, key);
+  char buf[4096];
+  ssize_t n = pread(fd, buf, sizeof buf - 1, 0);
+  if (n <= 0) return 0;
+  buf[n] = 0;
+  return value_of(buf, key);
+}
+
 uint64_t ProcTree::cgroup_value(const std::string& file, const std::string& key) const {
   if (cgroup_.empty()) return 0;
-  std::ifstream in(cgroup_ + "/" + file);
-  std::string k;
-  uint64_t v;
-  while (in >> k >> v)
-    if (k == key) return v;
-  return 0;
+  // Plain reads, no iostream set-up (some are read at every exec's end).
+  int fd = open((cgroup_ + "/" + file).c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return 0;
+  char buf[4096];
+  ssize_t n = read(fd, buf, sizeof buf - 1);
+  close(fd);
+  if (n <= 0) return 0;
+  buf[n] = 0;
+  return value_of(buf, key);
 }
 
 void ProcTree::signal(int signo, bool from_host) {
@@ -438,7 +405,9 @@ void ProcTree::signal(int signo, bool from_host) {
 
 void ProcTree::kill() {
   if (!cgroup_.empty()) {
-    if (write_str(cgroup_ + "/cgroup.kill", "1") == 0) return;
+    if (cg_.kill_fd >= 0 ? write(cg_.kill_fd, "1", 1) == 1
+                         : write_str(cgroup_ + "/cgroup.kill", "1") == 0)
+      return;
     // Kernels before 5.14 have no cgroup.kill: kill member by member, twice
     // to catch children forked meanwhile.
     for (int round = 0; round < 2; ++round) {
@@ -476,9 +445,9 @@ json ProcTree::outcome() const {
     reason = "killed";
   else if (cpu_killed_ || sig == SIGXCPU)
     reason = "cpu_limit";
-  else if (cgroup_value("memory.events", "oom_kill") > 0)
+  else if (cgroup_value(cg_.events_fd, "memory.events", "oom_kill") > 0)
     reason = "oom_killed";
-  else if (cgroup_value("pids.events", "max") > 0 && (failed || timed_out_))
+  else if ((failed || timed_out_) && cgroup_value("pids.events", "max") > 0)
     reason = "pids_limit";
   else if (timed_out_)
     // The agent's own decision wins over the disk-space heuristic below: a
@@ -504,13 +473,36 @@ json ProcTree::outcome() const {
   return r;
 }
 
+nlohmann::json ProcTree::spawn_trace(int64_t received_us, int64_t now_us) const {
+  // Phase durations in µs, each from the end of the one before: request ->
+  // clone (parse, cgroup, limits, pipes), the clone, the child's set-up
+  // (clone3 only), its execve until the agent runs again, then the
+  // program's life until the agent reaped it, and from there to now (the
+  // pipes' eof, the kill of what is left, the outcome).
+  const SpawnTrace& s = trace_.spawn;
+  auto d = [](int64_t a, int64_t b) { return a > 0 && b >= a ? b - a : 0; };
+  json t{{"method", s.method},
+         {"prepare", d(received_us, s.clone)},
+         {"spawn", d(s.clone, s.back)},
+         {"run", d(s.back, trace_.reaped)},
+         {"finish", d(trace_.reaped, now_us)}};
+  if (s.child > 0) {
+    t["clone"] = d(s.clone, s.child);
+    t["setup"] = d(s.child, s.exec);
+    t["exec"] = d(s.exec, s.back);
+  }
+  return t;
+}
+
 void ProcTree::release() {
   if (timer_fd_ >= 0) server_.unwatch(timer_fd_), close(timer_fd_), timer_fd_ = -1;
   if (cpu_fd_ >= 0) server_.unwatch(cpu_fd_), close(cpu_fd_), cpu_fd_ = -1;
   if (pid_ > 0) server_.forget_child(pid_);
   pid_ = -1;
+  cg_.close_fds();
   if (!cgroup_.empty()) {
-    // Processes still dying keep the cgroup busy; the server removes it
+    // (This runs once the exec's reply is out: the stream is destroyed
+    // after it.) Processes still dying keep the cgroup busy; the server removes it
     // once they are gone.
     if (rmdir(cgroup_.c_str()) != 0 && errno != ENOENT) server_.linger_cgroup(cgroup_);
     cgroup_.clear();

@@ -5,7 +5,7 @@
 // (exec.cc) and by background jobs (jobs.cc). Protocol: api/guest-protocol.md §5.
 //
 //   ExecSpec spec = parse_exec_spec(req);          // Error(invalid_argument, field) on bad input
-//   ProcTree tree(server, "exec-7");
+//   ProcTree tree(server);
 //   tree.spawn(spec, -1, out_w, err_w, [&](int status) { ...; });   // throws GuestError
 //   tree.kill();                                   // SIGKILL to every process, setsid'ed ones too
 //   nlohmann::json o = tree.outcome();             // {"exit_code","signal","reason",...}
@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "guest/server.h"
+#include "guest/spawn.h"
 #include "guest/users.h"
 
 namespace airlock::guest {
@@ -74,16 +75,16 @@ ExecSpec parse_exec_spec(const nlohmann::json& req);
 
 class ProcTree {
  public:
-  // `name` names the cgroup under the server's cgroup root (e.g. "exec-7").
-  ProcTree(Server& server, std::string name);
+  explicit ProcTree(Server& server);
   // Kills whatever is left of the tree and releases the cgroup (removed
   // now, or by the server once its last process is gone).
   ~ProcTree();
   ProcTree(const ProcTree&) = delete;
   ProcTree& operator=(const ProcTree&) = delete;
 
-  // Creates the cgroup with `spec.limits`, forks, moves the child into the
-  // cgroup and a new session, sets stdio (fd -1 = /dev/null), cwd, user and
+  // Takes a fresh cgroup (Server::take_cgroup) and sets `spec.limits` on it,
+  // starts the child in it (spawn.h: clone3 into the cgroup, or fork + join)
+  // in a new session, sets stdio (fd -1 = /dev/null), cwd, user and
   // execs (with spec.pty, in_fd is the pty slave and becomes the session's
   // controlling terminal). Arms the timeout and CPU watch. `on_exit` runs (from the server
   // loop) when the main process is reaped. Throws GuestError naming the
@@ -107,18 +108,25 @@ class ProcTree {
   // no_space | signaled | exited (first that applies, in this order: what
   // the agent itself did to the tree comes before the no_space heuristic).
   nlohmann::json outcome() const;
+  // Where the exec's time went, phase by phase in µs from `received_us`
+  // (monotonic_us() at the request) to `now_us`: {"method", "prepare",
+  // "spawn", "run", "finish"} and, with clone3, "clone", "setup", "exec"
+  // (the parts of "spawn"; spawn.h).
+  nlohmann::json spawn_trace(int64_t received_us, int64_t now_us) const;
 
  private:
   void on_timeout();
   void on_cpu_tick();
   uint64_t cgroup_value(const std::string& file, const std::string& key) const;
+  // The same from an fd opened ahead (pread from 0); -1: by file name.
+  uint64_t cgroup_value(int fd, const std::string& file, const std::string& key) const;
   void release();
 
   Server& server_;
-  std::string name_;
   std::string cgroup_;
   pid_t pid_ = -1;   // while the main process runs
   pid_t pgid_ = -1;  // the session / process group (fallback tree kill)
+  ExecCgroup cg_;    // its fds (cg_.path is cgroup_ until release)
   int timer_fd_ = -1, cpu_fd_ = -1;
   ExecLimits limits_;
   std::string cwd_;
@@ -126,6 +134,10 @@ class ProcTree {
   bool no_space_ = false;
   int status_ = 0;
   std::chrono::steady_clock::time_point start_, end_;
+  struct {
+    SpawnTrace spawn;
+    int64_t prepared = 0, reaped = 0;
+  } trace_;
 };
 
 }  // namespace airlock::guest

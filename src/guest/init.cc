@@ -134,7 +134,8 @@ void pid1_setup() {
   mount_if_missing("tmpfs", "/run", "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755");
   mount_if_missing("cgroup2", "/sys/fs/cgroup", "cgroup2", MS_NOSUID | MS_NODEV | MS_NOEXEC,
                    nullptr, kCgroup2Magic);
-  // Every exec's process joins its own new cgroup right after fork. Without
+  // An exec's process that cannot be cloned into its cgroup (the fork
+  // fallback of spawn.h) joins it right after fork. Without
   // favordynmods each such migration takes the cgroup threadgroup lock for
   // writing, which waits for an RCU grace period once the lock has gone back
   // to its fast mode between execs: measured in a guest under TCG, 25 ms per

@@ -204,7 +204,7 @@ json Jobs::start(const ExecSpec& spec) {
   auto job = std::make_unique<Job>();
   job->exec_id = id;
   job->argv = spec.argv;
-  job->tree = std::make_unique<ProcTree>(server_, "job-" + std::to_string(server_.next_serial()));
+  job->tree = std::make_unique<ProcTree>(server_);
   timespec now{};
   clock_gettime(CLOCK_REALTIME, &now);
   job->started_at_ms = int64_t{now.tv_sec} * 1000 + now.tv_nsec / 1000000;

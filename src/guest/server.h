@@ -75,6 +75,18 @@ class Stream {
   uint32_t id_;
 };
 
+// One exec's fresh cgroup: its path, its directory open O_PATH (for
+// clone3's CLONE_INTO_CGROUP, spawn.h), and the two files every exec uses
+// at its end, opened ahead (-1 where the kernel has none: cgroup.kill
+// before 5.14, memory.events without the memory controller).
+struct ExecCgroup {
+  std::string path;
+  int fd = -1;
+  int kill_fd = -1;    // cgroup.kill, O_WRONLY
+  int events_fd = -1;  // memory.events, O_RDONLY
+  void close_fds();
+};
+
 struct ServerOptions {
   int fd = -1;               // the port / socket, O_NONBLOCK
   bool system = false;       // PID 1 in the VM: hello sets clock, hostname, RNG
@@ -94,8 +106,16 @@ class Server {
   void watch(int fd, uint32_t events, Handler handler);
   void unwatch(int fd);
 
-  // Outgoing frames; queued and written as the port allows.
+  // Outgoing frames; queued and written after the current batch of events
+  // (one write per batch), as the port allows.
   void send(const protocol::Frame& frame);
+  // The same for a frame nobody waits for (an exec's `started` event, its
+  // eofs): written with the next frame sent, or after at most
+  // kHoldMs. An exec that ends within that time sends its started, eofs and
+  // response in one write instead of two or three.
+  void send_soon(const protocol::Frame& frame);
+  void send_json_soon(protocol::Type type, uint32_t stream, const nlohmann::json& body);
+  static constexpr int kHoldMs = 25;
   void send_json(protocol::Type type, uint32_t stream, const nlohmann::json& body);
   void send_data(uint32_t stream, uint8_t channel, const char* data, size_t size);
   void send_credit(uint32_t stream, uint8_t channel, uint32_t bytes);
@@ -112,6 +132,12 @@ class Server {
   // A cgroup that still had processes when its exec ended: removed once empty.
   void linger_cgroup(std::string path) { lingering_.push_back(std::move(path)); }
   const std::string& cgroup_root() const { return opts_.cgroup_root; }
+  // A new, empty cgroup under cgroup_root for one exec (memory.oom.group
+  // set), owned by the caller from then on. Made ahead: the server keeps
+  // one spare, made again after a reply went out, so the mkdir is neither
+  // on an exec's path nor competing with its process for the vCPU. Throws
+  // GuestError if none can be made.
+  ExecCgroup take_cgroup();
   // Background execs (jobs.h); they outlive connections.
   Jobs& jobs() { return *jobs_; }
   uint64_t next_serial() { return ++serial_; }
@@ -136,8 +162,13 @@ class Server {
   nlohmann::json op_set_time(const nlohmann::json& req);
   static constexpr size_t kMaxDetached = 64;
   void flush();
+  // Writes what is queued if a frame is due or the hold expired; returns
+  // the epoll timeout (ms) until the hold expires, or -1.
+  int flush_if_due();
   void on_sigchld();
   void collect_garbage();
+  ExecCgroup make_cgroup();
+  void refill_spare_cgroup();
 
   ServerOptions opts_;
   int epoll_ = -1;
@@ -153,6 +184,8 @@ class Server {
   std::string scan_;  // bytes being searched for a hello header while resyncing
   std::string out_;
   size_t out_off_ = 0;
+  bool flush_due_ = false;     // a frame that goes out after this batch is queued
+  int64_t hold_until_us_ = 0;  // held frames are queued (send_soon) until then; 0: none
   bool port_writable_ = true;
 
   std::map<uint32_t, std::unique_ptr<Stream>> streams_;
@@ -161,6 +194,8 @@ class Server {
   std::vector<std::unique_ptr<Stream>> graveyard_;
   std::unordered_map<pid_t, std::function<void(int)>> children_;
   std::vector<std::string> lingering_;
+  ExecCgroup spare_;        // fd -1: none
+  bool refill_due_ = true;  // a reply went out since the last attempt to make one
   std::unique_ptr<Jobs> jobs_;
 };
 
