@@ -265,6 +265,8 @@ Client& Client::operator=(const Client& other) {
   spare_.reset();
   return *this;
 }
+Client::Client(Client&&) noexcept = default;
+Client& Client::operator=(Client&&) noexcept = default;
 
 bool Client::listening() const {
   std::unique_ptr<Conn> c;

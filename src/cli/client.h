@@ -42,6 +42,8 @@ class Client {
   ~Client();
   Client(const Client&);
   Client& operator=(const Client&);
+  Client(Client&&) noexcept;  // keeps the connection of listening()
+  Client& operator=(Client&&) noexcept;
 
   const std::filesystem::path& socket() const { return socket_; }
 

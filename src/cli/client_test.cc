@@ -113,8 +113,10 @@ TEST_F(ApiTest, ListeningKeepsItsConnectionForTheNextCall) {
   Client absent(dir_ / "absent.sock");
   EXPECT_FALSE(absent.listening());
 
-  Client c(socket_);
-  ASSERT_TRUE(c.listening());
+  // Checked, then moved (main.cc's connect() returns it to its caller).
+  Client checked(socket_);
+  ASSERT_TRUE(checked.listening());
+  Client c = std::move(checked);
   // The call went over the kept connection: it is the only one open.
   json info = c.call("GET", "/v1/info");
   EXPECT_EQ(info["daemon"]["connections"]["open"], 1) << info.dump();
