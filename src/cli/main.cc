@@ -368,6 +368,10 @@ int main_impl(int argc, char** argv) {
       // there, which an MCP client shows, where a dead server says nothing.
       std::fprintf(stderr, "airlock mcp: %s\n", e.what());
     }
+    // The first tool call may come much later: close the connection the
+    // daemon check kept (Client::listening) now, before the guardian's fork
+    // would inherit it and hold it open until the daemon's idle timeout.
+    c = Client(c.socket());
     // After the daemon is started (it must not inherit the mask) and before
     // any thread (fork): the guardian destroys the session's sandboxes should
     // this process die without doing so; the session's signals go to its
