@@ -17,9 +17,11 @@ taken inside the run. Minimal image, 1 vCPU, 256 MiB unless said otherwise.
                  inside the same sandbox (a loop of N spawns minus a loop of N
                  shell built-ins, divided by N)
   delete         DELETE /v1/sandboxes/{id} until the answer
-  cli overhead   `airlock ls` against a stand-in socket server: process start
-                 to first byte on the socket, and last byte sent to exit;
-                 baseline: spawn and wait of /bin/true, same loop
+  cli overhead   `airlock ls` and `airlock run -- true` against a stand-in
+                 socket server: process start to the first byte of its first
+                 connection, last answer sent to exit, and the process's CPU
+                 (user + system, from wait4); baseline: spawn and wait of
+                 /bin/true, same loop (section "cli")
   networked      `airlock run --network allowlist --allow 198.51.100.1/32 -- true`
                  (clone; and "networked pool hit": a pool of members with a NIC)
   clone          create -> exec result, daemon with templates and no pool
@@ -34,7 +36,7 @@ delete phase by phase (src/engine/trace.h), and the breakdown printed at the
 end is the median of each phase.
 
 Usage: sudo AIRLOCK_IMAGE_DIR=... python3 bench/start.py [--runs 30] [--py-runs 5]
-           [--cold-runs 5] [--idle 0] [--skip cold,clone,burst,...]
+           [--cold-runs 5] [--idle 0] [--skip pool,cli,clone,net,netpool,cold,burst,debian]
 """
 
 import argparse
@@ -145,53 +147,108 @@ def create_exec(api, spec=SPEC):
 
 
 class StandIn:
-    """A unix-socket server answering one canned HTTP response per connection,
-    recording when the first request byte arrived and when the answer went."""
+    """A unix-socket server answering each request as airlockd would in
+    shape (GET /v1/sandboxes and /v1/info: [] / {}; POST /v1/sandboxes: an
+    id; POST .../exec: a start and an exit event; DELETE: 204), so the CLI's
+    own work is what is timed. Records when the first request byte of a CLI
+    run arrived (its first connection), when its last answer went, and how
+    many connections the run made."""
 
     def __init__(self, path):
         self.path = path
         self.sock = socket.socket(socket.AF_UNIX)
         self.sock.bind(path)
         self.sock.listen(8)
-        self.first_byte = self.answered = None
+        self.reset()
         threading.Thread(target=self.serve, daemon=True).start()
 
+    def reset(self):
+        self.first_byte = self.answered = None
+        self.conns = 0
+
+    @staticmethod
+    def answer(head):
+        method, target = (head.split(b"\r\n", 1)[0].split(b" ") + [b"", b""])[:2]
+        if method == b"DELETE":
+            return b"HTTP/1.1 204 No Content\r\n\r\n"
+        if method == b"POST" and target.endswith(b"/exec"):
+            ctype, body = b"application/x-ndjson", (b'{"type":"start","exec_id":"ex-1"}\n'
+                                                   b'{"type":"exit","exit_code":0}\n')
+        elif method == b"POST":
+            ctype, body = b"application/json", b'{"id":"sb-standin"}'
+        else:
+            ctype, body = b"application/json", b"{}" if target == b"/v1/info" else b"[]"
+        return (b"HTTP/1.1 200 OK\r\nContent-Type: " + ctype + b"\r\nContent-Length: "
+                + str(len(body)).encode() + b"\r\nConnection: close\r\n\r\n" + body)
+
     def serve(self):
-        body = b"[]"
         while True:
             c, _ = self.sock.accept()
-            data = c.recv(65536)
-            self.first_byte = time.monotonic()
-            while b"\r\n\r\n" not in data:
-                more = c.recv(65536)
-                if not more:
-                    break
-                data += more
-            c.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "
-                      + str(len(body)).encode() + b"\r\n\r\n" + body)
-            self.answered = time.monotonic()
-            c.close()
+            try:
+                data = c.recv(65536)
+                if self.first_byte is None and data:
+                    self.first_byte = time.monotonic()
+                self.conns += 1
+                while data and b"\r\n\r\n" not in data:
+                    more = c.recv(65536)
+                    if not more:
+                        break
+                    data += more
+                head, _, body = data.partition(b"\r\n\r\n")
+                m = re.search(rb"(?i)content-length: *(\d+)", head)
+                while m and len(body) < int(m.group(1)):
+                    more = c.recv(65536)
+                    if not more:
+                        break
+                    body += more
+                if data:
+                    # Stamped before the send: the CLI may read the answer
+                    # and exit before this thread runs again.
+                    self.answered = time.monotonic()
+                    c.sendall(self.answer(head))
+            except OSError:
+                pass
+            finally:
+                c.close()
+
+
+def spawn_timed(argv):
+    """Wall ms from spawn to reap, and the child's CPU ms (user + system)."""
+    t0 = time.monotonic()
+    p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL)
+    _, status, ru = os.wait4(p.pid, 0)
+    t1 = time.monotonic()
+    p.returncode = os.waitstatus_to_exitcode(status)
+    return t0, t1, p.returncode, (ru.ru_utime + ru.ru_stime) * 1000
 
 
 def cli_overhead(runs):
+    """The CLI's own cost against the stand-in: {row: [ms]} for `airlock ls`
+    and `airlock run -- true`, and the baseline spawn of /bin/true."""
     tmp = tempfile.mkdtemp(prefix="airlock-bench-")
+    out = {k: [] for k in ("cli to socket", "cli exit", "cli cpu (ls)", "cli run to socket",
+                           "cli run exit", "cli cpu (run)", "spawn /bin/true",
+                           "cpu /bin/true")}
+    conns = {}
     try:
         srv = StandIn(os.path.join(tmp, "s.sock"))
-        to_first, to_exit, spawn = [], [], []
         for _ in range(runs):
             # The baseline: the same spawn and wait of a process that does
             # nothing (/bin/true), so what is left is the CLI's own.
-            t0 = time.monotonic()
-            subprocess.run(["/bin/true"], capture_output=True)
-            spawn.append(ms_since(t0))
-            srv.first_byte = srv.answered = None
-            t0 = time.monotonic()
-            p = subprocess.run([CLI, "--socket", srv.path, "ls"], capture_output=True)
-            t1 = time.monotonic()
-            if p.returncode == 0 and srv.first_byte:
-                to_first.append((srv.first_byte - t0) * 1000)
-                to_exit.append((t1 - srv.answered) * 1000)
-        return to_first, to_exit, spawn
+            t0, t1, _, cpu = spawn_timed(["/bin/true"])
+            out["spawn /bin/true"].append((t1 - t0) * 1000)
+            out["cpu /bin/true"].append(cpu)
+            for name, args in (("", ["ls"]), (" run", ["run", "--", "true"])):
+                srv.reset()
+                t0, t1, rc, cpu = spawn_timed([CLI, "--socket", srv.path] + args)
+                if rc == 0 and srv.first_byte and srv.answered:
+                    out[f"cli{name} to socket"].append((srv.first_byte - t0) * 1000)
+                    out[f"cli{name} exit"].append((t1 - srv.answered) * 1000)
+                    out[f"cli cpu ({args[0]})"].append(cpu)
+                    conns[args[0]] = srv.conns
+        print(f"cli connections per call: {conns}", flush=True)
+        return out
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -222,7 +279,8 @@ def main():
     ap.add_argument("--net-runs", type=int, default=10)
     ap.add_argument("--idle", type=int, default=0)
     ap.add_argument("--pool", type=int, default=2)
-    ap.add_argument("--skip", default="")
+    ap.add_argument("--skip", default="", help="comma-separated sections: pool, cli, clone, net, "
+                    "netpool, cold, burst, debian")
     args = ap.parse_args()
     skip = set(filter(None, args.skip.split(",")))
     R, fails = {}, {}
@@ -232,57 +290,60 @@ def main():
     print(f"start: {load()}", flush=True)
 
     # --- pool hits, interleaved with runsc ----------------------------------
-    pooled = daemon("Pooled", ["--pool", f"minimal={args.pool}"])
-    try:
-        info = pooled.api.call("GET", "/v1/info")
-        print(f"accelerator={info['accelerator']} ({info['accelerator_reason']})", flush=True)
-        for k in ("runsc true", "runsc python", "cli pool hit", "create (pool)", "exec true",
-                  "delete", "cli misses"):
-            R[k] = []
-        for i in range(args.runs):
-            if have_runsc:
-                ms = runsc(["true"])
-                if ms:
-                    R["runsc true"].append(ms)
-                if i < args.py_runs:
-                    ms = runsc(["python3", "-c", "print(1)"])
+    T_pool = {}
+    if "pool" not in skip:
+        pooled = daemon("Pooled", ["--pool", f"minimal={args.pool}"])
+        try:
+            info = pooled.api.call("GET", "/v1/info")
+            print(f"accelerator={info['accelerator']} ({info['accelerator_reason']})", flush=True)
+            for k in ("runsc true", "runsc python", "cli pool hit", "create (pool)", "exec true",
+                      "delete", "cli misses"):
+                R[k] = []
+            for i in range(args.runs):
+                if have_runsc:
+                    ms = runsc(["true"])
                     if ms:
-                        R["runsc python"].append(ms)
+                        R["runsc true"].append(ms)
+                    if i < args.py_runs:
+                        ms = runsc(["python3", "-c", "print(1)"])
+                        if ms:
+                            R["runsc python"].append(ms)
+                wait_pool(pooled.api, 1)
+                h0 = pool_hits(pooled.api)
+                ms, _ = cli(pooled, ["run", "--", "true"])
+                (R["cli pool hit"] if pool_hits(pooled.api) > h0 else R["cli misses"]).append(ms)
+                wait_pool(pooled.api, 1)
+                t0 = time.monotonic()
+                sb = pooled.api.create(**SPEC)
+                ms = ms_since(t0)
+                if sb["start"] == "pool":
+                    R["create (pool)"].append(ms)
+                for _ in range(3):
+                    t0 = time.monotonic()
+                    pooled.api.exec(sb["id"], argv=["true"])
+                    R["exec true"].append(ms_since(t0))
+                t0 = time.monotonic()
+                pooled.api.delete(sb["id"])
+                R["delete"].append(ms_since(t0))
+                print(f"pool {i + 1}/{args.runs}", file=sys.stderr, flush=True)
+            # The guest's own spawn cost, in one warm sandbox, next to its execs.
             wait_pool(pooled.api, 1)
-            h0 = pool_hits(pooled.api)
-            ms, _ = cli(pooled, ["run", "--", "true"])
-            (R["cli pool hit"] if pool_hits(pooled.api) > h0 else R["cli misses"]).append(ms)
-            wait_pool(pooled.api, 1)
-            t0 = time.monotonic()
             sb = pooled.api.create(**SPEC)
-            ms = ms_since(t0)
-            if sb["start"] == "pool":
-                R["create (pool)"].append(ms)
-            for _ in range(3):
-                t0 = time.monotonic()
-                pooled.api.exec(sb["id"], argv=["true"])
-                R["exec true"].append(ms_since(t0))
-            t0 = time.monotonic()
-            pooled.api.delete(sb["id"])
-            R["delete"].append(ms_since(t0))
-            print(f"pool {i + 1}/{args.runs}", file=sys.stderr, flush=True)
-        # The guest's own spawn cost, in one warm sandbox, next to its execs.
-        wait_pool(pooled.api, 1)
-        sb = pooled.api.create(**SPEC)
-        R["exec true (same sb)"], R["guest spawn"] = [], []
-        for _ in range(5):
+            R["exec true (same sb)"], R["guest spawn"] = [], []
             for _ in range(5):
-                t0 = time.monotonic()
-                pooled.api.exec(sb["id"], argv=["true"])
-                R["exec true (same sb)"].append(ms_since(t0))
-            R["guest spawn"].append(guest_spawn_us(pooled, sb["id"]) / 1000)
-        pooled.api.delete(sb["id"])
-        T_pool = traces(pooled)
-    finally:
-        pooled.tearDownClass()
-    print(f"after pool runs: {load()}", flush=True)
+                for _ in range(5):
+                    t0 = time.monotonic()
+                    pooled.api.exec(sb["id"], argv=["true"])
+                    R["exec true (same sb)"].append(ms_since(t0))
+                R["guest spawn"].append(guest_spawn_us(pooled, sb["id"]) / 1000)
+            pooled.api.delete(sb["id"])
+            T_pool = traces(pooled)
+        finally:
+            pooled.tearDownClass()
+        print(f"after pool runs: {load()}", flush=True)
 
-    R["cli to socket"], R["cli exit"], R["spawn /bin/true"] = cli_overhead(args.runs)
+    if "cli" not in skip:
+        R.update(cli_overhead(args.runs))
 
     # --- clone and networked runs, interleaved with runsc --------------------
     if not {"clone", "net"} <= skip:
@@ -425,9 +486,10 @@ def main():
     ratio("networked pool hit", "runsc true", "networked pool hit / runsc true")
     ratio("exec true (same sb)", "guest spawn", "exec true / guest spawn")
     ratio("debian python run", "runsc python", "debian python / runsc python")
-    if "cli to socket" in med and "spawn /bin/true" in med:
-        print(f"  {'cli to socket - spawn /bin/true':<34} "
-              f"{med['cli to socket'] - med['spawn /bin/true']:.2f} ms")
+    for a, b in (("cli to socket", "spawn /bin/true"), ("cli run to socket", "spawn /bin/true"),
+                 ("cli cpu (ls)", "cpu /bin/true"), ("cli cpu (run)", "cpu /bin/true")):
+        if a in med and b in med:
+            print(f"  {a + ' - ' + b:<34} {med[a] - med[b]:.2f} ms")
     print(f"  cli misses (not counted): {len(R.get('cli misses', []))}; failures: {fails}")
     print("breakdown (engine trace, AIRLOCK_TRACE=1):")
     pool_creates = [t for t in T_pool.get("create", []) if "take" in t]

@@ -13,6 +13,31 @@ bool is_id_char(char c) {
 }
 }  // namespace
 
+std::string_view hot_command(const std::vector<std::string_view>& args) {
+  for (size_t i = 0; i < args.size(); ++i) {
+    std::string_view a = args[i];
+    if (a.empty() || a[0] != '-') {
+      for (std::string_view hot : kHotCommands)
+        if (a == hot) return hot;
+      return {};
+    }
+    bool known = false;
+    for (std::string_view opt : kGlobalValueOptions) {
+      if (a == opt) {
+        known = true;
+        ++i;  // its value, whatever it looks like (CLI11 takes it as is)
+        break;
+      }
+      if (a.size() > opt.size() && a.substr(0, opt.size()) == opt && a[opt.size()] == '=') {
+        known = true;
+        break;
+      }
+    }
+    if (!known) return {};
+  }
+  return {};
+}
+
 std::pair<std::string, std::string> parse_kv(const std::string& text, const std::string& flag) {
   auto eq = text.find('=');
   if (eq == std::string::npos || eq == 0)
@@ -296,19 +321,19 @@ std::string format_posture(const nlohmann::json& p) {
   out += "jail: " + p.value("jail", "?") + "    uid: " +
          val(proc.contains("uid") ? proc["uid"].value("effective", nlohmann::json()) : nullptr) +
          "    capabilities: " + (no_caps ? std::string("none") : eff) + "    seccomp: " +
-         (seccomp == 2 ? "filter" : seccomp == 1 ? "strict" : "off") +
+         (seccomp == 2   ? "filter"
+          : seccomp == 1 ? "strict"
+                         : "off") +
          "    no_new_privs: " + (proc.value("no_new_privs", false) ? "yes" : "no") + "\n";
   std::string own, shared;
   const nlohmann::json nss = proc.value("namespaces", nlohmann::json::object());
-  for (const auto& [ns, v] : nss.items())
-    (v.value("own", false) ? own : shared) += (ns + " ");
+  for (const auto& [ns, v] : nss.items()) (v.value("own", false) ? own : shared) += (ns + " ");
   out += "namespaces: own: " + (own.empty() ? "none " : own) +
          "shared with the host: " + (shared.empty() ? "none" : shared) + "\n";
   const auto& root = proc.value("root", nlohmann::json::object());
   std::string entries;
   const nlohmann::json ents = root.value("entries", nlohmann::json::array());
-  for (const auto& e : ents)
-    entries += (entries.empty() ? "" : " ") + e.get<std::string>();
+  for (const auto& e : ents) entries += (entries.empty() ? "" : " ") + e.get<std::string>();
   out += std::string("root: ") + (root.value("own", false) ? "own" : "the host's /") + " (" +
          entries + ")\n";
   const auto& cg = proc.value("cgroup", nlohmann::json::object());
@@ -323,8 +348,7 @@ std::string format_posture(const nlohmann::json& p) {
   out += "rlimits: " + rl + "\n";
   std::string missing;
   const nlohmann::json miss = p.value("missing", nlohmann::json::array());
-  for (const auto& m : miss)
-    missing += (missing.empty() ? "" : ", ") + m.get<std::string>();
+  for (const auto& m : miss) missing += (missing.empty() ? "" : ", ") + m.get<std::string>();
   out += "missing: " + (missing.empty() ? std::string("none") : missing) + "\n";
   return out;
 }

@@ -11,6 +11,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -110,6 +111,25 @@ std::string format_network_change(const nlohmann::json& answer);
 //   rlimits: core 0, nofile 4096, nproc 1024, fsize 1.1 GiB
 //   missing: none
 std::string format_posture(const nlohmann::json& posture);
+
+// The CLI's global options that take a value (main.cc defines them; the
+// rest of its global options, --help/-h and --version, take none).
+inline constexpr std::string_view kGlobalValueOptions[] = {"--socket", "--data-dir", "--image-dir",
+                                                           "--url"};
+// Commands run once per agent call whose CLI11 options alone parse their
+// command line: main.cc builds only that command's part of the tree.
+inline constexpr std::string_view kHotCommands[] = {"run", "exec", "ls", "create", "rm"};
+
+// The hot command `args` (argv[1..], up to the first "--") invokes, or "" to
+// build the whole tree: no command, help, --version, an option that is not a
+// global one, or any other command. Global options and their values before
+// the command are skipped ("--socket S" and "--socket=S").
+//   hot_command({"--socket", "s", "run", "--image", "x"}) == "run"
+//   hot_command({"--help", "run"}) == "";  hot_command({"image", "ls"}) == ""
+// The rest of the tree cannot change how a command's own arguments parse:
+// once the root has its one subcommand, CLI11 no longer matches a sibling's
+// name there, so the reduced tree parses (and fails) exactly as the whole.
+std::string_view hot_command(const std::vector<std::string_view>& args);
 
 // "12.3 MiB" style size.
 std::string human_bytes(uint64_t bytes);

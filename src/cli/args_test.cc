@@ -22,6 +22,28 @@ TEST(Args, KeyValue) {
   EXPECT_THROW(parse_kv("=v", "--meta"), UsageError);
 }
 
+TEST(Args, HotCommand) {
+  using V = std::vector<std::string_view>;
+  EXPECT_EQ(hot_command(V{"run", "--image", "debian"}), "run");
+  EXPECT_EQ(hot_command(V{"--socket", "/s", "exec", "sb-1"}), "exec");
+  EXPECT_EQ(hot_command(V{"--socket=/s", "--data-dir", "d", "--url=x", "ls"}), "ls");
+  EXPECT_EQ(hot_command(V{"--image-dir", "i", "create"}), "create");
+  EXPECT_EQ(hot_command(V{"rm", "sb-1", "sb-2"}), "rm");
+  // A global option's value is skipped even if it names a command.
+  EXPECT_EQ(hot_command(V{"--socket", "run", "ls"}), "ls");
+  EXPECT_EQ(hot_command(V{"--socket", "run"}), "");
+  // The whole tree: help, version, unknown options, other or no commands.
+  EXPECT_EQ(hot_command(V{}), "");
+  EXPECT_EQ(hot_command(V{"--help", "run"}), "");
+  EXPECT_EQ(hot_command(V{"-h"}), "");
+  EXPECT_EQ(hot_command(V{"--version"}), "");
+  EXPECT_EQ(hot_command(V{"--bogus", "run"}), "");
+  EXPECT_EQ(hot_command(V{"--socketx=1", "run"}), "");
+  EXPECT_EQ(hot_command(V{"image", "ls"}), "");
+  EXPECT_EQ(hot_command(V{"runx"}), "");
+  EXPECT_EQ(hot_command(V{"-", "run"}), "");
+}
+
 TEST(Args, CreateBodyHasOnlyGivenOptions) {
   EXPECT_EQ(create_body({}), json::object());
   CreateOptions o;
@@ -214,7 +236,8 @@ TEST(Args, FormatPostureNamesWhatIsMissing) {
   std::string s = format_posture(p);
   EXPECT_NE(s.find("isolation: tcg (TCG: not a boundary)"), std::string::npos) << s;
   EXPECT_NE(s.find("uid: 1000    capabilities: none    seccomp: filter    no_new_privs: yes"),
-            std::string::npos) << s;
+            std::string::npos)
+      << s;
   EXPECT_NE(s.find("own: mnt shared with the host: user"), std::string::npos) << s;
   EXPECT_NE(s.find("root: own (dev usr)"), std::string::npos) << s;
   EXPECT_NE(s.find("cgroup: memory unlimited, pids 64, cpu unlimited"), std::string::npos) << s;

@@ -11,8 +11,10 @@
 #include <boost/beast/core/flat_buffer.hpp>
 #include <boost/beast/http.hpp>
 #include <cerrno>
+#include <chrono>
 #include <cstdlib>
 #include <limits>
+#include <mutex>
 #include <variant>
 
 #include "cli/args.h"
@@ -96,7 +98,9 @@ struct AnyStream {
   }
 };
 
-struct Conn {
+}  // namespace
+
+struct detail::Conn {
   net::io_context io;
   AnyStream sock{stream::socket(io)};
   beast::flat_buffer buf;
@@ -211,6 +215,8 @@ struct Conn {
   }
 };
 
+namespace {
+using detail::Conn;
 }  // namespace
 
 std::optional<Remote> parse_remote(const std::string& url) {
@@ -245,7 +251,51 @@ std::optional<Remote> parse_remote(const std::string& url) {
 
 int errc_from_string(const std::string& code) { return static_cast<int>(errc_of(code)); }
 
+struct Client::Spare {
+  std::mutex mu;  // `airlock run`'s signal thread calls too
+  std::unique_ptr<Conn> conn;
+  std::chrono::steady_clock::time_point made;
+};
+
 Client::Client(std::filesystem::path socket) : socket_(std::move(socket)) {}
+Client::~Client() = default;
+Client::Client(const Client& other) : socket_(other.socket_) {}
+Client& Client::operator=(const Client& other) {
+  socket_ = other.socket_;
+  spare_.reset();
+  return *this;
+}
+Client::Client(Client&&) noexcept = default;
+Client& Client::operator=(Client&&) noexcept = default;
+
+bool Client::listening() const {
+  std::unique_ptr<Conn> c;
+  try {
+    c = std::make_unique<Conn>(socket_);
+  } catch (const Error&) {
+    return false;
+  }
+  if (!spare_) spare_ = std::make_unique<Spare>();
+  std::lock_guard lock(spare_->mu);
+  spare_->conn = std::move(c);
+  spare_->made = std::chrono::steady_clock::now();
+  return true;
+}
+
+std::unique_ptr<Conn> Client::open() const {
+  if (spare_) {
+    std::unique_ptr<Conn> c;
+    std::chrono::steady_clock::time_point made;
+    {
+      std::lock_guard lock(spare_->mu);
+      c = std::move(spare_->conn);
+      made = spare_->made;
+    }
+    // Far below the daemon's idle timeout (--idle-timeout, 60 s by default).
+    if (c && std::chrono::steady_clock::now() - made < std::chrono::seconds(2)) return c;
+  }
+  return std::make_unique<Conn>(socket_);
+}
 
 bool Client::ping() const {
   try {
@@ -263,7 +313,8 @@ bool Client::ping() const {
 }
 
 json Client::call(const std::string& method, const std::string& target, const json& body) const {
-  Conn c(socket_);
+  auto conn = open();
+  Conn& c = *conn;
   http::request<http::string_body> req{http::string_to_verb(method), target, 11};
   if (!body.is_null()) {
     req.set(http::field::content_type, "application/json");
@@ -304,7 +355,8 @@ class LineSplitter {
 void Client::stream_lines(const std::string& target,
                           const std::function<void(const json&)>& on_event,
                           const json& post_body) const {
-  Conn c(socket_);
+  auto conn = open();
+  Conn& c = *conn;
   http::request<http::string_body> req{post_body.is_null() ? http::verb::get : http::verb::post,
                                        target, 11};
   if (!post_body.is_null()) {
@@ -332,7 +384,8 @@ void Client::stream_lines(const std::string& target,
 
 json Client::exec(const std::string& id, const json& body,
                   const std::function<void(const json&)>& on_event) const {
-  Conn c(socket_);
+  auto conn = open();
+  Conn& c = *conn;
   http::request<http::string_body> req{http::verb::post, "/v1/sandboxes/" + id + "/exec", 11};
   req.set(http::field::content_type, "application/json");
   req.body() = body.dump();
@@ -411,7 +464,8 @@ json send_chunked(Conn& c, http::verb method, const std::string& target,
 
 uint64_t Client::upload(const std::string& id, const std::string& path, uint32_t mode,
                         int fd) const {
-  Conn c(socket_);
+  auto conn = open();
+  Conn& c = *conn;
   char mode_text[16];
   std::snprintf(mode_text, sizeof mode_text, "%04o", mode);
   json j =
@@ -422,7 +476,8 @@ uint64_t Client::upload(const std::string& id, const std::string& path, uint32_t
 }
 
 json Client::post_stream(const std::string& target, int fd) const {
-  Conn c(socket_);
+  auto conn = open();
+  Conn& c = *conn;
   return send_chunked(c, http::verb::post, target, "application/x-tar", fd);
 }
 
@@ -471,7 +526,8 @@ json StdinSender::send(std::string_view bytes, bool eof) {
 }
 
 uint64_t Client::download(const std::string& id, const std::string& path, int fd) const {
-  Conn c(socket_);
+  auto conn = open();
+  Conn& c = *conn;
   http::request<http::empty_body> req{
       http::verb::get, "/v1/sandboxes/" + id + "/files?path=" + url_encode(path), 11};
   req.keep_alive(false);

@@ -32,15 +32,32 @@ class ConnectionLost : public Error {
 // while the command ran (as ssh uses 255 for its own failures).
 inline constexpr int kExitConnectionLost = 255;
 
+namespace detail {
+struct Conn;
+}
+
 class Client {
  public:
   explicit Client(std::filesystem::path socket);
+  ~Client();
+  Client(const Client&);
+  Client& operator=(const Client&);
+  Client(Client&&) noexcept;  // keeps the connection of listening()
+  Client& operator=(Client&&) noexcept;
 
   const std::filesystem::path& socket() const { return socket_; }
 
   // True if a daemon answers GET /v1/info on the socket (with anything: a
   // daemon at its connection cap answers 503 and is still running).
   bool ping() const;
+
+  // True if something accepts connections on the socket: one connect(2), no
+  // request. The connection is kept and carries this client's next request
+  // if that comes within 2 s (else it is closed unused, which the daemon
+  // takes quietly). This is how the CLI checks for a daemon before its
+  // first call: ping()'s GET /v1/info costs a round trip and the daemon's
+  // listing of images, recipes and templates, once per agent call.
+  bool listening() const;
 
   // A JSON request (no body if `body` is null). Returns the parsed answer
   // (null for 204). Throws Error for error answers and connection failures.
@@ -74,7 +91,12 @@ class Client {
   uint64_t download(const std::string& id, const std::string& path, int fd) const;
 
  private:
+  struct Spare;
+  // A connection made by listening() (or a fresh one).
+  std::unique_ptr<detail::Conn> open() const;
+
   std::filesystem::path socket_;
+  mutable std::unique_ptr<Spare> spare_;  // not copied: a copy opens its own
 };
 
 // POST /v1/sandboxes/{id}/exec/{exec_id}/stdin[?eof=true], one request per

@@ -107,6 +107,30 @@ TEST_F(ApiTest, SandboxLifecycle) {
             "6.1.0-fake");
 }
 
+// The CLI's check for a daemon (spawn.cc): a connect whose connection then
+// carries the first request, instead of a GET /v1/info of its own.
+TEST_F(ApiTest, ListeningKeepsItsConnectionForTheNextCall) {
+  Client absent(dir_ / "absent.sock");
+  EXPECT_FALSE(absent.listening());
+
+  // Checked, then moved (main.cc's connect() returns it to its caller).
+  Client checked(socket_);
+  ASSERT_TRUE(checked.listening());
+  Client c = std::move(checked);
+  // The call went over the kept connection: it is the only one open.
+  json info = c.call("GET", "/v1/info");
+  EXPECT_EQ(info["daemon"]["connections"]["open"], 1) << info.dump();
+  EXPECT_EQ(c.call("GET", "/v1/sandboxes").size(), 0u);  // then a new one per call
+
+  // A copy does not share it; a kept connection past 2 s is not used (the
+  // daemon may have closed it meanwhile), the call opens a new one.
+  ASSERT_TRUE(c.listening());
+  Client copy = c;
+  EXPECT_EQ(copy.call("GET", "/v1/sandboxes").size(), 0u);
+  std::this_thread::sleep_for(std::chrono::milliseconds(2100));
+  EXPECT_EQ(c.call("GET", "/v1/info")["daemon"]["version"], AIRLOCK_VERSION);
+}
+
 TEST_F(ApiTest, BadInputNamesTheField) {
   Client c(socket_);
   Error e = expect_error([&] { c.call("POST", "/v1/sandboxes", {{"cpus", "2"}}); });

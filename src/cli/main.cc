@@ -15,8 +15,8 @@
 #include <thread>
 
 #include "cli/args.h"
-#include "cli/attach.h"
 #include "cli/client.h"
+#include "cli/exec_cmd.h"
 #include "cli/image_cmd.h"
 #include "cli/journal_cmd.h"
 #include "cli/pool_cmd.h"
@@ -25,10 +25,8 @@
 #include "cli/recipe_cmd.h"
 #include "cli/snapshot_cmd.h"
 #include "cli/spawn.h"
-#include "cli/stdin_pump.h"
 #include "cli/token_cmd.h"
 #include "common/error.h"
-#include "daemon/base64.h"
 #include "daemon/paths.h"
 #include "engine/storage/image_store.h"
 #include "mcp/guardian.h"
@@ -63,105 +61,10 @@ Client connect(const Globals& g) {
   return c;
 }
 
-void write_all(int fd, std::string_view bytes) {
-  while (!bytes.empty()) {
-    ssize_t n = ::write(fd, bytes.data(), bytes.size());
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) throw_errno(fd == 1 ? "writing stdout" : "writing stderr");
-    bytes.remove_prefix(size_t(n));
-  }
-}
-
-std::string read_all_fd(int fd) {
-  std::string out;
-  char buf[65536];
-  while (true) {
-    ssize_t n = ::read(fd, buf, sizeof buf);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) throw_errno("reading stdin");
-    if (n == 0) return out;
-    out.append(buf, size_t(n));
-  }
-}
-
 int64_t now_ms() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(
              std::chrono::system_clock::now().time_since_epoch())
       .count();
-}
-
-// Runs an exec, writing its stdout/stderr as raw bytes as they arrive.
-int run_exec(const Client& c, const std::string& id, const ExecOptions& opts,
-             const std::vector<std::string>& argv, bool interactive) {
-  std::optional<std::string> in;
-  // A closed stdin (e.g. a CI runner without one) means no input, not an error.
-  bool stdin_open = ::fcntl(0, F_GETFD) != -1;
-  bool forward = stdin_open && (interactive || !::isatty(0));
-  // Pipes, sockets, terminals (-i) and big files are streamed as they are
-  // read (a line typed into `sh` over a pipe is answered at once; 2 GiB go
-  // through in bounded memory). A small file or /dev/null goes inline.
-  struct stat st {};
-  bool small =
-      forward && ::fstat(0, &st) == 0 &&
-      ((S_ISREG(st.st_mode) && st.st_size <= (1 << 20)) || (S_ISCHR(st.st_mode) && !::isatty(0)));
-  if (forward && small) in = read_all_fd(0);
-  json body = exec_body(opts, argv, in);
-  std::unique_ptr<StdinPump> pump;
-  if (forward && !small) {
-    body["stdin_stream"] = true;
-    pump = std::make_unique<StdinPump>(c.socket(), id, 0, reattach_patience());
-  }
-  // Whatever ends the exec (exit, error, lost connection) ends the pump.
-  struct PumpStop {
-    std::unique_ptr<StdinPump>& p;
-    ~PumpStop() {
-      if (p) p->stop();
-    }
-  } pump_stop{pump};
-  // Counted as printed: if the connection to airlockd breaks mid-exec (the
-  // daemon was restarted), the rest is fetched from exactly this offset.
-  AttachState resume{id, "", 0, 0};
-  json exit;
-  try {
-    exit = c.exec(id, body, [&](const json& ev) {
-      std::string type = ev.value("type", "");
-      if (type == "start") {
-        resume.exec_id = ev.value("exec_id", "");
-        if (pump) pump->start(resume.exec_id);
-      }
-      if (type != "stdout" && type != "stderr") return;
-      auto bytes = daemon::base64_decode(ev.value("data", ""));
-      if (!bytes) throw Error(Errc::internal, "airlockd sent invalid base64 output");
-      write_all(type == "stdout" ? 1 : 2, *bytes);
-      resume.offset += bytes->size();
-    });
-  } catch (const ConnectionLost&) {
-    auto patience = reattach_patience();
-    if (resume.exec_id.empty() || patience.count() == 0) throw;
-    // The pump resumes on its own (the guest keeps a detached exec's stdin).
-    exit = reattach(c, resume, write_all, patience);
-  }
-  if (exit.value("timed_out", false))
-    std::fprintf(stderr, "airlock: command timed out after %.3g s\n",
-                 exit.value("duration_ms", 0) / 1000.0);
-  std::string reason = exit.value("reason", "");
-  if (reason == "pids_limit" || reason == "oom_killed" || reason == "cpu_limit" ||
-      reason == "no_space" || reason == "killed")
-    std::fprintf(stderr, "airlock: command ended: %s\n", reason.c_str());
-  if (exit.value("truncated", false))
-    std::fprintf(stderr, "airlock: output truncated (%llu stdout + %llu stderr bytes dropped)\n",
-                 static_cast<unsigned long long>(exit.value("stdout_dropped", uint64_t{0})),
-                 static_cast<unsigned long long>(exit.value("stderr_dropped", uint64_t{0})));
-  return exit_code_of(exit);
-}
-
-// airlock attach ID EXEC_ID [--offset N]: the output of an exec whose client
-// is gone, from byte N, then its exit status as exec's.
-int run_attach(const Client& c, const std::string& id, const std::string& exec_id,
-               uint64_t offset) {
-  AttachState st{id, exec_id, offset, 0};
-  json exit = reattach(c, st, write_all, reattach_patience());
-  return exit_code_of(exit);
 }
 
 void add_network_flags(CLI::App* app, std::optional<std::string>& mode,
@@ -225,7 +128,26 @@ struct RunCleanup {
   bool interrupted = false;
 };
 
+bool parsed(const CLI::App* cmd) { return cmd && cmd->parsed(); }
+
 int main_impl(int argc, char** argv) {
+  // Everything after the first "--" is the command of exec/run, verbatim
+  // (CLI11 would otherwise read its "-c" as an option of ours).
+  int split = argc;
+  for (int i = 1; i < argc; ++i)
+    if (std::string_view(argv[i]) == "--") {
+      split = i;
+      break;
+    }
+  // The CLI starts once per agent call: for run, exec, ls, create and rm
+  // CLI11 gets only the global options and that command's own (args.h,
+  // hot_command); help, mistakes and every other command get the whole
+  // tree, so what they print is unchanged. The commands are added in the
+  // same order either way (--help lists them in this order).
+  std::string_view only = hot_command(std::vector<std::string_view>(argv + 1, argv + split));
+  bool full = only.empty();
+  auto want = [&](std::string_view name) { return full || only == name; };
+
   CLI::App app{"airlock: disposable microVM sandboxes"};
   app.require_subcommand(1);
   Globals g;
@@ -246,165 +168,183 @@ int main_impl(int argc, char** argv) {
   std::vector<std::string> metas, ids, argv_rest;
   std::string id, src, dst, image_name;
   std::optional<double> exec_timeout;
-
-  auto* create = app.add_subcommand("create", "create a sandbox and print its id");
-  add_create_flags(create, copts);
-  create->add_option("--timeout", copts.timeout_s, "seconds of life (same as --lifetime)");
-  create->add_option("--env", copts.env, "KEY=VALUE default environment of every exec");
-  create->add_option("--meta", copts.meta, "KEY=VALUE label");
-  create->add_flag("--json", json_out, "print the sandbox as JSON");
-  create->add_option("--from", copts.from, "start from this snapshot (airlock snapshot)");
-
-  auto* ls = app.add_subcommand("ls", "list sandboxes");
-  ls->add_flag("--json", json_out, "print JSON");
-  ls->add_flag("-a,--all", all, "include deleted, failed and timed-out sandboxes");
-  ls->add_option("--meta", metas, "KEY=VALUE filter");
-
-  auto* exec = app.add_subcommand("exec", "run a command in a sandbox: exec ID -- ARGV...");
-  add_exec_flags(exec, eopts, interactive);
-  exec->add_option("--env", eopts.env, "KEY=VALUE");
-  exec->add_option("--timeout", exec_timeout, "seconds before the command is killed");
-  exec->add_flag("-d,--background", eopts.background,
-                 "run detached; print its exec id (output is not kept)");
   bool tty = false;
-  exec->add_flag("-t,--tty", tty, "run it on a terminal (a pty in the sandbox), like ssh -t");
-  exec->add_option("id", id, "sandbox id")->required();
-  exec->add_option("argv", argv_rest, "command and arguments (after --)");
-
   std::string attach_exec_id;
   uint64_t attach_offset = 0;
-  auto* attach = app.add_subcommand(
-      "attach", "the output of an exec whose client is gone (daemon restart): attach ID EXEC_ID");
-  attach->add_option("--offset", attach_offset,
-                     "first byte wanted (stdout and stderr counted together; default 0)");
-  attach->add_option("id", id, "sandbox id")->required();
-  attach->add_option("exec_id", attach_exec_id, "exec id (from exec's start event)")->required();
-
   PtyOptions shell_opts;
-  auto* shell = app.add_subcommand("shell", "an interactive shell in a sandbox: shell ID");
-  shell->add_option("--cwd", shell_opts.cwd, "working directory (default the user's home)");
-  shell->add_option("--user", shell_opts.user, "user name or uid (default root)");
-  shell->add_option("--env", shell_opts.env, "KEY=VALUE");
-  shell->add_option("id", id, "sandbox id")->required();
+  CLI::App *create = nullptr, *ls = nullptr, *exec = nullptr, *attach = nullptr, *shell = nullptr,
+           *run = nullptr, *cp = nullptr, *rm = nullptr;
 
-  auto* run = app.add_subcommand("run", "create, exec, destroy: run [flags] -- ARGV...");
-  add_create_flags(run, copts);
-  add_exec_flags(run, eopts, interactive);
-  run->add_option("--env", eopts.env, "KEY=VALUE");
-  run->add_option("--meta", copts.meta, "KEY=VALUE label");
-  run->add_option("--timeout", exec_timeout, "seconds before the command is killed");
-  run->add_option("argv", argv_rest, "command and arguments (after --)");
+  if (want("create")) {
+    create = app.add_subcommand("create", "create a sandbox and print its id");
+    add_create_flags(create, copts);
+    create->add_option("--timeout", copts.timeout_s, "seconds of life (same as --lifetime)");
+    create->add_option("--env", copts.env, "KEY=VALUE default environment of every exec");
+    create->add_option("--meta", copts.meta, "KEY=VALUE label");
+    create->add_flag("--json", json_out, "print the sandbox as JSON");
+    create->add_option("--from", copts.from, "start from this snapshot (airlock snapshot)");
+  }
 
-  auto* cp = app.add_subcommand("cp", "copy a file: cp SRC DST, one side ID:/path, '-' = stdio");
-  cp->add_option("src", src)->required();
-  cp->add_option("dst", dst)->required();
+  if (want("ls")) {
+    ls = app.add_subcommand("ls", "list sandboxes");
+    ls->add_flag("--json", json_out, "print JSON");
+    ls->add_flag("-a,--all", all, "include deleted, failed and timed-out sandboxes");
+    ls->add_option("--meta", metas, "KEY=VALUE filter");
+  }
 
-  auto* rm = app.add_subcommand("rm", "destroy sandboxes");
-  rm->add_option("ids", ids, "sandbox ids")->required();
+  if (want("exec")) {
+    exec = app.add_subcommand("exec", "run a command in a sandbox: exec ID -- ARGV...");
+    add_exec_flags(exec, eopts, interactive);
+    exec->add_option("--env", eopts.env, "KEY=VALUE");
+    exec->add_option("--timeout", exec_timeout, "seconds before the command is killed");
+    exec->add_flag("-d,--background", eopts.background,
+                   "run detached; print its exec id (output is not kept)");
+    exec->add_flag("-t,--tty", tty, "run it on a terminal (a pty in the sandbox), like ssh -t");
+    exec->add_option("id", id, "sandbox id")->required();
+    exec->add_option("argv", argv_rest, "command and arguments (after --)");
+  }
 
-  auto* logs = app.add_subcommand("logs", "a sandbox's audit journal");
-  logs->add_option("id", id)->required();
-  logs->add_flag("--json", json_out, "print JSON");
+  if (full) {
+    attach = app.add_subcommand(
+        "attach", "the output of an exec whose client is gone (daemon restart): attach ID EXEC_ID");
+    attach->add_option("--offset", attach_offset,
+                       "first byte wanted (stdout and stderr counted together; default 0)");
+    attach->add_option("id", id, "sandbox id")->required();
+    attach->add_option("exec_id", attach_exec_id, "exec id (from exec's start event)")->required();
+
+    shell = app.add_subcommand("shell", "an interactive shell in a sandbox: shell ID");
+    shell->add_option("--cwd", shell_opts.cwd, "working directory (default the user's home)");
+    shell->add_option("--user", shell_opts.user, "user name or uid (default root)");
+    shell->add_option("--env", shell_opts.env, "KEY=VALUE");
+    shell->add_option("id", id, "sandbox id")->required();
+  }
+
+  if (want("run")) {
+    run = app.add_subcommand("run", "create, exec, destroy: run [flags] -- ARGV...");
+    add_create_flags(run, copts);
+    add_exec_flags(run, eopts, interactive);
+    run->add_option("--env", eopts.env, "KEY=VALUE");
+    run->add_option("--meta", copts.meta, "KEY=VALUE label");
+    run->add_option("--timeout", exec_timeout, "seconds before the command is killed");
+    run->add_option("argv", argv_rest, "command and arguments (after --)");
+  }
+
+  if (full) {
+    cp = app.add_subcommand("cp", "copy a file: cp SRC DST, one side ID:/path, '-' = stdio");
+    cp->add_option("src", src)->required();
+    cp->add_option("dst", dst)->required();
+  }
+
+  if (want("rm")) {
+    rm = app.add_subcommand("rm", "destroy sandboxes");
+    rm->add_option("ids", ids, "sandbox ids")->required();
+  }
+
+  // The other commands, in the whole tree only.
   bool net_logs = false, follow = false;
-  logs->add_flag("--network", net_logs, "only network events, one line each");
-  logs->add_flag("-f,--follow", follow, "keep printing new records as they are appended");
   bool verify = false;
-  logs->add_flag("--verify", verify,
-                 "check the journal's hash chain; exit 1 naming the first break");
-
   std::string watch_path;
   bool watch_recursive = false;
-  auto* watch = app.add_subcommand(
-      "watch", "print changes under a guest directory as they happen: watch ID PATH [-r]");
-  watch->add_option("id", id)->required();
-  watch->add_option("path", watch_path, "absolute guest directory")->required();
-  watch->add_flag("-r,--recursive", watch_recursive, "also every directory below it");
-  watch->add_flag("--json", json_out, "print the NDJSON events as they come");
-
   std::optional<std::string> net_mode;
   std::vector<std::string> net_allow, net_deny;
-  auto* network =
-      app.add_subcommand("network", "change a running sandbox's egress policy (no flags: show it)");
-  network->add_option("id", id)->required();
-  network->add_option("--mode", net_mode, "none, allowlist or open (--allow alone: allowlist)");
-  network->add_option("--allow", net_allow, "allow a CIDR, host name or *.domain (repeatable)")
-      ->allow_extra_args(false);
-  network->add_option("--deny", net_deny, "deny a CIDR, host name or *.domain (repeatable)")
-      ->allow_extra_args(false);
-  network->add_flag("--json", json_out, "print JSON");
-
   std::optional<int> guest_port, host_port, remove_port;
-  auto* port = app.add_subcommand(
-      "port", "forward a host loopback port to a guest TCP port (no GUEST_PORT: list them)");
-  port->add_option("id", id)->required();
-  port->add_option("guest_port", guest_port, "the guest's TCP port")->check(CLI::Range(1, 65535));
-  port->add_option("--host-port", host_port, "the 127.0.0.1 port (default: a free one)")
-      ->check(CLI::Range(1024, 65535));
-  port->add_option("--rm", remove_port, "stop the forward from this host port")
-      ->check(CLI::Range(1, 65535));
-  port->add_flag("--json", json_out, "print JSON");
-
   bool posture = false;
-  auto* inspect = app.add_subcommand("inspect", "a sandbox's details; --posture: its QEMU jail");
-  inspect->add_option("id", id)->required();
-  inspect->add_flag("--posture", posture, "the jail as read back from /proc, and what is missing");
-  inspect->add_flag("--json", json_out, "print JSON");
-
   PoolCommand pool;
-  add_pool_command(app, pool);
-
-  auto* info = app.add_subcommand("info", "daemon and host facts");
-  info->add_flag("--json", json_out, "print JSON");
-
   ProbeOptions popts;
-  auto* probe = app.add_subcommand(
-      "probe", "run the containment battery against fresh sandboxes on this host");
-  probe->add_option("--image", popts.image, "guest image (default: minimal)");
-  probe->add_option("--network", popts.network, "policy of the ordinary task: none (default), open")
-      ->check(CLI::IsMember({"none", "open"}));
-  probe->add_flag("--json", popts.json, "print JSON");
-  probe->add_flag("--quick", popts.quick, "fewer samples (time to a new instance over 3, not 10)");
-  probe
-      ->add_option("--only", popts.only,
-                   "run only these sections: task, reach, leftovers, time, hostile, after "
-                   "(repeatable; cleanup always runs)")
-      ->delimiter(',');
-
-  auto* mcp_cmd = app.add_subcommand(
-      "mcp", "serve the Model Context Protocol on stdin/stdout (for MCP clients)");
-
   TokenCommands tokens;
-  add_token_commands(app, tokens);
   JournalCommands journal_cmds;
-  add_journal_commands(app, journal_cmds);
   SnapshotCommands snaps;
-  add_snapshot_commands(app, snaps);
-
-  auto* image = app.add_subcommand("image", "guest images");
-  image->require_subcommand(1);
-  auto* image_build = image->add_subcommand("build", "build an image (if its inputs changed)");
-  image_build
-      ->add_option("name", image_name,
-                   "built-in recipe (minimal, debian), or with -f the new image's name")
-      ->required();
   RecipeBuild recipe_build;
-  image_build->add_option("-f,--file", recipe_build.file,
-                          "build NAME from this recipe (airlock.toml) in build sandboxes");
-  image_build->add_option("--arg", recipe_build.args,
-                          "NAME=VALUE: a value for the recipe's [args]");
-  image_build->add_flag("--json", json_out, "with -f: print the build's events as JSON lines");
   ImageCommands images;
-  add_image_commands(app, *image, images);
+  CLI::App *logs = nullptr, *watch = nullptr, *network = nullptr, *port = nullptr,
+           *inspect = nullptr, *info = nullptr, *probe = nullptr, *mcp_cmd = nullptr,
+           *image = nullptr, *image_build = nullptr;
+  if (full) {
+    logs = app.add_subcommand("logs", "a sandbox's audit journal");
+    logs->add_option("id", id)->required();
+    logs->add_flag("--json", json_out, "print JSON");
+    logs->add_flag("--network", net_logs, "only network events, one line each");
+    logs->add_flag("-f,--follow", follow, "keep printing new records as they are appended");
+    logs->add_flag("--verify", verify,
+                   "check the journal's hash chain; exit 1 naming the first break");
 
-  // Everything after the first "--" is the command of exec/run, verbatim
-  // (CLI11 would otherwise read its "-c" as an option of ours).
+    watch = app.add_subcommand(
+        "watch", "print changes under a guest directory as they happen: watch ID PATH [-r]");
+    watch->add_option("id", id)->required();
+    watch->add_option("path", watch_path, "absolute guest directory")->required();
+    watch->add_flag("-r,--recursive", watch_recursive, "also every directory below it");
+    watch->add_flag("--json", json_out, "print the NDJSON events as they come");
+
+    network = app.add_subcommand("network",
+                                 "change a running sandbox's egress policy (no flags: show it)");
+    network->add_option("id", id)->required();
+    network->add_option("--mode", net_mode, "none, allowlist or open (--allow alone: allowlist)");
+    network->add_option("--allow", net_allow, "allow a CIDR, host name or *.domain (repeatable)")
+        ->allow_extra_args(false);
+    network->add_option("--deny", net_deny, "deny a CIDR, host name or *.domain (repeatable)")
+        ->allow_extra_args(false);
+    network->add_flag("--json", json_out, "print JSON");
+
+    port = app.add_subcommand(
+        "port", "forward a host loopback port to a guest TCP port (no GUEST_PORT: list them)");
+    port->add_option("id", id)->required();
+    port->add_option("guest_port", guest_port, "the guest's TCP port")->check(CLI::Range(1, 65535));
+    port->add_option("--host-port", host_port, "the 127.0.0.1 port (default: a free one)")
+        ->check(CLI::Range(1024, 65535));
+    port->add_option("--rm", remove_port, "stop the forward from this host port")
+        ->check(CLI::Range(1, 65535));
+    port->add_flag("--json", json_out, "print JSON");
+
+    inspect = app.add_subcommand("inspect", "a sandbox's details; --posture: its QEMU jail");
+    inspect->add_option("id", id)->required();
+    inspect->add_flag("--posture", posture,
+                      "the jail as read back from /proc, and what is missing");
+    inspect->add_flag("--json", json_out, "print JSON");
+
+    add_pool_command(app, pool);
+
+    info = app.add_subcommand("info", "daemon and host facts");
+    info->add_flag("--json", json_out, "print JSON");
+
+    probe = app.add_subcommand("probe",
+                               "run the containment battery against fresh sandboxes on this host");
+    probe->add_option("--image", popts.image, "guest image (default: minimal)");
+    probe
+        ->add_option("--network", popts.network,
+                     "policy of the ordinary task: none (default), open")
+        ->check(CLI::IsMember({"none", "open"}));
+    probe->add_flag("--json", popts.json, "print JSON");
+    probe->add_flag("--quick", popts.quick,
+                    "fewer samples (time to a new instance over 3, not 10)");
+    probe
+        ->add_option("--only", popts.only,
+                     "run only these sections: task, reach, leftovers, time, hostile, after "
+                     "(repeatable; cleanup always runs)")
+        ->delimiter(',');
+
+    mcp_cmd = app.add_subcommand(
+        "mcp", "serve the Model Context Protocol on stdin/stdout (for MCP clients)");
+
+    add_token_commands(app, tokens);
+    add_journal_commands(app, journal_cmds);
+    add_snapshot_commands(app, snaps);
+
+    image = app.add_subcommand("image", "guest images");
+    image->require_subcommand(1);
+    image_build = image->add_subcommand("build", "build an image (if its inputs changed)");
+    image_build
+        ->add_option("name", image_name,
+                     "built-in recipe (minimal, debian), or with -f the new image's name")
+        ->required();
+    image_build->add_option("-f,--file", recipe_build.file,
+                            "build NAME from this recipe (airlock.toml) in build sandboxes");
+    image_build->add_option("--arg", recipe_build.args,
+                            "NAME=VALUE: a value for the recipe's [args]");
+    image_build->add_flag("--json", json_out, "with -f: print the build's events as JSON lines");
+    add_image_commands(app, *image, images);
+  }
+
   std::vector<std::string> command;
-  int split = argc;
-  for (int i = 1; i < argc; ++i)
-    if (std::string_view(argv[i]) == "--") {
-      split = i;
-      break;
-    }
   for (int i = split + 1; i < argc; ++i) command.push_back(argv[i]);
   try {
     app.parse(split, argv);
@@ -414,11 +354,11 @@ int main_impl(int argc, char** argv) {
     return code == 0 ? 0 : 2;
   }
   if (!command.empty()) argv_rest.insert(argv_rest.end(), command.begin(), command.end());
-  if ((exec->parsed() || run->parsed()) && argv_rest.empty())
-    throw UsageError("no command given: airlock " +
-                     std::string(exec->parsed() ? "exec ID" : "run") + " -- ARGV...");
+  if ((parsed(exec) || parsed(run)) && argv_rest.empty())
+    throw UsageError("no command given: airlock " + std::string(parsed(exec) ? "exec ID" : "run") +
+                     " -- ARGV...");
 
-  if (mcp_cmd->parsed()) {
+  if (parsed(mcp_cmd)) {
     DaemonPaths p = g.paths();
     Client c(g.url.empty() ? p.socket.string() : g.url);
     try {
@@ -428,6 +368,10 @@ int main_impl(int argc, char** argv) {
       // there, which an MCP client shows, where a dead server says nothing.
       std::fprintf(stderr, "airlock mcp: %s\n", e.what());
     }
+    // The first tool call may come much later: close the connection the
+    // daemon check kept (Client::listening) now, before the guardian's fork
+    // would inherit it and hold it open until the daemon's idle timeout.
+    c = Client(c.socket());
     // After the daemon is started (it must not inherit the mask) and before
     // any thread (fork): the guardian destroys the session's sandboxes should
     // this process die without doing so; the session's signals go to its
@@ -440,18 +384,19 @@ int main_impl(int argc, char** argv) {
         [&guardian](const std::string& sid, bool owned) { guardian.note(sid, owned); });
     return mcp::serve(session, 0, 1);
   }
-  if (run_token_command(tokens, [&] { return connect(g); })) return 0;
-  if (run_image_command(images, [&] { return connect(g); })) return 0;
-  if (int rc = run_journal_command(journal_cmds, [&] { return connect(g); }); rc >= 0) return rc;
-  if (run_snapshot_command(snaps, [&] { return connect(g); })) return 0;
-  if (create->parsed()) {
+  if (full && run_token_command(tokens, [&] { return connect(g); })) return 0;
+  if (full && run_image_command(images, [&] { return connect(g); })) return 0;
+  if (full)
+    if (int rc = run_journal_command(journal_cmds, [&] { return connect(g); }); rc >= 0) return rc;
+  if (full && run_snapshot_command(snaps, [&] { return connect(g); })) return 0;
+  if (parsed(create)) {
     json body = create_body(copts);  // usage errors before a daemon is started
     Client c = connect(g);
     json sb = c.call("POST", "/v1/sandboxes", body);
     std::cout << (json_out ? sb.dump(2) : sb.value("id", "")) << "\n";
     return 0;
   }
-  if (ls->parsed()) {
+  if (parsed(ls)) {
     std::string target = "/v1/sandboxes";
     std::string q = all ? "all=true" : "";
     for (const auto& [k, v] : parse_kvs(metas, "--meta"))
@@ -461,16 +406,16 @@ int main_impl(int argc, char** argv) {
     std::cout << (json_out ? list.dump(2) + "\n" : format_sandbox_table(list, now_ms()));
     return 0;
   }
-  if (shell->parsed()) {
+  if (parsed(shell)) {
     parse_kvs(shell_opts.env, "--env");  // usage errors before a daemon is started
     Client c = connect(g);
     return run_pty(c.socket(), id, shell_opts);
   }
-  if (attach->parsed()) {
+  if (parsed(attach)) {
     Client c = connect(g);
     return run_attach(c, id, attach_exec_id, attach_offset);
   }
-  if (exec->parsed() && tty) {
+  if (parsed(exec) && tty) {
     if (eopts.background || exec_timeout || eopts.pids || eopts.memory_limit_mb ||
         eopts.cpu_seconds || eopts.output_limit || interactive)
       throw UsageError("--tty takes only --cwd, --user and --env");
@@ -479,7 +424,7 @@ int main_impl(int argc, char** argv) {
     Client c = connect(g);
     return run_pty(c.socket(), id, p);
   }
-  if (exec->parsed()) {
+  if (parsed(exec)) {
     eopts.timeout_s = exec_timeout;
     if (eopts.background) {
       json body = exec_body(eopts, argv_rest, std::nullopt);
@@ -490,7 +435,7 @@ int main_impl(int argc, char** argv) {
     Client c = connect(g);
     return run_exec(c, id, eopts, argv_rest, interactive);
   }
-  if (run->parsed()) {
+  if (parsed(run)) {
     eopts.timeout_s = exec_timeout;
     // Validate everything before a sandbox exists.
     json create_req = create_body(copts);
@@ -556,7 +501,7 @@ int main_impl(int argc, char** argv) {
     if (failure) std::rethrow_exception(failure);
     return code;
   }
-  if (cp->parsed()) {
+  if (parsed(cp)) {
     CpPlan plan = plan_cp(src, dst);
     Client c = connect(g);
     if (plan.upload()) {
@@ -598,7 +543,7 @@ int main_impl(int argc, char** argv) {
     }
     return 0;
   }
-  if (rm->parsed()) {
+  if (parsed(rm)) {
     Client c = connect(g);
     int rc = 0;
     for (const auto& victim : ids) {
@@ -612,7 +557,7 @@ int main_impl(int argc, char** argv) {
     }
     return rc;
   }
-  if (logs->parsed() && net_logs) {
+  if (parsed(logs) && net_logs) {
     std::string target = "/v1/sandboxes/" + id + "/network/events";
     Client c = connect(g);
     auto print = [&](const json& ev) {
@@ -625,7 +570,7 @@ int main_impl(int argc, char** argv) {
     }
     return 0;
   }
-  if (watch->parsed()) {
+  if (parsed(watch)) {
     Client c = connect(g);
     std::string target = "/v1/sandboxes/" + id + "/files/watch?path=" + url_encode(watch_path) +
                          "&recursive=" + (watch_recursive ? "true" : "false");
@@ -652,17 +597,17 @@ int main_impl(int argc, char** argv) {
     });
     return 0;
   }
-  if (logs->parsed() && verify) {
+  if (parsed(logs) && verify) {
     Client c = connect(g);
     return verify_journal(c, id, json_out);
   }
-  if (logs->parsed() && follow) {  // every record, streamed (GET .../events?follow=true)
+  if (parsed(logs) && follow) {  // every record, streamed (GET .../events?follow=true)
     connect(g).stream_lines("/v1/sandboxes/" + id + "/events?follow=true", [&](const json& r) {
       std::cout << (json_out ? r.dump() : format_audit_line(r)) << std::endl;
     });
     return 0;
   }
-  if (port->parsed()) {
+  if (parsed(port)) {
     if (remove_port && (guest_port || host_port))
       throw UsageError("port --rm takes no GUEST_PORT or --host-port");
     if (host_port && !guest_port) throw UsageError("--host-port needs a GUEST_PORT");
@@ -691,7 +636,7 @@ int main_impl(int argc, char** argv) {
     }
     return 0;
   }
-  if (network->parsed()) {
+  if (parsed(network)) {
     auto policy = network_policy(net_mode, net_allow, net_deny);
     Client c = connect(g);
     if (!policy) {
@@ -704,7 +649,7 @@ int main_impl(int argc, char** argv) {
     std::cout << (json_out ? answer.dump(2) + "\n" : format_network_change(answer));
     return 0;
   }
-  if (logs->parsed()) {
+  if (parsed(logs)) {
     json records = connect(g).call("GET", "/v1/sandboxes/" + id + "/logs");
     if (json_out) {
       std::cout << records.dump(2) << "\n";
@@ -713,7 +658,7 @@ int main_impl(int argc, char** argv) {
     }
     return 0;
   }
-  if (inspect->parsed()) {
+  if (parsed(inspect)) {
     json j = connect(g).call("GET", "/v1/sandboxes/" + id + (posture ? "/posture" : ""));
     if (json_out || !posture)
       std::cout << j.dump(2) << "\n";
@@ -721,12 +666,12 @@ int main_impl(int argc, char** argv) {
       std::cout << format_posture(j);
     return 0;
   }
-  if (run_pool_command(pool, [&] { return connect(g); })) return 0;
-  if (probe->parsed()) {
+  if (full && run_pool_command(pool, [&] { return connect(g); })) return 0;
+  if (parsed(probe)) {
     Client c = connect(g);
     return run_probe(c, popts, g.paths());
   }
-  if (info->parsed()) {
+  if (parsed(info)) {
     json j = connect(g).call("GET", "/v1/info");
     if (json_out) {
       std::cout << j.dump(2) << "\n";
@@ -736,7 +681,7 @@ int main_impl(int argc, char** argv) {
     }
     return 0;
   }
-  if (image_build->parsed()) {
+  if (parsed(image_build)) {
     if (!recipe_build.file.empty())
       return run_recipe_build(connect(g), image_name, recipe_build, json_out);
     auto store = image_store(g);

@@ -13,7 +13,8 @@ struct DaemonPaths {
   std::filesystem::path image_dir;  // empty: the daemon's default
 };
 
-// Returns at once if a daemon answers on `paths.socket`. Otherwise starts
+// Returns at once if a daemon listens on `paths.socket` (Client::listening:
+// the connection carries the client's first request). Otherwise starts
 // `<exe dir>/airlockd --data-dir .. --socket ..` detached (own session, stdio
 // to <data dir>/airlockd.log) and waits up to `wait_s` for it to answer.
 // Throws Error(unavailable) naming the log file (and its last lines) if it
