@@ -228,7 +228,7 @@ void ProcTree::spawn(const ExecSpec& spec, int in_fd, int out_fd, int err_fd,
   } else {
     // A fresh cgroup: made ahead of time after the previous exec (the
     // server's spare), or now. Throws GuestError naming the mkdir.
-    cg_ = server_.take_cgroup();
+    cg_ = server_.take_cgroup(limits_.pids || limits_.memory_mb || limits_.cpu_seconds > 0);
     cgroup_ = cg_.path;
     auto set = [&](const char* file, const std::string& value, bool required) {
       if (write_str(cgroup_ + "/" + file, value.c_str()) != 0 && required) {
@@ -445,9 +445,9 @@ json ProcTree::outcome() const {
     reason = "killed";
   else if (cpu_killed_ || sig == SIGXCPU)
     reason = "cpu_limit";
-  else if (cgroup_value(cg_.events_fd, "memory.events", "oom_kill") > 0)
+  else if (cgroup_value(cg_.events_fd, "memory.events", "oom_kill") > cg_.base_oom_kills)
     reason = "oom_killed";
-  else if ((failed || timed_out_) && cgroup_value("pids.events", "max") > 0)
+  else if ((failed || timed_out_) && cgroup_value("pids.events", "max") > cg_.base_pids_max)
     reason = "pids_limit";
   else if (timed_out_)
     // The agent's own decision wins over the disk-space heuristic below: a
@@ -499,6 +499,15 @@ void ProcTree::release() {
   if (cpu_fd_ >= 0) server_.unwatch(cpu_fd_), close(cpu_fd_), cpu_fd_ = -1;
   if (pid_ > 0) server_.forget_child(pid_);
   pid_ = -1;
+  // An exec without limits that left nothing behind: its cgroup serves the
+  // next one (Server::recycle_cgroup). Its limits are never reset, so a
+  // limited exec's cgroup goes.
+  if (!cgroup_.empty() && cg_.fd >= 0 && !limits_.pids && !limits_.memory_mb &&
+      !(limits_.cpu_seconds > 0) && empty()) {
+    server_.recycle_cgroup(std::exchange(cg_, ExecCgroup{}));
+    cgroup_.clear();
+    return;
+  }
   cg_.close_fds();
   if (!cgroup_.empty()) {
     // (This runs once the exec's reply is out: the stream is destroyed

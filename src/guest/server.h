@@ -84,6 +84,12 @@ struct ExecCgroup {
   int fd = -1;
   int kill_fd = -1;    // cgroup.kill, O_WRONLY
   int events_fd = -1;  // memory.events, O_RDONLY
+  // Used before by an exec without limits and left empty
+  // (Server::recycle_cgroup): the cumulative counters as they were then,
+  // so the next exec reads only its own.
+  bool reused = false;
+  uint64_t base_oom_kills = 0;  // memory.events oom_kill
+  uint64_t base_pids_max = 0;   // pids.events max
   void close_fds();
 };
 
@@ -136,8 +142,14 @@ class Server {
   // set), owned by the caller from then on. Made ahead: the server keeps
   // one spare, made again after a reply went out, so the mkdir is neither
   // on an exec's path nor competing with its process for the vCPU. Throws
-  // GuestError if none can be made.
-  ExecCgroup take_cgroup();
+  // GuestError if none can be made. `fresh`: never one used before (an
+  // exec with limits: they are set on it, and it must not inherit what an
+  // earlier exec charged to it).
+  ExecCgroup take_cgroup(bool fresh);
+  // An exec without limits ended and left its cgroup empty: it becomes the
+  // spare (no rmdir now and no mkdir for the next exec: 2.7-3.2 ms each on
+  // the vCPU under TCG), or is removed if there is one already.
+  void recycle_cgroup(ExecCgroup cg);
   // Background execs (jobs.h); they outlive connections.
   Jobs& jobs() { return *jobs_; }
   uint64_t next_serial() { return ++serial_; }

@@ -162,17 +162,41 @@ class ExecTest(DaemonTestCase):
         self.assertGreater(info["mem_total_kb"], 0)
         self.assertGreater(info["disk_total_bytes"], 0)
 
-    def test_exec_runs_in_a_fresh_cgroup_of_its_own(self):
-        # The agent starts each exec's process inside a new cgroup
-        # (clone3 CLONE_INTO_CGROUP, src/guest/spawn.h); its children too.
-        seen = []
-        for argv in (["cat", "/proc/self/cgroup"], ["sh", "-c", "cat /proc/self/cgroup"]):
-            out, _, ex = self.api.exec(self.sid, argv=argv)
-            self.assertEqual(ex["exit_code"], 0)
-            line = out.decode().strip()
-            self.assertRegex(line, r"^0::/airlock/exec-\d+$")
-            seen.append(line)
-        self.assertNotEqual(seen[0], seen[1])
+    def test_exec_runs_in_a_cgroup_of_its_own(self):
+        # The agent starts each exec's process inside its own cgroup (clone3
+        # CLONE_INTO_CGROUP, src/guest/spawn.h); its children too. An exec
+        # without limits that left it empty hands it on to the next one
+        # (Server::recycle_cgroup): it is empty then, never shared.
+        own = ["sh", "-c", "cg=$(cut -d: -f3 /proc/self/cgroup); echo $cg; "
+               "cat /sys/fs/cgroup$cg/cgroup.procs /sys/fs/cgroup$cg/pids.max"]
+        out, _, ex = self.api.exec(self.sid, argv=["cat", "/proc/self/cgroup"])
+        self.assertEqual(ex["exit_code"], 0)
+        self.assertRegex(out.decode().strip(), r"^0::/airlock/exec-\d+$")
+        out, _, ex = self.api.exec(self.sid, argv=own)
+        lines = out.decode().split()
+        self.assertRegex(lines[0], r"^/airlock/exec-\d+$")
+        # Only the shell and its cat (1-2 pids); no pids limit.
+        self.assertIn(len(lines), (3, 4), lines)
+        self.assertEqual(lines[-1], "max")
+        # A background exec keeps its cgroup: a concurrent one gets another.
+        self.api.call("POST", f"/v1/sandboxes/{self.sid}/exec",
+                      {"cmd": "echo $(cut -d: -f3 /proc/self/cgroup) > /tmp/bg-cg; sleep 20",
+                       "background": True})
+        deadline = time.time() + 30
+        bg = b""
+        while not bg and time.time() < deadline:
+            bg = self.api.exec(self.sid, cmd="cat /tmp/bg-cg 2>/dev/null")[0].strip()
+            time.sleep(0.2)
+        self.assertRegex(bg.decode(), r"^/airlock/exec-\d+$")
+        out, _, _ = self.api.exec(self.sid, argv=own)
+        self.assertNotEqual(out.decode().split()[0].encode(), bg)
+        self.assertIn(len(out.decode().split()), (3, 4), out)
+        # An exec with limits gets a fresh cgroup with its limit; the next
+        # one without limits has none.
+        out, _, ex = self.api.exec(self.sid, argv=own, limits={"pids": 50})
+        self.assertEqual(out.decode().split()[-1], "50", out)
+        out, _, ex = self.api.exec(self.sid, argv=own)
+        self.assertEqual(out.decode().split()[-1], "max", out)
 
     def test_start_event_of_a_long_exec_is_not_held_back(self):
         # The agent holds an exec's started event up to 25 ms so that a short
