@@ -14,6 +14,7 @@
 #include <set>
 
 #include "common/error.h"
+#include "common/unique_fd.h"
 
 extern char** environ;
 
@@ -23,19 +24,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 constexpr std::size_t kMaxLine = 64 * 1024;
 
-// Closes an fd on scope exit; -1 means none.
-struct Fd {
-  int fd = -1;
-  Fd() = default;
-  explicit Fd(int f) : fd(f) {}
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  ~Fd() { reset(); }
-  void reset() {
-    if (fd >= 0) ::close(fd);
-    fd = -1;
-  }
-};
+using Fd = UniqueFd;
 
 void make_pipe(Fd& r, Fd& w) {
   int p[2];
@@ -238,10 +227,10 @@ SubprocessResult run_command(const std::vector<std::string>& argv,
   // the output pipes open.
   Fd pidfd(static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)));
 
-  Sink out_sink{OutputStream::out, &result.out, &result.out_truncated, options.max_output,
-                &options, {}};
-  Sink err_sink{OutputStream::err, &result.err, &result.err_truncated, options.max_output,
-                &options, {}};
+  Sink out_sink{OutputStream::out,  &result.out, &result.out_truncated,
+                options.max_output, &options,    {}};
+  Sink err_sink{OutputStream::err,  &result.err, &result.err_truncated,
+                options.max_output, &options,    {}};
   std::size_t input_off = 0;
   if (in_w.fd >= 0) ::fcntl(in_w.fd, F_SETFL, O_NONBLOCK);
 

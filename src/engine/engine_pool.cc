@@ -230,10 +230,7 @@ std::optional<SandboxInfo> Engine::Impl::take_pooled(const SandboxSpec& checked,
   // comes after (the member is not in `live` yet). A closed channel ends the
   // member; the caller then boots a fresh sandbox.
   try {
-    sb->channel->post({{"op", "set_time"},
-                       {"time_ns", std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                       std::chrono::system_clock::now().time_since_epoch())
-                                       .count()}});
+    sb->channel->post_host_time();
   } catch (const std::exception& e) {
     spdlog::warn("pool member {}: clock at hand-out not sent: {}", sb->id(), e.what());
     teardown_async(sb, "pool hand-out failed: the clock was not set");

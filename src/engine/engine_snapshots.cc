@@ -188,11 +188,7 @@ snapshots::Snapshot Engine::Impl::take_snapshot(Live& sb, const std::string& nam
       try {
         sb.vm->resume_cpus();
         // Its clock stood still with it: set it before any later request.
-        if (sb.channel)
-          sb.channel->post({{"op", "set_time"},
-                            {"time_ns", std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                            std::chrono::system_clock::now().time_since_epoch())
-                                            .count()}});
+        if (sb.channel) sb.channel->post_host_time();
       } catch (const std::exception& e) {
         spdlog::error("sandbox {}: cannot continue after snapshot: {}", id, e.what());
       }

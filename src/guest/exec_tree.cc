@@ -375,10 +375,9 @@ uint64_t ProcTree::cgroup_value(int fd, const std::string& file, const std::stri
   return value_of(buf, key);
 }
 
-uint64_t ProcTree::cgroup_value(const std::string& file, const std::string& key) const {
-  if (cgroup_.empty()) return 0;
+uint64_t cgroup_key(int dir_fd, const std::string& file, const std::string& key) {
   // Plain reads, no iostream set-up (some are read at every exec's end).
-  int fd = open((cgroup_ + "/" + file).c_str(), O_RDONLY | O_CLOEXEC);
+  int fd = openat(dir_fd, file.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return 0;
   char buf[4096];
   ssize_t n = read(fd, buf, sizeof buf - 1);
@@ -386,6 +385,11 @@ uint64_t ProcTree::cgroup_value(const std::string& file, const std::string& key)
   if (n <= 0) return 0;
   buf[n] = 0;
   return value_of(buf, key);
+}
+
+uint64_t ProcTree::cgroup_value(const std::string& file, const std::string& key) const {
+  if (cgroup_.empty()) return 0;
+  return cgroup_key(AT_FDCWD, cgroup_ + "/" + file, key);
 }
 
 void ProcTree::signal(int signo, bool from_host) {

@@ -65,6 +65,11 @@ struct ExecSpec {
   uint16_t cols = 80, rows = 24;
 };
 
+// The value of `key` in the cgroup file `file` ("key value" lines), read
+// relative to the directory open as `dir_fd` (AT_FDCWD: `file` is a path);
+// 0 if it cannot be read or has no such key.
+uint64_t cgroup_key(int dir_fd, const std::string& file, const std::string& key);
+
 // Parses {"cols": 1..4096, "rows": 1..4096} (`what` names the field in errors).
 void parse_winsize(const nlohmann::json& j, const std::string& what, uint16_t& cols,
                    uint16_t& rows);

@@ -653,27 +653,6 @@ ExecCgroup Server::take_cgroup(bool fresh) {
   return make_cgroup();
 }
 
-namespace {
-// The value of `key` in a cgroup's "key value" file, 0 if unreadable.
-uint64_t cgroup_key(int dir_fd, const char* file, const char* key) {
-  int fd = openat(dir_fd, file, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return 0;
-  char buf[1024];
-  ssize_t n = read(fd, buf, sizeof buf - 1);
-  close(fd);
-  if (n <= 0) return 0;
-  buf[n] = 0;
-  size_t klen = strlen(key);
-  for (char* line = buf; line && *line;) {
-    char* next = strchr(line, '\n');
-    if (strncmp(line, key, klen) == 0 && line[klen] == ' ')
-      return strtoull(line + klen + 1, nullptr, 10);
-    line = next ? next + 1 : nullptr;
-  }
-  return 0;
-}
-}  // namespace
-
 void Server::recycle_cgroup(ExecCgroup cg) {
   if (spare_.fd >= 0 || cg.fd < 0) {
     cg.close_fds();

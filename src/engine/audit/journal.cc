@@ -17,6 +17,7 @@
 #include <utility>
 
 #include "common/error.h"
+#include "common/unique_fd.h"
 
 namespace airlock::engine {
 namespace {
@@ -30,14 +31,6 @@ void check_id(const std::string& id) {
   }
   if (!ok) throw Error(Errc::invalid_argument, "invalid sandbox id '" + id + "'", "id");
 }
-
-// Closes a descriptor on every path out of a scope.
-struct FdGuard {
-  int fd;
-  ~FdGuard() {
-    if (fd >= 0) ::close(fd);
-  }
-};
 
 // One write of the whole line (see append), fsync'd for Durability::sync.
 void write_line(int fd, const std::string& line, Durability durability,
@@ -260,8 +253,8 @@ bool AuditJournal::append(const std::string& sandbox, const std::string& event,
   // record links to the one really before it.
   auto chain = chain_of(sandbox);
   std::lock_guard chain_lock(chain->mu);
-  FdGuard fd{::open(path.c_str(), O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW,
-                    0600)};  // owner only
+  UniqueFd fd{::open(path.c_str(), O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW,
+                     0600)};  // owner only
   if (fd.fd < 0) throw_errno("open audit journal " + path.string());
   int fl;
   do {
@@ -329,7 +322,7 @@ VerifyReport AuditJournal::verify(const std::string& sandbox) const {
 // other writers grew the file first, near its end), so only those two
 // windows are read, once per sandbox and process.
 bool AuditJournal::already_noted(const std::filesystem::path& path, uint64_t size) const {
-  FdGuard fd{::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW)};
+  UniqueFd fd{::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW)};
   if (fd.fd < 0) return false;
   uint64_t soft = limits_.max_bytes - limits_.lifecycle_reserve_bytes;
   uint64_t near_cap = soft > kNoteWindow ? soft - kNoteWindow : 0;

@@ -298,6 +298,12 @@ void GuestChannel::post(const nlohmann::json& request) {
   send(protocol::json_frame(Type::request, id, request));
 }
 
+void GuestChannel::post_host_time() {
+  auto now = std::chrono::system_clock::now().time_since_epoch();
+  post({{"op", "set_time"},
+        {"time_ns", std::chrono::duration_cast<std::chrono::nanoseconds>(now).count()}});
+}
+
 std::shared_ptr<GuestChannel::Stream> GuestChannel::register_stream(uint32_t id) {
   if (id == 0) throw Error(Errc::internal, "stream 0 is reserved for hello");
   std::lock_guard lock(mu_);

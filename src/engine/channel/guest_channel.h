@@ -140,6 +140,9 @@ class GuestChannel {
   // unread (an error answer is counted in ignored_messages()). Error
   // (guest_error) if the connection is closed.
   void post(const nlohmann::json& request);
+  // post()s `set_time` with the host's clock now: for a guest whose clock
+  // stood still (a stopped VM) or moved (a pool member's warm-up).
+  void post_host_time();
 
   // A fresh stream id (>= 1, never reused on this connection).
   uint32_t open_stream();

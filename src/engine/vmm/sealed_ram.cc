@@ -12,6 +12,7 @@
 
 #include "common/error.h"
 #include "common/process.h"
+#include "common/unique_fd.h"
 
 namespace airlock::vmm {
 
@@ -19,24 +20,15 @@ namespace {
 
 constexpr unsigned kSeals = F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL;
 
-// Closes an fd on scope exit unless released.
-struct FdGuard {
-  int fd;
-  ~FdGuard() {
-    if (fd >= 0) ::close(fd);
-  }
-  int release() { return std::exchange(fd, -1); }
-};
-
 }  // namespace
 
 std::shared_ptr<SealedRam> SealedRam::copy_of(const std::filesystem::path& file) {
   // Only the daemon's own regular file, never through a link.
-  FdGuard in{open_regular_nofollow(file)};
+  UniqueFd in{open_regular_nofollow(file)};
   if (in.fd < 0) throw_errno("open template RAM " + file.string());
   struct stat st {};
   if (::fstat(in.fd, &st) != 0) throw_errno("stat " + file.string());
-  FdGuard mem{::memfd_create("airlock-template-ram", MFD_CLOEXEC | MFD_ALLOW_SEALING)};
+  UniqueFd mem{::memfd_create("airlock-template-ram", MFD_CLOEXEC | MFD_ALLOW_SEALING)};
   if (mem.fd < 0) throw_errno("memfd_create");
   if (::ftruncate(mem.fd, st.st_size) != 0) throw_errno("size template RAM memfd");
   std::vector<char> buf(1 << 20);
@@ -62,7 +54,7 @@ std::shared_ptr<SealedRam> SealedRam::copy_of(const std::filesystem::path& file)
 }
 
 std::shared_ptr<SealedRam> SealedRam::seal(int fd, uint64_t size) {
-  FdGuard mem{fd};
+  UniqueFd mem{fd};
   if (::fcntl(mem.fd, F_ADD_SEALS, kSeals) != 0) throw_errno("seal RAM memfd");
   return std::shared_ptr<SealedRam>(new SealedRam(mem.release(), size));
 }

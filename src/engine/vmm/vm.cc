@@ -18,6 +18,7 @@
 #include "common/error.h"
 #include "common/phases.h"
 #include "common/process.h"
+#include "common/unique_fd.h"
 #include "engine/vmm/console.h"
 #include "engine/vmm/jail.h"
 #include "engine/vmm/qmp.h"
@@ -633,19 +634,6 @@ uint64_t Vm::save_state(const fs::path& path, std::chrono::milliseconds timeout)
 
 namespace {
 
-// Closes an fd on scope exit (or at reset()).
-struct FdGuard {
-  int fd;
-  explicit FdGuard(int f) : fd(f) {}
-  FdGuard(const FdGuard&) = delete;
-  FdGuard& operator=(const FdGuard&) = delete;
-  ~FdGuard() { reset(); }
-  void reset() {
-    if (fd >= 0) ::close(fd);
-    fd = -1;
-  }
-};
-
 // Stops the guest and migrates its whole state (RAM included) into `fd`,
 // which QEMU takes over; returns when QEMU reports the migration complete.
 void migrate_full(QmpClient& qmp, int fd, Clock::time_point deadline,
@@ -694,9 +682,9 @@ SplitStream Vm::save_memory_split(const fs::path& device_path, std::chrono::mill
   // writing into a pipe read by a parser thread took 2-4x longer under TCG
   // on 2 busy cores than writing a file and parsing it afterwards; and with
   // the file, the VM can continue (`saved`) before the split.
-  FdGuard whole{::open(device_path.parent_path().c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600)};
+  UniqueFd whole{::open(device_path.parent_path().c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600)};
   if (whole.fd < 0) throw_errno("create a temporary file in " + device_path.parent_path().string());
-  FdGuard dev{
+  UniqueFd dev{
       ::open(device_path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600)};
   if (dev.fd < 0) throw_errno("create " + device_path.string());
   Phases ph("split save " + impl_->config.id);
