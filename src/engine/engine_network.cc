@@ -21,6 +21,7 @@
 
 #include "common/error.h"
 #include "common/process.h"
+#include "common/signals.h"
 #include "engine/engine.h"
 #include "engine/engine_impl.h"
 #include "engine/net/intake.h"
@@ -158,12 +159,7 @@ pid_t start_net_helper(const Config& cfg, const std::string& /*id*/, const fs::p
     ::setsid();
     pid_t grandchild = ::fork();
     if (grandchild != 0) ::_exit(grandchild < 0 ? 1 : 0);
-    sigset_t none;
-    sigemptyset(&none);
-    ::sigprocmask(SIG_SETMASK, &none, nullptr);
-    struct sigaction dfl {};
-    dfl.sa_handler = SIG_DFL;
-    for (int s = 1; s < NSIG; ++s) ::sigaction(s, &dfl, nullptr);
+    reset_signals();
     ::dup2(devnull, 0);
     ::dup2(out[1], 1);
     ::dup2(log, 2);

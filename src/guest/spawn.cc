@@ -14,6 +14,8 @@
 #include <cstring>
 #include <memory>
 
+#include "common/signals.h"
+
 extern char** environ;
 
 namespace airlock::guest {
@@ -102,10 +104,7 @@ void exec_program(char* const* argv) {
   if (c.trace) c.trace->child = monotonic_us();
   // Dispositions: exec resets handled signals, not ignored ones (the agent
   // ignores SIGPIPE). Without CLONE_SIGHAND this is the child's own table.
-  for (int s = 1; s < NSIG; ++s) signal(s, SIG_DFL);
-  sigset_t none;
-  sigemptyset(&none);
-  sigprocmask(SIG_SETMASK, &none, nullptr);
+  reset_signals();
   // Own session and process group: user code never shares the agent's,
   // and the group is the fallback tree kill.
   setsid();

@@ -5,10 +5,13 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/vfs.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <array>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -60,6 +63,12 @@ TEST(Spawn, RunsWithEnvCwdAndDefaultSignals) {
   sigset_t old;
   sigprocmask(SIG_BLOCK, &chld, &old);
   auto old_pipe = signal(SIGPIPE, SIG_IGN);
+  // A parent may also hand us glibc's own real-time signals ignored (a CI
+  // runner did): glibc's signal() cannot reset those, the child must anyway.
+  std::array<unsigned long, 4> ign{1, 0, 0, 0};  // SIG_IGN
+  std::array<std::array<unsigned long, 4>, 2> old_rt{};
+  for (int s : {32, 33})
+    ASSERT_EQ(syscall(SYS_rt_sigaction, s, ign.data(), old_rt[s - 32].data(), sizeof(uint64_t)), 0);
   char** env_before = environ;
   for (SpawnMethod m : kMethods) {
     SCOPED_TRACE(name(m));
@@ -88,6 +97,8 @@ TEST(Spawn, RunsWithEnvCwdAndDefaultSignals) {
   EXPECT_FALSE(sigismember(&now, SIGTERM));
   sigprocmask(SIG_SETMASK, &old, nullptr);
   signal(SIGPIPE, old_pipe);
+  for (int s : {32, 33})
+    syscall(SYS_rt_sigaction, s, old_rt[s - 32].data(), nullptr, sizeof(uint64_t));
 }
 
 TEST(Spawn, OwnSessionAndStdio) {

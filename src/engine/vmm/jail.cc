@@ -25,6 +25,7 @@
 
 #include "common/error.h"
 #include "common/process.h"
+#include "common/signals.h"
 #include "common/subprocess.h"
 #include "engine/vmm/jail_ids.h"
 
@@ -45,7 +46,7 @@ struct Jail::Op {
 namespace {
 
 const fs::path kLeaseDir = "/run/airlock/jail-leases";
-constexpr const char* kRootName = ".jail";  // the new root's mount point, in run_dir
+constexpr const char* kRootName = ".jail";    // the new root's mount point, in run_dir
 constexpr const char* kKvmNode = "kvm.node";  // the jail's own KVM node, in run_dir
 constexpr rlim_t kNofile = 4096;
 constexpr rlim_t kNproc = 1024;
@@ -534,12 +535,7 @@ pid_t Jail::spawn(const std::vector<std::string>& argv, int out_fd) const {
       write_all(rep, &grandchild, sizeof(grandchild));
       ::_exit(0);
     }
-    sigset_t all;
-    sigemptyset(&all);
-    ::sigprocmask(SIG_SETMASK, &all, nullptr);
-    struct sigaction dfl {};
-    dfl.sa_handler = SIG_DFL;
-    for (int sig = 1; sig < NSIG; ++sig) ::sigaction(sig, &dfl, nullptr);
+    reset_signals();
     if (mode != JailMode::none) {
       if (::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0)
         child_fail(rep, st_private);
@@ -674,7 +670,7 @@ std::vector<std::string> release_jail(const fs::path& run_dir_in) {
   std::error_code ec;
   fs::path run_dir = fs::absolute(run_dir_in, ec).lexically_normal();
   ::rmdir((run_dir / kRootName).c_str());  // the host side is an empty directory
-  ::unlink((run_dir / kKvmNode).c_str());   // a device node outlives nothing of ours
+  ::unlink((run_dir / kKvmNode).c_str());  // a device node outlives nothing of ours
   for (const auto& e : fs::directory_iterator(kLeaseDir, ec)) {
     auto lines = read_lines(e.path());
     if (lines.empty() || lines[0] != run_dir.string()) continue;

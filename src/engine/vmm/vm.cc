@@ -18,6 +18,7 @@
 #include "common/error.h"
 #include "common/phases.h"
 #include "common/process.h"
+#include "common/signals.h"
 #include "common/unique_fd.h"
 #include "engine/vmm/console.h"
 #include "engine/vmm/jail.h"
@@ -188,12 +189,7 @@ pid_t spawn_detached(const std::vector<std::string>& argv, const fs::path& run_d
     ::setsid();
     pid_t grandchild = ::fork();
     if (grandchild != 0) ::_exit(grandchild < 0 ? 1 : 0);
-    sigset_t all;
-    sigemptyset(&all);
-    ::sigprocmask(SIG_SETMASK, &all, nullptr);
-    struct sigaction dfl {};
-    dfl.sa_handler = SIG_DFL;
-    for (int s = 1; s < NSIG; ++s) ::sigaction(s, &dfl, nullptr);  // e.g. SIGPIPE ignored
+    reset_signals();  // e.g. SIGPIPE ignored
     int inherited = inherit_fd >= 0 ? ::fcntl(inherit_fd, F_DUPFD, 16) : -1;
     ::dup2(devnull, 0);
     ::dup2(log, 1);
