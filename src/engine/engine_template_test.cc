@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <chrono>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -12,6 +13,7 @@
 #include <thread>
 
 #include "common/error.h"
+#include "common/process.h"
 #include "engine/engine.h"
 #include "engine/engine_test_support.h"
 
@@ -66,6 +68,15 @@ TEST_F(TemplateTest, ClonesOfOneTemplateDoNotLookLikeClones) {
                        .count();
     EXPECT_LE(std::llabs(host - guest), 1) << id;
   }
+  // A clone never boots: its QEMU gets the kernel's boot header, not the
+  // kernel and initrd it would otherwise keep in memory (kernel_head.h).
+  std::vector<std::string> argv = proc_cmdline(a.pid);
+  auto kernel = std::find(argv.begin(), argv.end(), "-kernel");
+  ASSERT_NE(kernel, argv.end());
+  ASSERT_NE(kernel + 1, argv.end());
+  EXPECT_EQ(fs::path(kernel[1]).filename(), "kernel.head") << kernel[1];
+  EXPECT_LT(fs::file_size(kernel[1]), 160u * 1024);
+  EXPECT_EQ(std::find(argv.begin(), argv.end(), "-initrd"), argv.end());
   // Each clone writes its own disk: a file in one is not in the other.
   sh(e, a.id, "echo mine > /root/only-a");
   int code = 0;
