@@ -26,6 +26,10 @@ taken inside the run. Minimal image, 1 vCPU, 256 MiB unless said otherwise.
                  (clone; and "networked pool hit": a pool of members with a NIC)
   clone          create -> exec result, daemon with templates and no pool
   cold           the same, daemon with --no-templates (plus plain QEMU boot)
+  refill         a pool of 4 drained by one client (create, exec `true`,
+                 delete, four times): that client's cycle, and the time until
+                 the pool is full again per member (the first starts on the
+                 pool's next tick, <= 500 ms)
   burst          20 creates at once against a pool of 4; 50 concurrent creates
   idle PSS       --idle N minimal sandboxes alive at once, PSS per QEMU
   debian python  `airlock run --image debian -- python3 -c 'print(1)'` (only
@@ -36,7 +40,7 @@ delete phase by phase (src/engine/trace.h), and the breakdown printed at the
 end is the median of each phase.
 
 Usage: sudo AIRLOCK_IMAGE_DIR=... python3 bench/start.py [--runs 30] [--py-runs 5]
-           [--cold-runs 5] [--idle 0] [--skip pool,cli,clone,net,netpool,cold,burst,debian]
+           [--cold-runs 5] [--idle 0] [--skip pool,cli,clone,net,netpool,cold,refill,burst,debian]
 """
 
 import argparse
@@ -280,7 +284,7 @@ def main():
     ap.add_argument("--idle", type=int, default=0)
     ap.add_argument("--pool", type=int, default=2)
     ap.add_argument("--skip", default="", help="comma-separated sections: pool, cli, clone, net, "
-                    "netpool, cold, burst, debian")
+                    "netpool, cold, refill, burst, debian")
     args = ap.parse_args()
     skip = set(filter(None, args.skip.split(",")))
     R, fails = {}, {}
@@ -396,6 +400,25 @@ def main():
         finally:
             cold.tearDownClass()
 
+    # --- refill: a drained pool of 4 against one client's consumption -------
+    if "refill" not in skip:
+        f = daemon("Refill", ["--pool", "minimal=4"])
+        try:
+            R["client cycle (pool hit)"], R["refill per member"] = [], []
+            for _ in range(max(1, args.runs // 5)):
+                wait_pool(f.api, 4)
+                for _ in range(4):  # one client: create, exec, delete, again
+                    t0 = time.monotonic()
+                    sb = f.api.create(**SPEC)
+                    f.api.exec(sb["id"], argv=["true"])
+                    f.api.delete(sb["id"])
+                    R["client cycle (pool hit)"].append(ms_since(t0))
+                t0 = time.monotonic()
+                wait_pool(f.api, 4)
+                R["refill per member"].append(ms_since(t0) / 4)
+        finally:
+            f.tearDownClass()
+
     # --- burst against a pool of 4, 50 concurrent ---------------------------
     if "burst" not in skip:
         b = daemon("Burst", ["--pool", "minimal=4"])
@@ -485,6 +508,7 @@ def main():
     ratio("clone", "runsc true (clone runs)", "clone / runsc true")
     ratio("networked pool hit", "runsc true", "networked pool hit / runsc true")
     ratio("exec true (same sb)", "guest spawn", "exec true / guest spawn")
+    ratio("refill per member", "client cycle (pool hit)", "refill / one client's cycle")
     ratio("debian python run", "runsc python", "debian python / runsc python")
     for a, b in (("cli to socket", "spawn /bin/true"), ("cli run to socket", "spawn /bin/true"),
                  ("cli cpu (ls)", "cpu /bin/true"), ("cli cpu (run)", "cpu /bin/true")):

@@ -70,6 +70,11 @@ struct Config {
   int pool_learn_shapes = 0;
   int pool_learn_memory_mb = 1024;
   int pool_learn_idle_s = 300;
+  // The pool thread's period: it looks at its slots (dead members, memory
+  // pressure, learned shapes gone idle) and starts refilling this long after
+  // a hand-out; a refill then goes on member after member until the slots
+  // are full.
+  int pool_tick_ms = 500;
   // Agent liveness (docs/design.md, "Failure states"): the reaper pings each
   // running sandbox's agent every agent_ping_interval_ms; one unanswered
   // for agent_ping_timeout_ms fails the sandbox as `agent_lost`.

@@ -373,6 +373,17 @@ TEST_F(EngineFake, PoolHandsOutAWarmMember) {
   engine.set_pool("minimal", 0);
 }
 
+// A fill goes on member after member until the slot is full: with a tick of
+// a minute, a pool of 3 fills (set_pool wakes the thread once) well within
+// the first tick.
+TEST_F(EngineFake, PoolFillsMemberAfterMemberWithoutWaitingForTicks) {
+  cfg_.pool_tick_ms = 60'000;
+  Engine engine(cfg_);
+  engine.set_pool("minimal", 3);
+  ASSERT_TRUE(eventually([&] { return engine.pool_info()[0]["ready"] == 3; }, 40s))
+      << engine.pool_info().dump();
+}
+
 // Installs image "warm" (minimal's files, symlinked, plus `warmup` in its
 // config) in an image dir of the test's own, and points cfg_ at it.
 void install_warm_image(Config& cfg, const fs::path& data, const std::vector<std::string>& warmup) {

@@ -343,8 +343,11 @@ struct Engine::Impl {
   void kill_foreground_execs(Live& sb, std::chrono::milliseconds wait);
 
   // Warm pool (engine_pool.cc).
-  std::mutex pool_mu;  // pool_slots, pool_retired, pool_counts, pool_stopping
+  std::mutex pool_mu;  // pool_slots, pool_retired, pool_counts, pool_stopping, pool_kicked
   std::condition_variable pool_wake;
+  // The slots changed (set_pool): look now, not on the next tick. A flag and
+  // not just the notify, which is lost if the thread is not waiting yet.
+  bool pool_kicked = false;
   std::map<PoolKey, PoolSlot> pool_slots;
   // Members of slots removed on a create's path (a learned slot evicted):
   // the pool thread tears them down, off the create's hot path.

@@ -31,7 +31,6 @@ constexpr int kMaxPoolSize = 64;
 // this: enough for an agent's create-use-delete loop and a small burst,
 // small enough that guessing wrong costs little.
 constexpr int kLearnedMaxTarget = 2;
-constexpr auto kPoolTick = std::chrono::milliseconds(500);
 
 PoolKey key_of(const SandboxSpec& s) {
   return {s.image, s.cpus, s.memory_mb, s.disk_mb, network_enabled(s.network)};
@@ -292,8 +291,15 @@ std::optional<SandboxInfo> Engine::Impl::take_pooled(const SandboxSpec& checked,
 
 void Engine::Impl::pool_loop() {
   std::unique_lock lock(pool_mu);
+  // A member was just added and a slot still wants more: the next one starts
+  // at once instead of a tick later (a pool of 4 refilled in 4 clones' time,
+  // not 4 ticks more), so refills keep up with a client that drains it.
+  bool more = false;
   while (!pool_stopping) {
-    pool_wake.wait_for(lock, kPoolTick);
+    if (!more)
+      pool_wake.wait_for(lock, std::chrono::milliseconds(cfg.pool_tick_ms),
+                         [&] { return pool_stopping || pool_kicked; });
+    more = pool_kicked = false;
     if (pool_stopping) break;
     // Collect what to do under the lock; do it (slow: VMs) outside.
     std::vector<std::shared_ptr<Live>> drop;
@@ -369,6 +375,8 @@ void Engine::Impl::pool_loop() {
         bool wanted = !pool_stopping && it != pool_slots.end() &&
                       static_cast<int>(it->second.ready.size()) < it->second.target;
         if (wanted) it->second.ready.push_back(sb);
+        for (const auto& [key, slot] : pool_slots)
+          more |= wanted && static_cast<int>(slot.ready.size()) < slot.target;
         lock.unlock();
         if (!wanted)
           teardown(*sb, State::deleted, "not needed by the warm pool any more", "deleted");
@@ -463,6 +471,7 @@ nlohmann::json Engine::set_pool(const std::string& image, int size, const nlohma
       slot.learned = false;  // the operator's from now on: learning leaves it alone
       slot.last_used_ms = steady_ms();
     }
+    impl.pool_kicked = true;
   }
   for (auto& m : old) impl.teardown(*m, State::deleted, "warm pool slot removed", "deleted");
   impl.pool_wake.notify_all();
