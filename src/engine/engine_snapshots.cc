@@ -172,6 +172,18 @@ snapshots::Snapshot Engine::Impl::take_snapshot(Live& sb, const std::string& nam
     }
   }
   ph.mark("guest sync");
+  // Its RAM mapped into QEMU while it still runs, so that the save below
+  // does not take a page fault per page with the guest stopped (a fresh
+  // clone's first save: ~0.7 s of pause; vmm/ram_prefault.h). Once per QEMU.
+  uint64_t prefaulted = 0;  // on record: 0 once this QEMU has been saved before
+  if (from == State::running && memory && sb.vm) {
+    try {
+      prefaulted = sb.vm->prefault_ram();
+    } catch (const std::exception& e) {
+      spdlog::warn("sandbox {}: prefault before snapshot: {}", id, e.what());
+    }
+  }
+  ph.mark("prefault");
   snapshots::Staging st = snaps->stage(name);  // conflict if the name is taken
   ScopeGuard drop([&] { snaps->abandon(st); });
   sb.transition(from, State::snapshotting,
@@ -307,7 +319,8 @@ snapshots::Snapshot Engine::Impl::take_snapshot(Live& sb, const std::string& nam
                     {"memory", memory},
                     {"bytes", done.bytes},
                     {"took_ms", done.took_ms},
-                    {"paused_ms", done.paused_ms}});
+                    {"paused_ms", done.paused_ms},
+                    {"prefaulted_bytes", prefaulted}});
   } catch (const std::exception& e) {
     spdlog::error("sandbox {}: audit: {}", id, e.what());
   }

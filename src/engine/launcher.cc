@@ -28,6 +28,7 @@ class QemuVm final : public VmHandle {
   }
   void stop_cpus() override { vm_->stop_cpus(); }
   void resume_cpus() override { vm_->resume_cpus(); }
+  uint64_t prefault_ram() override { return vm_->prefault_ram(); }
   std::string ram_block() const override { return vm_->ram_block(); }
   void kill() override { vm_->kill(); }
 

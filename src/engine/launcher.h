@@ -58,6 +58,9 @@ class VmHandle {
   }
   virtual void stop_cpus() = 0;
   virtual void resume_cpus() = 0;
+  // Before a save from a running VM (vmm::Vm::prefault_ram); by default
+  // nothing to do.
+  virtual uint64_t prefault_ram() { return 0; }
   // vmm::VmConfig::ram_block for a restore of this VM's saved state.
   virtual std::string ram_block() const = 0;
   // SIGKILL, wait until gone, release what the VMM holds (cgroup, uid

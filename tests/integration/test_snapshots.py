@@ -416,6 +416,29 @@ class SnapshotTest(DaemonTestCase):
             else:
                 self.api.call("DELETE", f"/v1/snapshots/clock-{kind}")
 
+    def test_d3_first_save_maps_the_ram_while_the_guest_runs(self):
+        # A fresh clone's first memory save reads its whole RAM into QEMU's
+        # page tables before the guest stops (vmm/ram_prefault.h), once per
+        # QEMU: the journal's `snapshot` records say how much.
+        sid = self.api.create(timeout=3600)["id"]
+        try:
+            mib = self.api.call("GET", f"/v1/sandboxes/{sid}")["memory_mb"]
+            for name in ("pf-1", "pf-2"):
+                self.snap(name, memory=True, sid=sid)
+            recs = [e for e in self.api.call("GET", f"/v1/sandboxes/{sid}/events")
+                    if e.get("event") == "snapshot"]
+            self.assertEqual([r["prefaulted_bytes"] for r in recs], [mib << 20, 0], recs)
+            # And the guest went on as if nothing happened.
+            self.assertEqual(self.api.exec(sid, argv=["echo", "ok"])[0], b"ok\n")
+        finally:
+            self.api.delete(sid)
+            for name in ("pf-1", "pf-2"):
+                try:
+                    self.api.call("DELETE", f"/v1/snapshots/{name}")
+                except ApiError as e:
+                    if e.status != 404:
+                        raise
+
     def test_e_corrupt_snapshot_is_refused(self):
         self.snap("bad1")
         layer = os.path.join(self.data_dir, "snapshots", "bad1", "layer.qcow2")

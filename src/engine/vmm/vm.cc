@@ -24,6 +24,7 @@
 #include "engine/vmm/jail.h"
 #include "engine/vmm/kernel_head.h"
 #include "engine/vmm/qmp.h"
+#include "engine/vmm/ram_prefault.h"
 #include "engine/vmm/sealed_ram.h"
 
 namespace airlock::vmm {
@@ -503,6 +504,7 @@ struct Vm::Impl {
   std::vector<std::string> argv;
   pid_t pid = -1;
   std::unique_ptr<ConsoleCapture> console;
+  bool prefaulted = false;  // prefault_ram() has run for this QEMU
 };
 
 Vm::Vm(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -742,6 +744,12 @@ void Vm::stop_cpus() {
 void Vm::resume_cpus() {
   QmpClient qmp = QmpClient::connect(impl_->config.run_dir / "qmp.sock", kQmpTimeout);
   qmp.execute("cont");
+}
+
+uint64_t Vm::prefault_ram() {
+  if (impl_->prefaulted || !is_our_qemu(impl_->pid, impl_->config.run_dir)) return 0;
+  impl_->prefaulted = true;
+  return prefault_guest_ram(impl_->pid, static_cast<uint64_t>(impl_->config.memory_mb) << 20);
 }
 
 std::string Vm::ram_block() const {
