@@ -545,6 +545,26 @@ uint64_t GuestChannel::write_stdin(uint32_t id, const ChunkSource& source, bool 
   return sent;
 }
 
+void GuestChannel::wait_stdin_taken(uint32_t id, const std::function<bool()>& cancelled) {
+  std::unique_lock lock(mu_);
+  auto it = streams_.find(id);
+  if (it == streams_.end()) return;  // the exec has ended
+  std::shared_ptr<Stream> st = it->second;
+  auto ready = [&] {
+    return st->send_window >= protocol::kInitialCredit || st->done || closed_ ||
+           !st->failed.empty();
+  };
+  while (!st->cv.wait_for(lock, std::chrono::milliseconds(200), ready)) {
+    if (!cancelled) continue;
+    lock.unlock();
+    bool stop = cancelled();  // outside mu_: it may poll a socket
+    lock.lock();
+    if (stop && !ready())
+      throw Error(Errc::unavailable, "the writer of the exec's stdin went away");
+  }
+  if (closed_ && !st->done) throw Error(Errc::guest_error, "guest agent connection lost: " + why_);
+}
+
 void GuestChannel::exec_event(const Frame& f, bool& started, bool output_seen,
                               const ExecHandlers& handlers) {
   const std::string where = "exec event on stream " + std::to_string(f.stream);

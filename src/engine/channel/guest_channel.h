@@ -172,6 +172,12 @@ class GuestChannel {
   // with Error(unavailable) (the HTTP client went away).
   uint64_t write_stdin(uint32_t stream, const ChunkSource& source, bool eof,
                        const std::function<bool()>& cancelled = {});
+  // Waits until the guest has taken every byte write_stdin() sent on
+  // `stream` (its credit is all back: written into the process's pipe), or
+  // the exec has ended. Until then the bytes may still be in transit (in
+  // QEMU's socket buffer), where a daemon killed now would lose them. The
+  // same errors and `cancelled` as write_stdin; an ended exec is no error.
+  void wait_stdin_taken(uint32_t stream, const std::function<bool()>& cancelled = {});
   // The same for a background exec started with "stdin": true, on a
   // job_stdin stream of its own: returns the guest's {"stdin_bytes",
   // "stdin_total", "stdin_closed"}; `close` closes the job's stdin after.
