@@ -101,6 +101,16 @@ class ShellTest(DaemonTestCase):
     def keys(self, name, *keys):
         self.tmux("send-keys", "-t", name, *keys)
 
+    def type_until(self, name, line, text, timeout):
+        """Types `line` + Enter every 0.5 s until `text` is on the screen."""
+        deadline = time.time() + timeout
+        while True:
+            self.keys(name, line, "Enter")
+            time.sleep(0.5)
+            if text in self.screen(name) or time.time() > deadline:
+                break
+        self.assertIn(text, self.screen(name))
+
     def test_shell_vi_resize_ctrl_c_and_exit_code(self):
         name, code, stty = self.start(f"{AIRLOCK} shell {self.sid}")
         # Computed in the guest, so the typed command line cannot match.
@@ -114,13 +124,7 @@ class ShellTest(DaemonTestCase):
 
         # The window grows: the guest's terminal follows (SIGWINCH -> resize).
         self.tmux("resize-window", "-t", name, "-x", "120", "-y", "40")
-        deadline = time.time() + 10
-        while True:
-            self.keys(name, "clear; stty size", "Enter")
-            time.sleep(0.5)
-            if "40 120" in self.screen(name) or time.time() > deadline:
-                break
-        self.assertIn("40 120", self.screen(name))
+        self.type_until(name, "clear; stty size", "40 120", 10)
 
         # A full-screen program: vi draws its status line on the last row,
         # and redraws there when the window shrinks under it.
@@ -158,13 +162,7 @@ class ShellTest(DaemonTestCase):
         # The shell is back once it answers: keys typed in the moment between
         # vi's exit and the shell reading again were seen lost (a line that
         # lost its first word; not traced further), so ask until it answers.
-        deadline = time.time() + 15
-        while True:
-            self.keys(name, "clear; echo BACK-$((2*3))", "Enter")
-            time.sleep(0.5)
-            if "BACK-6" in self.screen(name) or time.time() > deadline:
-                break
-        self.assertIn("BACK-6", self.screen(name))
+        self.type_until(name, "clear; echo BACK-$((2*3))", "BACK-6", 15)
         self.keys(name, "clear; cat /tmp/typed.txt | tr a-z A-Z", "Enter")
         self.wait_screen(name, "HELLO FROM VI")
 

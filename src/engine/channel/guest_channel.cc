@@ -508,15 +508,10 @@ uint64_t GuestChannel::write_stdin(uint32_t id, const ChunkSource& source, bool 
   // Waits for credit and takes up to `want` bytes of it.
   auto take = [&](size_t want) -> uint32_t {
     std::unique_lock lock(mu_);
-    auto ready = [&] { return st->send_window > 0 || st->done || closed_ || !st->failed.empty(); };
-    while (!st->cv.wait_for(lock, std::chrono::milliseconds(200), ready)) {
-      if (!cancelled) continue;
-      lock.unlock();
-      bool stop = cancelled();  // outside mu_: it may poll a socket
-      lock.lock();
-      if (stop && !ready())
-        throw Error(Errc::unavailable, "the writer of the exec's stdin went away");
-    }
+    wait_stream(
+        lock, *st,
+        [&] { return st->send_window > 0 || st->done || closed_ || !st->failed.empty(); },
+        cancelled);
     if (closed_) throw Error(Errc::guest_error, "guest agent connection lost: " + why_);
     if (st->done || !st->failed.empty())
       throw Error(Errc::conflict, "the exec has ended; its stdin is closed");
@@ -542,19 +537,23 @@ uint64_t GuestChannel::write_stdin(uint32_t id, const ChunkSource& source, bool 
     }
     send(Frame{Type::eof, kIn, id, {}});
   }
+  // Until the guest's credit is all back, what was sent may be in transit.
+  std::unique_lock lock(mu_);
+  wait_stream(
+      lock, *st,
+      [&] {
+        return st->send_window >= protocol::kInitialCredit || st->done || closed_ ||
+               !st->failed.empty();
+      },
+      cancelled);
+  if (closed_ && !st->done) throw Error(Errc::guest_error, "guest agent connection lost: " + why_);
   return sent;
 }
 
-void GuestChannel::wait_stdin_taken(uint32_t id, const std::function<bool()>& cancelled) {
-  std::unique_lock lock(mu_);
-  auto it = streams_.find(id);
-  if (it == streams_.end()) return;  // the exec has ended
-  std::shared_ptr<Stream> st = it->second;
-  auto ready = [&] {
-    return st->send_window >= protocol::kInitialCredit || st->done || closed_ ||
-           !st->failed.empty();
-  };
-  while (!st->cv.wait_for(lock, std::chrono::milliseconds(200), ready)) {
+void GuestChannel::wait_stream(std::unique_lock<std::mutex>& lock, Stream& st,
+                               const std::function<bool()>& ready,
+                               const std::function<bool()>& cancelled) {
+  while (!st.cv.wait_for(lock, std::chrono::milliseconds(200), ready)) {
     if (!cancelled) continue;
     lock.unlock();
     bool stop = cancelled();  // outside mu_: it may poll a socket
@@ -562,7 +561,6 @@ void GuestChannel::wait_stdin_taken(uint32_t id, const std::function<bool()>& ca
     if (stop && !ready())
       throw Error(Errc::unavailable, "the writer of the exec's stdin went away");
   }
-  if (closed_ && !st->done) throw Error(Errc::guest_error, "guest agent connection lost: " + why_);
 }
 
 void GuestChannel::exec_event(const Frame& f, bool& started, bool output_seen,

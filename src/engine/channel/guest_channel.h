@@ -165,19 +165,15 @@ class GuestChannel {
   // data frames within the guest's credit window, and the next chunk is
   // pulled only once the previous one is on the wire: a process that does
   // not read blocks this call (and so its source), never grows memory.
-  // Returns the bytes sent. Error(conflict) if the exec has ended (also
-  // when it ends during the call), Error(guest_error) if the connection is
-  // lost. Callers serialise writes to one stream. While it waits for
-  // credit, `cancelled` (if given) is asked every 200 ms; true ends the call
-  // with Error(unavailable) (the HTTP client went away).
+  // Returns once the guest has taken every byte (its credit is all back:
+  // written into the process's pipe) or the exec has ended: bytes still in
+  // transit (QEMU's socket buffer) would be lost with a killed daemon, and
+  // the caller tells its client they are in. Returns the bytes sent. Error(conflict) if the exec
+  // has ended (also when it ends during the call), Error(guest_error) if the connection is lost.
+  // Callers serialise writes to one stream. While it waits for credit, `cancelled` (if given) is
+  // asked every 200 ms; true ends the call with Error(unavailable) (the HTTP client went away).
   uint64_t write_stdin(uint32_t stream, const ChunkSource& source, bool eof,
                        const std::function<bool()>& cancelled = {});
-  // Waits until the guest has taken every byte write_stdin() sent on
-  // `stream` (its credit is all back: written into the process's pipe), or
-  // the exec has ended. Until then the bytes may still be in transit (in
-  // QEMU's socket buffer), where a daemon killed now would lose them. The
-  // same errors and `cancelled` as write_stdin; an ended exec is no error.
-  void wait_stdin_taken(uint32_t stream, const std::function<bool()>& cancelled = {});
   // The same for a background exec started with "stdin": true, on a
   // job_stdin stream of its own: returns the guest's {"stdin_bytes",
   // "stdin_total", "stdin_closed"}; `close` closes the job's stdin after.
@@ -244,6 +240,11 @@ class GuestChannel {
 
  private:
   struct Stream;
+  // Waits on `st` until ready() (checked under mu_, held by `lock`), asking
+  // `cancelled` every 200 ms outside the lock: true ends the wait with
+  // Error(unavailable) (the writer of the exec's stdin went away).
+  void wait_stream(std::unique_lock<std::mutex>& lock, Stream& st,
+                   const std::function<bool()>& ready, const std::function<bool()>& cancelled);
   explicit GuestChannel(int fd);
 
   void reader_loop();

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 
@@ -39,15 +40,17 @@ std::string read_prefix(int fd, size_t n) {
 std::string kernel_head(const std::filesystem::path& bzimage) {
   UniqueFd fd{::open(bzimage.c_str(), O_RDONLY | O_CLOEXEC)};
   if (fd.fd < 0) return {};
-  std::string head = read_prefix(fd.fd, kMagicOffset + sizeof kMagic);
+  // The most setup there can be (255 sectors + the boot sector) and a page.
+  std::string head = read_prefix(fd.fd, 256 * 512 + kKernelHeadPayload);
   if (head.size() < kMagicOffset + sizeof kMagic ||
       std::memcmp(head.data() + kMagicOffset, kMagic, sizeof kMagic) != 0)
     return {};
   size_t sects = static_cast<uint8_t>(head[kSetupSectsOffset]);
   size_t setup = ((sects == 0 ? 4 : sects) + 1) * 512;
-  std::string out = read_prefix(fd.fd, setup + kKernelHeadPayload);
   // A header that claims more setup than the file has is no kernel.
-  return out.size() > setup ? out : std::string();
+  if (head.size() <= setup) return {};
+  head.resize(std::min(head.size(), setup + kKernelHeadPayload));
+  return head;
 }
 
 std::filesystem::path write_kernel_head(const std::filesystem::path& bzimage,
