@@ -89,7 +89,7 @@ def daemon(name, args, env=None):
     old = dict(os.environ)
     os.environ.update(env or {})
     os.environ["AIRLOCK_TRACE"] = "1"
-    args = list(args) + ["--background-delete"]  # delete answered before the teardown
+    args = list(args)
     cls = type(name, (harness.DaemonTestCase,), {"daemon_args": args})
     try:
         cls.setUpClass()

@@ -424,9 +424,14 @@ void dispatch(engine::Engine& engine, Exchange& ex, const Caller& caller) {
       ex.send_json(200, sandbox_json(engine.get(id)));
       return;
     case Route::delete_sandbox:
-      check_query_keys(q, {});
+      check_query_keys(q, {"wait"});
       expect_no_body(ex);
-      engine.destroy(id);
+      // ?wait=true: answered once the VM and files are gone, not just once
+      // the sandbox is out of service (engine.h, background_delete).
+      if (query_bool(q, "wait", false))
+        engine.destroy_and_wait(id);
+      else
+        engine.destroy(id);
       if (auth::Auth* a = caller.auth)
         a->audit().append({{"source", caller.source},
                            {"tenant", caller.who.tenant},

@@ -86,10 +86,11 @@ int main(int argc, char** argv) {
                  "after a daemon restart; beyond it the oldest bytes are dropped, counted "
                  "(default 1048576)")
       ->check(CLI::Range(uint64_t{65536}, uint64_t{1} << 30));
-  bool background_delete = false;
-  app.add_flag("--background-delete", background_delete,
+  bool background_delete = true;
+  app.add_flag("--background-delete,!--sync-delete", background_delete,
                "answer a DELETE once the sandbox is out of service and finish its teardown in "
-               "the background (the journal's deleted record marks the end)");
+               "the background, the journal's deleted record marking the end (the default); "
+               "--sync-delete: answer once everything is gone");
   std::string jail_ids;
   app.add_option("--jail-ids", jail_ids,
                  "BASE:COUNT: uids/gids for QEMU jails, checked against /etc/subuid, /etc/subgid, "

@@ -96,12 +96,13 @@ struct Config {
   // again after a daemon restart (airlockd --exec-buffer-bytes; 64 KiB ..
   // 1 GiB). Beyond it the oldest bytes go, counted (engine_attach.cc).
   uint64_t exec_buffer_bytes = 1ull << 20;
-  // airlockd --background-delete: destroy() answers once the sandbox is
-  // `stopping` and out of service; its VM and files go on the reclaim
-  // thread (engine_reclaim.cc). Off: destroy() returns when all is gone,
-  // which is what clients that check the host or re-use a snapshot right
-  // after a delete (and today's integration suites) expect.
-  bool background_delete = false;
+  // On (the default; airlockd --sync-delete turns it off): destroy()
+  // answers once the sandbox is `stopping` and out of service; its VM and
+  // files go on the reclaim thread (engine_reclaim.cc), and whoever needs
+  // them gone (DELETE ?wait=true, the recipe builder, snapshot and image
+  // removal) waits with destroy_and_wait() or settle_reclaim(). Off:
+  // destroy() returns when all is gone.
+  bool background_delete = true;
 };
 
 // The sandbox state machine (docs/design.md, "State and lifecycle";
@@ -305,8 +306,9 @@ class Engine {
   // unknown id; conflict if it is already deleted/timed_out/failed (nothing
   // left to remove) or still starting.
   void destroy(const std::string& id);
-  // As destroy, returning once the VM and its files are gone (the recipe
-  // builder keeps a step sandbox's disk as a layer at once).
+  // As destroy, returning once this sandbox's VM and files are gone (DELETE
+  // ?wait=true; the recipe builder keeps a step sandbox's disk as a layer at
+  // once). timed_out if the teardown takes longer than 60 s.
   void destroy_and_wait(const std::string& id);
   // Moves a running sandbox's expiry to `seconds` (1 .. 604800) from now,
   // earlier or later; persisted, the reaper ends it then (timed_out).

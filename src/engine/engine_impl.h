@@ -264,6 +264,9 @@ struct Engine::Impl {
   // its snapshot until its teardown ends), and what reuses a deleted
   // sandbox's files, sees every delete that was answered as complete.
   void settle_reclaim(std::chrono::milliseconds limit = std::chrono::seconds(30));
+  // Waits (at most `limit`) for the teardown of one deleted sandbox; false
+  // if it is still pending then.
+  bool settle_one(const std::string& id, std::chrono::milliseconds limit);
   std::mutex reclaim_mu;  // reclaim_queue, reclaim_stopping, reclaim_thread
   std::condition_variable reclaim_cv;
   std::deque<std::pair<std::shared_ptr<Live>, std::string>> reclaim_queue;

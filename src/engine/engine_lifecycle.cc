@@ -517,7 +517,10 @@ void Engine::destroy(const std::string& id) {
 
 void Engine::destroy_and_wait(const std::string& id) {
   destroy(id);
-  impl_->settle_reclaim();
+  if (!impl_->settle_one(id, std::chrono::seconds(60)))
+    throw Error(Errc::timeout,
+                "sandbox " + id + " is deleted but its teardown is still running after 60 s",
+                "id");
 }
 
 }  // namespace airlock::engine

@@ -62,6 +62,11 @@ void Engine::Impl::settle_reclaim(std::chrono::milliseconds limit) {
                  limit.count());
 }
 
+bool Engine::Impl::settle_one(const std::string& id, std::chrono::milliseconds limit) {
+  std::unique_lock lock(reclaim_mu);
+  return reclaim_cv.wait_for(lock, limit, [&] { return !deleting.count(id); });
+}
+
 bool Engine::Impl::deleted_view(SandboxInfo& info) {
   if (info.state != State::stopping) return false;
   std::lock_guard lock(reclaim_mu);

@@ -83,8 +83,12 @@ class Client:
         spec.setdefault("image", "minimal")
         return self.call("POST", "/v1/sandboxes", spec)
 
-    def delete(self, sid):
-        return self.call("DELETE", f"/v1/sandboxes/{sid}")
+    def delete(self, sid, wait=True):
+        """DELETE answers once the sandbox is out of service, its teardown going on in the
+        background; with ?wait=true (the suites' default: they check the host and the
+        journal right after) once its VM and files are gone and its journal's `deleted`
+        record is written. wait=False is the daemon's plain DELETE."""
+        return self.call("DELETE", f"/v1/sandboxes/{sid}" + ("?wait=true" if wait else ""))
 
     def exec_events(self, sid, http_timeout=300, **req):
         """Runs an exec and returns the list of NDJSON events, in order."""

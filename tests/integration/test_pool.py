@@ -100,12 +100,12 @@ class PoolHandOut(harness.DaemonTestCase):
 
 
 class BackgroundDelete(harness.DaemonTestCase):
-    daemon_args = ["--pool", "minimal=1", "--background-delete"]
+    daemon_args = ["--pool", "minimal=1"]  # background delete is the default
 
     def test_delete_answers_at_once_and_teardown_completes(self):
         wait_pool(self.api, 1)
         sb = self.api.create(image="minimal")
-        self.api.delete(sb["id"])
+        self.api.delete(sb["id"], wait=False)
         # Gone from the API the moment DELETE answered: `deleted`, not listed,
         # an exec refused, a second delete a conflict, though the teardown
         # may still run.
@@ -125,12 +125,23 @@ class BackgroundDelete(harness.DaemonTestCase):
         self.assertEqual(journal(self.data_dir, sb["id"])[-1]["event"], "deleted")
         self.assertEqual(harness.leftovers_of(self.data_dir, sb["id"], wait=0), [])
 
+    def test_delete_with_wait_answers_once_all_is_gone(self):
+        sb = self.api.create(image="minimal")
+        with self.assertRaises(harness.ApiError) as cm:
+            self.api.call("DELETE", f"/v1/sandboxes/{sb['id']}?wait=soon")
+        self.assertEqual(cm.exception.status, 400)
+        self.assertIn("wait must be true or false", str(cm.exception))
+        self.api.call("DELETE", f"/v1/sandboxes/{sb['id']}?wait=true")
+        # No polling: the answer itself means the teardown is complete.
+        self.assertEqual(harness.leftovers_of(self.data_dir, sb["id"], wait=0), [])
+        self.assertEqual(journal(self.data_dir, sb["id"])[-1]["event"], "deleted")
+
     def test_daemon_stop_finishes_pending_teardowns(self):
         ids = []
         for _ in range(3):
             ids.append(self.api.create(image="minimal")["id"])
         for sid in ids:
-            self.api.delete(sid)
+            self.api.delete(sid, wait=False)
         # Stop the daemon while (some of) the teardowns are still queued.
         self.daemon.send_signal(signal.SIGTERM)
         self.daemon.wait(timeout=60)
@@ -140,6 +151,16 @@ class BackgroundDelete(harness.DaemonTestCase):
         type(self).start_daemon()
         for sid in ids:
             self.assertEqual(self.api.call("GET", f"/v1/sandboxes/{sid}")["state"], "deleted")
+
+
+class SyncDelete(harness.DaemonTestCase):
+    daemon_args = ["--sync-delete"]
+
+    def test_every_delete_answers_once_all_is_gone(self):
+        sb = self.api.create(image="minimal")
+        self.api.delete(sb["id"], wait=False)
+        self.assertEqual(harness.leftovers_of(self.data_dir, sb["id"], wait=0), [])
+        self.assertEqual(journal(self.data_dir, sb["id"])[-1]["event"], "deleted")
 
 
 @unittest.skipIf(tn.can_run(), f"networked pool test skipped: {tn.can_run()}")
