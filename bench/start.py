@@ -144,7 +144,7 @@ def create_exec(api, spec=SPEC):
     sb = api.create(**spec)
     _, _, ex = api.exec(sb["id"], argv=["true"])
     ms = ms_since(t0)
-    api.delete(sb["id"])
+    api.delete(sb["id"], wait=False)
     if ex.get("exit_code") != 0:
         raise RuntimeError(f"exec failed: {ex}")
     return ms, sb["start"]
@@ -327,7 +327,7 @@ def main():
                     pooled.api.exec(sb["id"], argv=["true"])
                     R["exec true"].append(ms_since(t0))
                 t0 = time.monotonic()
-                pooled.api.delete(sb["id"])
+                pooled.api.delete(sb["id"], wait=False)
                 R["delete"].append(ms_since(t0))
                 print(f"pool {i + 1}/{args.runs}", file=sys.stderr, flush=True)
             # The guest's own spawn cost, in one warm sandbox, next to its execs.
@@ -340,7 +340,7 @@ def main():
                     pooled.api.exec(sb["id"], argv=["true"])
                     R["exec true (same sb)"].append(ms_since(t0))
                 R["guest spawn"].append(guest_spawn_us(pooled, sb["id"]) / 1000)
-            pooled.api.delete(sb["id"])
+            pooled.api.delete(sb["id"], wait=False)
             T_pool = traces(pooled)
         finally:
             pooled.tearDownClass()
@@ -353,7 +353,7 @@ def main():
     if not {"clone", "net"} <= skip:
         warm = daemon("Warm", [])
         try:
-            warm.api.delete(warm.api.create(**SPEC)["id"])  # builds the shape's template
+            warm.api.delete(warm.api.create(**SPEC)["id"], wait=False)  # builds the shape's template
             R["clone"], R["runsc true (clone runs)"], R["networked run"] = [], [], []
             for i in range(args.runs if "clone" not in skip else 0):
                 if have_runsc and (ms := runsc(["true"])):
@@ -411,7 +411,7 @@ def main():
                     t0 = time.monotonic()
                     sb = f.api.create(**SPEC)
                     f.api.exec(sb["id"], argv=["true"])
-                    f.api.delete(sb["id"])
+                    f.api.delete(sb["id"], wait=False)
                     R["client cycle (pool hit)"].append(ms_since(t0))
                 t0 = time.monotonic()
                 wait_pool(f.api, 4)
@@ -436,7 +436,7 @@ def main():
                             ms, sb = fut.result()
                             R[name].append(ms)
                             kinds[sb["start"]] = kinds.get(sb["start"], 0) + 1
-                            b.api.delete(sb["id"])
+                            b.api.delete(sb["id"], wait=False)
                         except Exception as e:
                             fails[name] += 1
                             print(f"{name} failure: {e}", file=sys.stderr)
@@ -464,7 +464,7 @@ def main():
                 nq += 1
             alive = sum(1 for s in ids if w.api.exec(s, argv=["true"])[2]["exit_code"] == 0)
             for s in ids:
-                w.api.delete(s)
+                w.api.delete(s, wait=False)
             pss_line = (f"  idle sandboxes alive {alive}/{args.idle}: PSS per QEMU "
                         f"{pss / max(nq, 1) / 1024:.1f} MiB (RSS {rss / max(nq, 1) / 1024:.1f} MiB, n={nq})")
         except Exception as e:  # keep the figures measured so far

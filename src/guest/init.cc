@@ -106,6 +106,8 @@ void grow_root_fs() {
   uint64_t fs_blocks = fs.f_blocks;  // excludes metadata overhead: compare loosely
   uint64_t dev_blocks = dev_bytes / fs.f_bsize;
   if (dev_blocks <= fs_blocks + dev_blocks / 20 + 1024) return;  // within ~5%: nothing to do
+  // The groups the resize adds keep their inode tables unzeroed: / is
+  // mounted noinit_itable (images/init.sh), the overlay reads as zeros there.
   int rfd = open("/", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (rfd < 0) return;
   __u64 target = dev_blocks;

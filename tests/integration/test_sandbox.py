@@ -156,6 +156,18 @@ class ExecTest(DaemonTestCase):
         # The sandbox still works after bad input.
         self.assertEqual(self.api.exec(self.sid, argv=["true"])[2]["exit_code"], 0)
 
+    def test_grown_root_fs_zeroes_nothing_in_the_background(self):
+        # The sandbox's disk is larger than the image's filesystem: the agent
+        # grows it at boot, with the new groups' inode tables left to the
+        # overlay's zeros (src/guest/init.cc, grow_root_fs), so no
+        # ext4lazyinit thread takes the vCPU from the sandbox's execs.
+        out, _, ex = self.api.exec(self.sid, cmd="df -k / | tail -1; cat /proc/[0-9]*/comm")
+        self.assertEqual(ex["exit_code"], 0)
+        lines = out.decode().split("\n")
+        self.assertGreater(int(lines[0].split()[1]), 900 * 1024, lines[0])  # grown to ~1 GiB
+        self.assertIn("kthreadd", lines)
+        self.assertNotIn("ext4lazyinit", lines)
+
     def test_guest_info(self):
         info = self.api.call("GET", f"/v1/sandboxes/{self.sid}/info")
         self.assertTrue(info["kernel"])
@@ -172,9 +184,13 @@ class ExecTest(DaemonTestCase):
         out, _, ex = self.api.exec(self.sid, argv=["cat", "/proc/self/cgroup"])
         self.assertEqual(ex["exit_code"], 0)
         self.assertRegex(out.decode().strip(), r"^0::/airlock/exec-\d+$")
+        first = out.decode().strip()[3:]
         out, _, ex = self.api.exec(self.sid, argv=own)
         lines = out.decode().split()
         self.assertRegex(lines[0], r"^/airlock/exec-\d+$")
+        # The next exec got the cgroup the last one left empty: no mkdir
+        # while its process starts, no rmdir after its reply.
+        self.assertEqual(lines[0], first)
         # Only the shell and its cat (1-2 pids); no pids limit.
         self.assertIn(len(lines), (3, 4), lines)
         self.assertEqual(lines[-1], "max")
