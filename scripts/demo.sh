@@ -40,8 +40,8 @@ set -e
 say airlock ls
 $AIRLOCK ls
 
-say airlock rm "$ID"
-$AIRLOCK rm "$ID"
+say airlock rm --wait "$ID"
+$AIRLOCK rm --wait "$ID"
 trap - EXIT
 
 say airlock logs "$ID"

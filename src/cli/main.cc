@@ -169,6 +169,7 @@ int main_impl(int argc, char** argv) {
   std::string id, src, dst, image_name;
   std::optional<double> exec_timeout;
   bool tty = false;
+  bool rm_wait = false;
   std::string attach_exec_id;
   uint64_t attach_offset = 0;
   PtyOptions shell_opts;
@@ -238,6 +239,9 @@ int main_impl(int argc, char** argv) {
   if (want("rm")) {
     rm = app.add_subcommand("rm", "destroy sandboxes");
     rm->add_option("ids", ids, "sandbox ids")->required();
+    rm->add_flag("--wait", rm_wait,
+                 "return once each sandbox's VM and files are gone and its journal is complete "
+                 "(default: once it is out of service; the teardown finishes in the background)");
   }
 
   // The other commands, in the whole tree only.
@@ -548,7 +552,7 @@ int main_impl(int argc, char** argv) {
     int rc = 0;
     for (const auto& victim : ids) {
       try {
-        c.call("DELETE", "/v1/sandboxes/" + victim);
+        c.call("DELETE", "/v1/sandboxes/" + victim + (rm_wait ? "?wait=true" : ""));
         std::cout << victim << "\n";
       } catch (const Error& e) {
         std::fprintf(stderr, "airlock: %s: %s\n", victim.c_str(), e.what());

@@ -10,6 +10,7 @@ import tempfile
 import time
 import unittest
 
+import harness
 from harness import BIN, IMAGE_DIR, ApiError, DaemonTestCase, qemu_pids_for
 
 
@@ -100,6 +101,14 @@ class CliTest(DaemonTestCase):
         self.assertEqual(r.returncode, 7, r.stderr)
         live = airlock(self.env, "ls", "--json", check=True).stdout.decode()
         self.assertEqual(live.count('"id"'), 1)  # only the class's sandbox remains
+
+    def test_rm_wait_returns_once_all_is_gone(self):
+        sid = airlock(self.env, "create", "--image", "minimal", check=True).stdout.decode().strip()
+        r = airlock(self.env, "rm", "--wait", sid, check=True)
+        self.assertEqual(r.stdout.decode().strip(), sid)
+        # No polling: the journal is complete and nothing is left when it returns.
+        self.assertEqual(self.api.call("GET", f"/v1/sandboxes/{sid}/logs")[-1]["event"], "deleted")
+        self.assertEqual(harness.leftovers_of(self.data_dir, sid, wait=0), [])
 
     def test_bad_usage(self):
         r = airlock(self.env, "create", "--env", "NOEQUALS")
