@@ -308,7 +308,7 @@ class Engine {
   void destroy(const std::string& id);
   // As destroy, returning once this sandbox's VM and files are gone (DELETE
   // ?wait=true; the recipe builder keeps a step sandbox's disk as a layer at
-  // once). timed_out if the teardown takes longer than 60 s.
+  // once). Error(timeout) if the teardown takes longer than 60 s.
   void destroy_and_wait(const std::string& id);
   // Moves a running sandbox's expiry to `seconds` (1 .. 604800) from now,
   // earlier or later; persisted, the reaper ends it then (timed_out).

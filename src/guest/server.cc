@@ -668,9 +668,9 @@ void Server::recycle_cgroup(ExecCgroup cg) {
 void Server::refill_spare_cgroup() {
   if (opts_.cgroup_root.empty() || !refill_due_ || state_ != State::serving) return;
   // Due once per reply, and met by a spare that reply's exec handed on
-  // (recycle_cgroup): left pending, it made a new one at the next exec's
-  // clone, while that exec's process ran, and sent the cgroup it recycled
-  // to rmdir after the reply (bench/RESULTS.md, issue 13, 2026-12-05).
+  // (recycle_cgroup). Left due, the next exec's loop turn would mkdir while
+  // its process runs on the one vCPU, and the cgroup recycled after its
+  // reply would find a spare and be removed.
   refill_due_ = false;
   if (spare_.fd >= 0) return;
   try {

@@ -158,9 +158,10 @@ class ExecTest(DaemonTestCase):
 
     def test_grown_root_fs_zeroes_nothing_in_the_background(self):
         # The sandbox's disk is larger than the image's filesystem: the agent
-        # grows it at boot, with the new groups' inode tables left to the
-        # overlay's zeros (src/guest/init.cc, grow_root_fs), so no
-        # ext4lazyinit thread takes the vCPU from the sandbox's execs.
+        # grows it at boot (src/guest/init.cc, grow_root_fs); / is mounted
+        # noinit_itable (images/init.sh), so the new groups' inode tables are
+        # left to the overlay's zeros and no ext4lazyinit thread takes the
+        # vCPU from the sandbox's execs.
         out, _, ex = self.api.exec(self.sid, cmd="df -k / | tail -1; cat /proc/[0-9]*/comm")
         self.assertEqual(ex["exit_code"], 0)
         lines = out.decode().split("\n")
