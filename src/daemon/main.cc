@@ -55,6 +55,12 @@ int main(int argc, char** argv) {
                  "deleted (default 300)")
       ->check(CLI::Range(1, 604800))
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  int pool_cpu_weight = 10;
+  app.add_option("--pool-cpu-weight", pool_cpu_weight,
+                 "cpu weight of a warm-pool member until its hand-out, against 100 for a "
+                 "sandbox in use: refills yield the CPU (1-10000; default 10; 100: no "
+                 "difference)")
+      ->check(CLI::Range(1, 10000));
   bool no_templates = false;
   app.add_flag("--no-templates", no_templates,
                "always cold-boot (no VM templates or copy-on-write clones)");
@@ -160,6 +166,7 @@ int main(int argc, char** argv) {
     config.pool_learn_shapes = pool_learn;
     config.pool_learn_memory_mb = pool_learn_memory_mb;
     config.pool_learn_idle_s = pool_learn_idle_s;
+    config.pool_cpu_weight = pool_cpu_weight;
     for (const std::string& p : pools) {
       auto eq = p.find('=');
       int n = -1;

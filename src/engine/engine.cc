@@ -75,6 +75,11 @@ Config with_defaults(Config c) {
   if (c.boot_timeout_s < 1 || c.boot_timeout_s > 3600)
     throw Error(Errc::invalid_argument, "boot_timeout_s must be between 1 and 3600",
                 "boot_timeout_s");
+  if (c.pool_cpu_weight < 1 || c.pool_cpu_weight > 10000)
+    throw Error(
+        Errc::invalid_argument,
+        "pool_cpu_weight must be between 1 and 10000, not " + std::to_string(c.pool_cpu_weight),
+        "pool_cpu_weight");
   if (c.template_dir.empty()) c.template_dir = c.data_dir / "templates";
   if (c.template_ram_dir.empty()) {
     const char* env = std::getenv("AIRLOCK_TEMPLATE_RAM_DIR");
@@ -362,8 +367,10 @@ void Engine::Impl::close_detached_execs(Live& sb, const std::string& why) {
                        {"argv", start.value("argv", nlohmann::json::array())},
                        {"reason", "interrupted"},
                        {"interrupted", true},
-                       {"error", "it outlived a daemon restart and no client collected its "
-                                 "result before the sandbox ended (" + why + ")"}};
+                       {"error",
+                        "it outlived a daemon restart and no client collected its "
+                        "result before the sandbox ended (" +
+                            why + ")"}};
     try {
       journal.append(sb.id(), "exec", end, Durability::sync);
     } catch (const std::exception& e) {

@@ -75,6 +75,11 @@ struct Config {
   // a hand-out; a refill then goes on member after member until the slots
   // are full.
   int pool_tick_ms = 500;
+  // A member's cpu weight until its hand-out (vmm::CgroupLimits::cpu_weight:
+  // 1..10000, 100 = a sandbox in use): cloning and warming a member yields
+  // the CPU to sandboxes in use, so a refill never slows their execs or the
+  // next create. 100 = no difference.
+  int pool_cpu_weight = 10;
   // Agent liveness (docs/design.md, "Failure states"): the reaper pings each
   // running sandbox's agent every agent_ping_interval_ms; one unanswered
   // for agent_ping_timeout_ms fails the sandbox as `agent_lost`.

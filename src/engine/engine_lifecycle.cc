@@ -98,6 +98,8 @@ std::optional<Engine::Impl::BootFailure> Engine::Impl::boot_once(Live& sb,
   vc.memory_mb = info.spec.memory_mb;
   vc.accel = accel;
   vc.tcg_tb_size_mb = impl.cfg.tcg_tb_size_mb;
+  // A pool member yields the CPU to sandboxes in use until its hand-out.
+  if (info.spec.metadata.count(kPoolMarker)) vc.cpu_weight = impl.cfg.pool_cpu_weight;
   const bool networked = sb.networked;
   auto deadline = channel::Clock::now() + std::chrono::seconds(impl.cfg.boot_timeout_s);
   // Everything this attempt acquires (overlay, helper, VM, channel) goes
@@ -519,8 +521,7 @@ void Engine::destroy_and_wait(const std::string& id) {
   destroy(id);
   if (!impl_->settle_one(id, std::chrono::seconds(60)))
     throw Error(Errc::timeout,
-                "sandbox " + id + " is deleted but its teardown is still running after 60 s",
-                "id");
+                "sandbox " + id + " is deleted but its teardown is still running after 60 s", "id");
 }
 
 }  // namespace airlock::engine

@@ -21,6 +21,7 @@
 #include "engine/engine_impl.h"
 #include "engine/types_json.h"
 #include "engine/validate.h"
+#include "engine/vmm/cgroup.h"
 
 namespace airlock::engine {
 
@@ -236,6 +237,18 @@ std::optional<SandboxInfo> Engine::Impl::take_pooled(const SandboxSpec& checked,
     return std::nullopt;
   }
   mark("clock");
+  // The member waited at cfg.pool_cpu_weight (its clone and warm-up yielded
+  // to sandboxes in use); from here it is one of them. A cgroup that cannot
+  // be written ends the member, as above.
+  try {
+    if (cfg.pool_cpu_weight != vmm::kDefaultCpuWeight)
+      sb->vm->set_cpu_weight(vmm::kDefaultCpuWeight);
+  } catch (const std::exception& e) {
+    spdlog::warn("pool member {}: cpu weight at hand-out not set: {}", sb->id(), e.what());
+    teardown_async(sb, "pool hand-out failed: the cpu weight was not set");
+    return std::nullopt;
+  }
+  mark("weight");
   if (sb->networked) {
     // The caller's policy replaces deny-everything in the helper before the
     // create returns (the helper answers once it is in force), so the first

@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "engine/engine_fake_test_support.h"
+#include "engine/vmm/cgroup.h"
 
 namespace airlock::engine {
 namespace {
@@ -57,6 +58,47 @@ class PoolFake : public testing::FakeVmTest {
   std::condition_variable gate_cv_;
   bool released_ = false;
 };
+
+// A member is cloned and warmed at a low cpu weight, so a refill yields the
+// CPU to sandboxes in use, and gets the default weight at its hand-out; a
+// sandbox that is not a member never runs at the low weight.
+TEST_F(PoolFake, AMemberYieldsTheCpuUntilItsHandOut) {
+  ASSERT_EQ(cfg_.pool_cpu_weight, 10);  // the default
+  Engine engine(cfg_);
+  engine.set_pool("minimal", 1);
+  ASSERT_TRUE(eventually([&] {
+    auto s = slot(engine, 256);
+    return !s.is_null() && s["ready"] == 1;
+  }));
+  std::string member = slot(engine, 256)["members"][0];
+  EXPECT_EQ(fake_->cpu_weight(member), 10);
+  SandboxInfo got = engine.create({.image = "minimal"});
+  ASSERT_EQ(got.id, member);
+  EXPECT_EQ(fake_->cpu_weight(member), vmm::kDefaultCpuWeight);
+  // Its replacement waits at the low weight again; a create of a shape with
+  // no slot boots at the default.
+  ASSERT_TRUE(eventually([&] { return slot(engine, 256)["ready"] == 1; }));
+  EXPECT_EQ(fake_->cpu_weight(slot(engine, 256)["members"][0]), 10);
+  SandboxInfo other = engine.create({.image = "minimal", .memory_mb = 128});
+  EXPECT_EQ(other.start, "boot");
+  EXPECT_EQ(fake_->cpu_weight(other.id), vmm::kDefaultCpuWeight);
+  engine.destroy(got.id);
+  engine.destroy(other.id);
+}
+
+TEST_F(PoolFake, ACpuWeightOutOfRangeIsRefusedByName) {
+  for (int bad : {0, 10001}) {
+    cfg_.pool_cpu_weight = bad;
+    try {
+      Engine engine(cfg_);
+      ADD_FAILURE() << "pool_cpu_weight " << bad << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), Errc::invalid_argument);
+      EXPECT_EQ(e.field(), "pool_cpu_weight");
+      EXPECT_NE(std::string(e.what()).find(std::to_string(bad)), std::string::npos) << e.what();
+    }
+  }
+}
 
 // Two shapes of one image at once, each create served by its own shape; a
 // size 0 removes only its own shape.

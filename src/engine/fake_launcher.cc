@@ -12,6 +12,7 @@
 
 #include "common/error.h"
 #include "common/process.h"
+#include "engine/vmm/cgroup.h"
 #include "engine/vmm/console.h"
 
 namespace airlock::engine {
@@ -72,6 +73,7 @@ class FakeVm final : public VmHandle {
     std::error_code ec;
     return fs::file_size(path, ec);
   }
+  void set_cpu_weight(int weight) override { launcher_.set_weight(run_dir_, weight); }
   void stop_cpus() override { ::kill(pid_, SIGSTOP); }
   void resume_cpus() override { ::kill(pid_, SIGCONT); }
   std::string ram_block() const override { return {}; }
@@ -111,9 +113,21 @@ void kill_process_tree(pid_t root) {
 FakeLauncher::FakeLauncher(fs::path fake_vm_binary, fs::path agent_binary)
     : fake_vm_(std::move(fake_vm_binary)), agent_(std::move(agent_binary)) {}
 
+void FakeLauncher::set_weight(const fs::path& run_dir, int weight) {
+  std::lock_guard lock(mu_);
+  weights_[run_dir.filename().string()] = weight;
+}
+
+int FakeLauncher::cpu_weight(const std::string& id) const {
+  std::lock_guard lock(mu_);
+  auto it = weights_.find(id);
+  return it == weights_.end() ? -1 : it->second;
+}
+
 std::unique_ptr<VmHandle> FakeLauncher::start(const vmm::VmConfig& config) {
   if (before_start) before_start(config);
   ++starts;
+  set_weight(config.run_dir, config.cpu_weight ? config.cpu_weight : vmm::kDefaultCpuWeight);
   std::error_code ec;
   fs::remove(config.run_dir / "fake.pid", ec);
   std::string exe = fake_vm_.string(), dir = config.run_dir.string(), agent = agent_.string();

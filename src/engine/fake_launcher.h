@@ -12,6 +12,9 @@
 #include <atomic>
 #include <filesystem>
 #include <functional>
+#include <map>
+#include <mutex>
+#include <string>
 
 #include "engine/launcher.h"
 
@@ -34,9 +37,15 @@ class FakeLauncher final : public Launcher {
   // failed save, e.g. a full disk).
   std::function<void(const std::filesystem::path&)> before_save;
   std::atomic<int> starts{0};
+  // The cpu weight each fake VM was started with or last set to, by
+  // sandbox id (its run dir's name); -1 if none.
+  int cpu_weight(const std::string& id) const;
+  void set_weight(const std::filesystem::path& run_dir, int weight);
 
  private:
   std::filesystem::path fake_vm_, agent_;
+  mutable std::mutex mu_;
+  std::map<std::string, int> weights_;
 };
 
 // SIGKILLs `pid` and every process below it (the agent and its execs), and

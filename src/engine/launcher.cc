@@ -26,6 +26,7 @@ class QemuVm final : public VmHandle {
                                      const std::filesystem::path& whole_fallback) override {
     return vm_->save_memory_split(path, timeout, saved, whole_fallback);
   }
+  void set_cpu_weight(int weight) override { vm_->set_cpu_weight(weight); }
   void stop_cpus() override { vm_->stop_cpus(); }
   void resume_cpus() override { vm_->resume_cpus(); }
   uint64_t prefault_ram() override { return vm_->prefault_ram(); }

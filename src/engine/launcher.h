@@ -56,6 +56,8 @@ class VmHandle {
                                              const std::filesystem::path& /*whole_fallback*/) {
     throw Error(Errc::unavailable, "this VM cannot split its saved state");
   }
+  // The VM's share of the CPU against the others (vmm::Vm::set_cpu_weight).
+  virtual void set_cpu_weight(int weight) = 0;
   virtual void stop_cpus() = 0;
   virtual void resume_cpus() = 0;
   // Before a save from a running VM (vmm::Vm::prefault_ram); by default

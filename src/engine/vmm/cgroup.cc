@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -127,6 +128,17 @@ void write_file(const fs::path& p, const std::string& value) {
                 "cannot write '" + value + "' to " + p.string() + ": " + std::strerror(err));
 }
 
+void check_id(const std::string& id) {
+  if (id.empty() || id.find('/') != std::string::npos || id == "." || id == "..")
+    throw Error(Errc::invalid_argument, "bad cgroup name '" + id + "'", "id");
+}
+
+// v2's cpu.weight scale to v1's cpu.shares (default 1024, minimum 2) and back.
+std::string weight_file(int version) { return version == 2 ? "cpu.weight" : "cpu.shares"; }
+std::string weight_value(int version, int weight) {
+  return std::to_string(version == 2 ? weight : std::max(2, weight * 1024 / kDefaultCpuWeight));
+}
+
 std::string trimmed(const fs::path& p) {
   std::string s = read_file_capped(p, 256);
   while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
@@ -151,8 +163,11 @@ std::vector<std::string> cgroup_controllers_available() {
 }
 
 std::vector<fs::path> create_sandbox_cgroup(const std::string& id, const CgroupLimits& limits) {
-  if (id.empty() || id.find('/') != std::string::npos || id == "." || id == "..")
-    throw Error(Errc::invalid_argument, "bad cgroup name '" + id + "'", "id");
+  check_id(id);
+  if (limits.cpu_weight < 0 || limits.cpu_weight > 10000)
+    throw Error(Errc::invalid_argument,
+                "cpu weight " + std::to_string(limits.cpu_weight) + " is not in 1..10000",
+                "cpu_weight");
   auto hs = hierarchies();
   auto avail = cgroup_controllers_available();
   // hierarchy mount -> controllers used there (cpu and cpuacct may share one).
@@ -197,7 +212,10 @@ std::vector<fs::path> create_sandbox_cgroup(const std::string& id, const CgroupL
           }
         } else if (c == "pids" && limits.pids) {
           write_file(dir / "pids.max", std::to_string(limits.pids));
-        } else if (c == "cpu" && limits.cpus) {
+        } else if (c == "cpu" && limits.cpu_weight) {
+          write_file(dir / weight_file(h.version), weight_value(h.version, limits.cpu_weight));
+        }
+        if (c == "cpu" && limits.cpus) {
           std::string quota = std::to_string(static_cast<int64_t>(limits.cpus) * kCpuPeriodUs);
           if (h.version == 2) {
             write_file(dir / "cpu.max", quota + " " + std::to_string(kCpuPeriodUs));
@@ -213,6 +231,30 @@ std::vector<fs::path> create_sandbox_cgroup(const std::string& id, const CgroupL
     throw;
   }
   return made;
+}
+
+bool set_sandbox_cpu_weight(const std::string& id, int weight) {
+  check_id(id);
+  if (weight < 1 || weight > 10000)
+    throw Error(Errc::invalid_argument,
+                "cpu weight " + std::to_string(weight) + " is not in 1..10000", "cpu_weight");
+  // The cpu hierarchy's "airlock" parent, found once: this is on the
+  // hand-out's path, and mountinfo does not change under a running daemon.
+  static std::once_flag once;
+  static int version = 0;
+  static fs::path parent;
+  std::call_once(once, [] {
+    auto avail = cgroup_controllers_available();
+    if (std::find(avail.begin(), avail.end(), "cpu") == avail.end()) return;
+    auto hs = hierarchies();
+    if (const Hierarchy* h = hierarchy_for(hs, "cpu")) {
+      version = h->version;
+      parent = parent_dir(*h);
+    }
+  });
+  if (version == 0) return false;
+  write_file(parent / id / weight_file(version), weight_value(version, weight));
+  return true;
 }
 
 std::vector<fs::path> remove_cgroup_dirs(const std::vector<fs::path>& dirs) {
@@ -233,11 +275,9 @@ std::vector<fs::path> remove_cgroup_dirs(const std::vector<fs::path>& dirs) {
 
 nlohmann::json read_cgroup_limits(pid_t pid) {
   auto hs = hierarchies();
-  nlohmann::json out{{"version", nullptr},
-                     {"paths", nlohmann::json::object()},
-                     {"memory_max", nullptr},
-                     {"pids_max", nullptr},
-                     {"cpu_max", nullptr}};
+  nlohmann::json out{{"version", nullptr},    {"paths", nlohmann::json::object()},
+                     {"memory_max", nullptr}, {"pids_max", nullptr},
+                     {"cpu_max", nullptr},    {"cpu_weight", nullptr}};
   for (const char* c : kControllers) {
     const Hierarchy* h = hierarchy_for(hs, c);
     if (!h) continue;
@@ -267,6 +307,11 @@ nlohmann::json read_cgroup_limits(pid_t pid) {
         if (!q.empty() && q != "-1") v = q + " " + trimmed(dir / "cpu.cfs_period_us");
       }
       if (!v.empty()) out["cpu_max"] = v;
+      std::string w = trimmed(dir / weight_file(h->version));
+      if (!w.empty() && w.find_first_not_of("0123456789") == std::string::npos) {
+        int64_t n = std::stoll(w);
+        out["cpu_weight"] = h->version == 2 ? n : (n * kDefaultCpuWeight + 512) / 1024;
+      }
     }
   }
   return out;

@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <fstream>
 #include <thread>
@@ -120,6 +121,43 @@ TEST_F(JailTest, SleepRunsInTheJailAndItsPostureSaysSo) {
   for (const auto& e : fs::directory_iterator("/run/airlock/jail-leases"))
     EXPECT_NE(slurp(e.path()).rfind(run_.string() + "\n", 0), 0u) << e.path();
   EXPECT_FALSE(fs::exists(run_ / ".jail"));
+}
+
+// A warm-pool member starts at a low cpu weight and gets the default at its
+// hand-out: both as read back from the process's own cgroup.
+TEST_F(JailTest, CpuWeightIsSetAtStartAndChangedLater) {
+  if (jail_mode() != JailMode::full) GTEST_SKIP() << "needs root (the full jail's cgroup)";
+  auto avail = cgroup_controllers_available();
+  if (std::find(avail.begin(), avail.end(), "cpu") == avail.end())
+    GTEST_SKIP() << "no cpu controller of ours here";
+  spec_.exe = "/usr/bin/sleep";
+  spec_.limits.cpu_weight = 10;
+  Jail jail = Jail::prepare(spec_);
+  pid_ = jail.spawn({"sleep", "60"}, out_);
+  ASSERT_GT(pid_, 1);
+  EXPECT_EQ(read_cgroup_limits(pid_)["cpu_weight"], 10) << read_cgroup_limits(pid_).dump();
+  EXPECT_TRUE(set_sandbox_cpu_weight(spec_.id, kDefaultCpuWeight));
+  EXPECT_EQ(read_cgroup_limits(pid_)["cpu_weight"], kDefaultCpuWeight);
+  // The quota is a separate knob: untouched.
+  EXPECT_EQ(read_cgroup_limits(pid_)["cpu_max"], "100000 100000");
+  for (int bad : {0, -1, 10001}) {
+    try {
+      set_sandbox_cpu_weight(spec_.id, bad);
+      ADD_FAILURE() << "weight " << bad << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), Errc::invalid_argument);
+      EXPECT_NE(std::string(e.what()).find(std::to_string(bad)), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_THROW(set_sandbox_cpu_weight("../x", 100), Error);
+  // A sandbox with no cgroup: the write fails and says which file.
+  try {
+    set_sandbox_cpu_weight("jt-none-" + std::to_string(::getpid()), 100);
+    ADD_FAILURE() << "a missing cgroup was written";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Errc::unavailable);
+    EXPECT_NE(std::string(e.what()).find("jt-none-"), std::string::npos) << e.what();
+  }
 }
 
 TEST_F(JailTest, ShellSeesOnlyItsRootAndCannotReachTheHostsPidFile) {

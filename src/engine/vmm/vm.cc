@@ -20,6 +20,7 @@
 #include "common/process.h"
 #include "common/signals.h"
 #include "common/unique_fd.h"
+#include "engine/vmm/cgroup.h"
 #include "engine/vmm/console.h"
 #include "engine/vmm/jail.h"
 #include "engine/vmm/kernel_head.h"
@@ -358,6 +359,7 @@ JailSpec jail_spec(const VmConfig& c, const std::string& exe) {
   s.limits.memory_bytes = ram + tb + 256 * mib + ram / 4;
   s.limits.pids = 1024;
   s.limits.cpus = c.cpus;
+  s.limits.cpu_weight = c.cpu_weight;
   // The largest file QEMU writes: the overlay (disk size + qcow2 metadata),
   // or a template's RAM file.
   s.fsize_bytes = std::max(disk_size + disk_size / 8, ram) + 64 * mib;
@@ -734,6 +736,12 @@ SplitStream Vm::save_memory_split(const fs::path& device_path, std::chrono::mill
     kept.error = e.what();
     return kept;
   }
+}
+
+bool Vm::set_cpu_weight(int weight) {
+  // Only the full jail (root) makes the sandbox's cgroup (jail.cc).
+  if (!impl_->config.jail || jail_mode() != JailMode::full) return false;
+  return set_sandbox_cpu_weight(impl_->config.id, weight);
 }
 
 void Vm::stop_cpus() {

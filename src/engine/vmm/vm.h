@@ -67,6 +67,9 @@ struct VmConfig {
   // uncapped apt or python run takes QEMU far past guest RAM (issue 9). The
   // jail's memory limit counts it. 0 = QEMU's default (uncapped, for benches).
   int tcg_tb_size_mb = kDefaultTcgTbSizeMb;
+  // The jail cgroup's cpu weight from the start (CgroupLimits::cpu_weight;
+  // 0 = the default): a warm-pool member's is low until Vm::set_cpu_weight.
+  int cpu_weight = 0;
   size_t console_cap_bytes = 1 << 20;  // >= 4096
   std::string qemu_binary = "qemu-system-x86_64";
   // Network (optional): when net_socket is set, the VM gets one virtio-net
@@ -190,6 +193,11 @@ class Vm {
   // "ram0" if guest RAM is a memory-backend object (template clones), else
   // "" (see VmConfig::ram_block).
   std::string ram_block() const;
+
+  // The jail cgroup's cpu weight (CgroupLimits::cpu_weight's scale); false
+  // if there is none to set (no jail, or no cpu controller of ours).
+  // Error(unavailable) if the cgroup cannot be written.
+  bool set_cpu_weight(int weight);
 
   // SIGKILL QEMU, wait until it is gone, remove its sockets and pid file,
   // its jail's cgroup and uid lease (jail.h).
