@@ -41,8 +41,31 @@ struct Child {
   SpawnTrace* trace;  // with clone3 only (shared memory)
   ChildError* shared;
   int status_fd;
-  bool join_cgroup;  // fork path: write ourselves into cgroup.procs
+  bool join_cgroup;      // fork path: write ourselves into cgroup.procs
+  int null_rd, null_wr;  // the agent's /dev/null, or -1: the child opens it
 };
+
+// /dev/null for stdio the plan leaves unset, opened once by the agent (an
+// open's path walk is ~0.1 ms of every exec under TCG), at 3 or above so
+// that placing stdio onto 0-2 never overwrites it. -1 if it cannot be
+// opened: the child then opens it itself and reports the failure.
+int agent_null(int flags) {
+  int fd = open("/dev/null", flags | O_CLOEXEC);
+  if (fd >= 0 && fd < 3) {
+    int high = fcntl(fd, F_DUPFD_CLOEXEC, 3);
+    close(fd);
+    fd = high;
+  }
+  return fd;
+}
+int null_for_reading() {
+  static const int fd = agent_null(O_RDONLY);
+  return fd;
+}
+int null_for_writing() {
+  static const int fd = agent_null(O_WRONLY);
+  return fd;
+}
 
 int write_all(int fd, const char* s, size_t n) { return write(fd, s, n) == ssize_t(n) ? 0 : -1; }
 
@@ -120,8 +143,12 @@ void exec_program(char* const* argv) {
     write_all(adj, "0", 1);
     close(adj);
   }
-  int null_in = p.in_fd < 0 ? open("/dev/null", O_RDONLY | O_CLOEXEC) : -1;
-  int null_out = p.out_fd < 0 || p.err_fd < 0 ? open("/dev/null", O_WRONLY | O_CLOEXEC) : -1;
+  int null_in = p.in_fd >= 0     ? -1
+                : c.null_rd >= 0 ? c.null_rd
+                                 : open("/dev/null", O_RDONLY | O_CLOEXEC);
+  int null_out = p.out_fd >= 0 && p.err_fd >= 0 ? -1
+                 : c.null_wr >= 0               ? c.null_wr
+                                                : open("/dev/null", O_WRONLY | O_CLOEXEC);
   // dup2 clears O_CLOEXEC on the copy; an fd already at its place keeps it,
   // so that case is dup3'ed through a spare number first.
   auto place = [&](int fd, int target) {
@@ -236,7 +263,7 @@ bool spawn_clone3(const SpawnPlan& plan, SpawnTrace* trace, SpawnResult& r) {
   char* stack = child_stack(argc, stack_size);
   ChildError ce{0, 0};
   SpawnTrace local;
-  Child c{&plan, trace ? trace : &local, &ce, -1, false};
+  Child c{&plan, trace ? trace : &local, &ce, -1, false, null_for_reading(), null_for_writing()};
   clone_args args{};
   args.flags = CLONE_VM | CLONE_VFORK;
   if (plan.cgroup_fd >= 0) {
@@ -291,7 +318,13 @@ SpawnResult spawn_fork(const SpawnPlan& plan, SpawnTrace* trace) {
     trace->clone = monotonic_us();
     trace->method = "fork";
   }
-  Child c{&plan, nullptr, nullptr, status[1], plan.cgroup_procs != nullptr};
+  Child c{&plan,
+          nullptr,
+          nullptr,
+          status[1],
+          plan.cgroup_procs != nullptr,
+          null_for_reading(),
+          null_for_writing()};
   pid_t pid;
   {
     BlockSignals block;

@@ -12,6 +12,7 @@
 
 #include <array>
 #include <cstdint>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -110,6 +111,33 @@ TEST(Spawn, OwnSessionAndStdio) {
     Ran r = run(plan, {"sh", "-c", "cat; echo sid=$(cut -d' ' -f6 /proc/self/stat) pid=$$"});
     ASSERT_GT(r.r.pid, 0);
     EXPECT_EQ(r.out, "sid=" + std::to_string(r.r.pid) + " pid=" + std::to_string(r.r.pid) + "\n");
+  }
+}
+
+// Unset stdio is /dev/null, read-only for stdin and write-only for the
+// others, as if the child had opened it; the agent's own /dev/null
+// descriptors (opened once, close-on-exec) never reach the program.
+TEST(Spawn, UnsetStdioIsDevNullAndTheAgentsCopiesStayBehind) {
+  for (SpawnMethod m : kMethods) {
+    SCOPED_TRACE(name(m));
+    SpawnPlan plan;
+    plan.method = m;
+    for (int i = 0; i < 2; ++i) {  // the second spawn reuses the agent's descriptors
+      Ran r = run(plan, {"sh", "-c",
+                         "readlink /proc/self/fd/0 /proc/self/fd/2; "
+                         "awk '/^flags/ {print $2}' /proc/$$/fdinfo/0 /proc/$$/fdinfo/2; "
+                         "for f in /proc/$$/fd/?; do readlink $f; done | grep -c /dev/null"});
+      ASSERT_GT(r.r.pid, 0);
+      std::istringstream in(r.out);
+      std::string in_path, err_path, in_flags, err_flags, nulls;
+      in >> in_path >> err_path >> in_flags >> err_flags >> nulls;
+      EXPECT_EQ(in_path, "/dev/null") << r.out;
+      EXPECT_EQ(err_path, "/dev/null") << r.out;
+      EXPECT_EQ(std::stoul(in_flags, nullptr, 8) & O_ACCMODE, unsigned{O_RDONLY}) << r.out;
+      EXPECT_EQ(std::stoul(err_flags, nullptr, 8) & O_ACCMODE, unsigned{O_WRONLY}) << r.out;
+      // Of fds 0-9, only 0 and 2 (the shell keeps its own copies at 10 and up).
+      EXPECT_EQ(nulls, "2") << r.out;
+    }
   }
 }
 

@@ -1,7 +1,12 @@
 #include "guest/users.h"
 
+#include <sys/stat.h>
+
 #include <fstream>
+#include <map>
+#include <mutex>
 #include <sstream>
+#include <tuple>
 
 namespace airlock::guest {
 namespace {
@@ -28,10 +33,51 @@ std::optional<unsigned long> number(const std::string& s) {
   return std::stoul(s);
 }
 
+// What identifies a version of a file: any write moves mtime/ctime, a
+// rename-over changes the inode. A file that cannot be stat'ed has none.
+using FileId = std::tuple<dev_t, ino_t, off_t, int64_t, int64_t, int64_t, int64_t>;
+std::optional<FileId> file_id(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return std::nullopt;
+  return FileId{st.st_dev,          st.st_ino,         st.st_size,        st.st_mtim.tv_sec,
+                st.st_mtim.tv_nsec, st.st_ctim.tv_sec, st.st_ctim.tv_nsec};
+}
+
+std::optional<User> read_user(const std::string& spec, const std::string& passwd,
+                              const std::string& group);
+
 }  // namespace
 
 std::optional<User> lookup_user(const std::string& spec, const std::string& passwd,
                                 const std::string& group) {
+  struct Entry {
+    FileId pw, gr;
+    std::optional<User> user;
+  };
+  static std::mutex mu;
+  static std::map<std::tuple<std::string, std::string, std::string>, Entry> memo;
+  auto pw = file_id(passwd), gr = file_id(group);
+  auto key = std::make_tuple(spec, passwd, group);
+  if (pw && gr) {
+    std::lock_guard lock(mu);
+    auto it = memo.find(key);
+    if (it != memo.end() && it->second.pw == *pw && it->second.gr == *gr) return it->second.user;
+  }
+  auto user = read_user(spec, passwd, group);
+  // Remembered only if neither file changed while it was read; a handful of
+  // users in practice, so the memo is simply bounded.
+  if (pw && gr && file_id(passwd) == pw && file_id(group) == gr) {
+    std::lock_guard lock(mu);
+    if (memo.size() >= 64) memo.clear();
+    memo[key] = Entry{*pw, *gr, user};
+  }
+  return user;
+}
+
+namespace {
+
+std::optional<User> read_user(const std::string& spec, const std::string& passwd,
+                              const std::string& group) {
   auto as_uid = number(spec);
   std::optional<User> found;
   std::ifstream pw(passwd);
@@ -65,7 +111,6 @@ std::optional<User> lookup_user(const std::string& spec, const std::string& pass
   return found;
 }
 
-namespace {
 // Field 0 of the first line of `file` whose field 2 is `id`.
 std::string name_of(unsigned long id, const std::string& file) {
   std::ifstream in(file);
