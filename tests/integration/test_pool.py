@@ -63,6 +63,32 @@ class PoolHandOut(harness.DaemonTestCase):
             self.api.delete(s["id"])
             self.assertNothingLeft(s["id"])
 
+    def test_members_yield_the_cpu_until_their_hand_out(self):
+        # A member's QEMU runs under a low cpu weight (a refill yields to
+        # sandboxes in use); the hand-out gives it the default, read back
+        # from its cgroup's files and from the posture endpoint.
+        def weight(sid):
+            for d in harness.cgroup_dirs_for(sid):
+                for name, scale in (("cpu.weight", 1), ("cpu.shares", 100 / 1024)):
+                    path = os.path.join(d, name)
+                    if os.path.exists(path):
+                        with open(path) as f:
+                            return round(int(f.read()) * scale)
+            return None
+        slots = wait_pool(self.api, 2)
+        members = slots[0]["members"]
+        if weight(members[0]) is None:
+            self.skipTest("no cpu controller for the jail here")
+        for m in members:
+            self.assertEqual(weight(m), 10, m)
+        sb = self.api.create(image="minimal")
+        self.assertEqual(sb["start"], "pool")
+        self.assertEqual(weight(sb["id"]), 100)
+        posture = self.api.call("GET", f"/v1/sandboxes/{sb['id']}/posture")
+        self.assertEqual(posture["process"]["cgroup"]["cpu_weight"], 100, posture)
+        self.api.delete(sb["id"])
+        self.assertNothingLeft(sb["id"])
+
     def test_two_hand_outs_have_their_own_identity(self):
         wait_pool(self.api, 2)
         probe = ("cat /proc/sys/kernel/hostname; cat /etc/machine-id; "
