@@ -81,6 +81,12 @@ int main(int argc, char** argv) {
                  "seconds a connection may send nothing (between or mid-request) or read "
                  "nothing of a stream before it is closed; a silent exec is not idle (default 60)")
       ->check(CLI::Range(0.05, 86400.0));
+  int journal_anchor_lag_ms = 50;
+  app.add_option("--journal-anchor-lag-ms", journal_anchor_lag_ms,
+                 "how long the head of a buffered journal record (an exec's) may wait for its "
+                 "signed anchor; sync records and verify anchor at once (0: every record at "
+                 "once; default 50)")
+      ->check(CLI::Range(0, 10000));
   int journal_max_mb = 64;
   app.add_option("--journal-max-mb", journal_max_mb,
                  "audit journal cap per sandbox in MiB: past it guest-driven records are "
@@ -157,6 +163,7 @@ int main(int argc, char** argv) {
       }
     }
     config.journal_max_bytes = static_cast<uint64_t>(journal_max_mb) << 20;
+    config.journal_anchor_lag_ms = journal_anchor_lag_ms;
     config.exec_buffer_bytes = exec_buffer_bytes;
     config.background_delete = background_delete;
     // The lifecycle reserve: 1 MiB, or a quarter of a smaller cap.

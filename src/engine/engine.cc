@@ -80,6 +80,11 @@ Config with_defaults(Config c) {
         Errc::invalid_argument,
         "pool_cpu_weight must be between 1 and 10000, not " + std::to_string(c.pool_cpu_weight),
         "pool_cpu_weight");
+  if (c.journal_anchor_lag_ms < 0 || c.journal_anchor_lag_ms > 10000)
+    throw Error(Errc::invalid_argument,
+                "journal_anchor_lag_ms must be between 0 and 10000, not " +
+                    std::to_string(c.journal_anchor_lag_ms),
+                "journal_anchor_lag_ms");
   if (c.template_dir.empty()) c.template_dir = c.data_dir / "templates";
   if (c.template_ram_dir.empty()) {
     const char* env = std::getenv("AIRLOCK_TEMPLATE_RAM_DIR");
@@ -113,7 +118,8 @@ Engine::Impl::Impl(Config c)
       // Heads anchored in the registry, signed with the host's key (made on
       // first start, 0600 like the data dir it is in).
       journal(cfg.data_dir / "audit", {cfg.journal_max_bytes, cfg.journal_reserve_bytes}, &registry,
-              HostKey::load_or_create(cfg.data_dir / "journal-key.pem")),
+              HostKey::load_or_create(cfg.data_dir / "journal-key.pem"),
+              std::chrono::milliseconds(cfg.journal_anchor_lag_ms)),
       images(cfg.image_dir, cfg.share_dir / "images", cfg.guest_agent) {
   if (cfg.templates) templates.emplace(cfg.template_dir, cfg.template_ram_dir);
   snaps.emplace(cfg.data_dir / "snapshots");

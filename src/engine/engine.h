@@ -97,6 +97,10 @@ struct Config {
   // and counted; the reserve is for lifecycle records. 0 = no cap.
   uint64_t journal_max_bytes = 64ull << 20;
   uint64_t journal_reserve_bytes = 1ull << 20;
+  // How long the head of a buffered journal record (an exec's, a pool
+  // hand-out's) may wait for its anchor (AuditJournal); sync records are
+  // anchored at once. 0 = every record at once.
+  int journal_anchor_lag_ms = 50;
   // Per foreground exec, the output the guest keeps so a client can attach
   // again after a daemon restart (airlockd --exec-buffer-bytes; 64 KiB ..
   // 1 GiB). Beyond it the oldest bytes go, counted (engine_attach.cc).

@@ -12,6 +12,8 @@
 #include <functional>
 #include <iostream>
 #include <map>
+#include <mutex>
+#include <thread>
 
 #include "common/error.h"
 #include "engine/audit/journal.h"
@@ -20,17 +22,26 @@ namespace airlock::engine {
 namespace {
 namespace fs = std::filesystem;
 
+// Locked: a journal with an anchor lag stores heads from its own thread.
 class MemAnchor : public JournalAnchor {
  public:
   std::optional<JournalHead> load_head(const std::string& sb) override {
+    std::lock_guard lock(mu);
     auto it = heads.find(sb);
     if (it == heads.end()) return std::nullopt;
     return it->second;
   }
   void store_head(const std::string& sb, const JournalHead& h) override {
+    std::lock_guard lock(mu);
     if (fail) throw Error(Errc::internal, "registry down");
     heads[sb] = h;
   }
+  // The anchored seq of `sb`, 0 if none.
+  uint64_t seq(const std::string& sb) {
+    auto h = load_head(sb);
+    return h ? h->seq : 0;
+  }
+  std::mutex mu;
   std::map<std::string, JournalHead> heads;
   bool fail = false;
 };
@@ -284,6 +295,86 @@ TEST_F(ChainTest, TenThousandRecordsVerifyTiming) {
   EXPECT_TRUE(r.ok);
   EXPECT_EQ(r.head.seq, 10000u);
   std::cout << "verify of 10000 records: " << ms << " ms\n";
+}
+
+// With an anchor lag, a sync record's head is anchored before append()
+// returns and a buffered one's waits (one anchor for the window); verify()
+// anchors what is pending first, so it never reports the lag as unanchored.
+TEST_F(ChainTest, BufferedHeadsWaitForTheLagSyncOnesAndVerifyDoNot) {
+  using namespace std::chrono_literals;
+  AuditJournal j(dir_ / "audit", {}, &anchor_, key_, 10s);  // the thread never gets there
+  j.append("sb-1", "created", nullptr, Durability::sync);
+  EXPECT_EQ(anchor_.seq("sb-1"), 1u);
+  j.append("sb-1", "exec_start");
+  j.append("sb-1", "exec");
+  EXPECT_EQ(anchor_.seq("sb-1"), 1u);
+  auto r = j.verify("sb-1");
+  EXPECT_TRUE(r.ok);
+  EXPECT_EQ(r.unanchored, 0u);
+  EXPECT_EQ(anchor_.seq("sb-1"), 3u);
+  ASSERT_TRUE(r.anchor);
+  EXPECT_TRUE(r.signature_ok);
+}
+
+// The lag hides no tampering: a file cut short while its head waits fails
+// verify (the anchor names the head this process wrote, not the file's).
+TEST_F(ChainTest, AFileCutShortWhileItsHeadWaitsFailsVerify) {
+  using namespace std::chrono_literals;
+  AuditJournal j(dir_ / "audit", {}, &anchor_, key_, 10s);
+  j.append("sb-1", "created", nullptr, Durability::sync);
+  for (int i = 0; i < 3; ++i) j.append("sb-1", "exec", {{"n", i}});
+  auto ls = lines();
+  ls.pop_back();
+  rewrite(ls);
+  auto r = j.verify("sb-1").to_json();
+  EXPECT_FALSE(r["ok"].get<bool>()) << r.dump(2);
+  EXPECT_EQ(r["first_break"]["kind"], "truncated") << r.dump(2);
+}
+
+// The thread anchors within the lag, every sandbox of the window; what is
+// still pending when the journal goes (a daemon stopping) is anchored then.
+TEST_F(ChainTest, PendingHeadsAreAnchoredByTheThreadAndAtTheEnd) {
+  using namespace std::chrono_literals;
+  {
+    AuditJournal j(dir_ / "audit", {}, &anchor_, key_, 20ms);
+    j.append("sb-1", "exec");
+    j.append("sb-2", "exec");
+    j.append("sb-2", "exec");
+    auto deadline = std::chrono::steady_clock::now() + 10s;
+    while ((anchor_.seq("sb-1") != 1 || anchor_.seq("sb-2") != 2) &&
+           std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(5ms);
+    EXPECT_EQ(anchor_.seq("sb-1"), 1u);
+    EXPECT_EQ(anchor_.seq("sb-2"), 2u);
+  }
+  {
+    AuditJournal j(dir_ / "audit", {}, &anchor_, key_, 10s);
+    j.append("sb-1", "exec");
+    EXPECT_EQ(anchor_.seq("sb-1"), 1u);
+  }
+  EXPECT_EQ(anchor_.seq("sb-1"), 2u);
+  auto r = journal().verify("sb-1");
+  EXPECT_TRUE(r.ok);
+  EXPECT_EQ(r.unanchored, 0u);
+}
+
+// A second process appended after our pending head: its append anchored its
+// newer head, which ours must not replace.
+TEST_F(ChainTest, APendingHeadNeverReplacesANewerOne) {
+  using namespace std::chrono_literals;
+  AuditJournal ours(dir_ / "audit", {}, &anchor_, key_, 10s);
+  ours.append("sb-1", "created", nullptr, Durability::sync);
+  ours.append("sb-1", "exec");  // seq 2, pending
+  {
+    auto other = journal();  // anchors at once; notes our unanchored seq 2 first
+    other.append("sb-1", "exec");
+  }
+  EXPECT_EQ(nlohmann::json::parse(lines()[2])["event"], "journal_reanchored");
+  EXPECT_EQ(anchor_.seq("sb-1"), 4u);
+  auto r = ours.verify("sb-1");  // anchors ours only if still the newest
+  EXPECT_TRUE(r.ok);
+  EXPECT_EQ(anchor_.seq("sb-1"), 4u);
+  EXPECT_EQ(r.unanchored, 0u);
 }
 
 }  // namespace

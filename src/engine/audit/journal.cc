@@ -120,8 +120,12 @@ std::string rfc3339_now() {
 }
 
 AuditJournal::AuditJournal(std::filesystem::path dir, JournalLimits limits, JournalAnchor* anchor,
-                           std::shared_ptr<const HostKey> key)
-    : dir_(std::move(dir)), limits_(limits), anchor_(anchor), key_(std::move(key)) {
+                           std::shared_ptr<const HostKey> key, std::chrono::milliseconds anchor_lag)
+    : dir_(std::move(dir)),
+      limits_(limits),
+      anchor_(anchor),
+      key_(std::move(key)),
+      anchor_lag_(anchor_lag) {
   if (limits_.max_bytes != 0 && limits_.lifecycle_reserve_bytes >= limits_.max_bytes)
     throw Error(Errc::invalid_argument,
                 "journal cap (" + std::to_string(limits_.max_bytes) +
@@ -132,6 +136,66 @@ AuditJournal::AuditJournal(std::filesystem::path dir, JournalLimits limits, Jour
   std::filesystem::create_directories(dir_, ec);
   if (ec)
     throw Error(Errc::internal, "cannot create audit dir " + dir_.string() + ": " + ec.message());
+  if (anchor_ && anchor_lag_.count() > 0) anchorer_ = std::thread([this] { anchor_loop(); });
+}
+
+AuditJournal::~AuditJournal() {
+  if (!anchorer_.joinable()) return;
+  {
+    std::lock_guard lock(pending_mu_);
+    stopping_ = true;
+  }
+  pending_cv_.notify_all();
+  anchorer_.join();
+  for (const auto& sandbox : pending_) anchor_pending(sandbox);
+}
+
+void AuditJournal::anchor_loop() {
+  std::unique_lock lock(pending_mu_);
+  while (!stopping_) {
+    pending_cv_.wait(lock, [&] { return stopping_ || !pending_.empty(); });
+    // The appends of the next anchor_lag share one anchor.
+    pending_cv_.wait_for(lock, anchor_lag_, [&] { return stopping_; });
+    if (stopping_) break;  // the destructor anchors what is left
+    std::set<std::string> batch;
+    batch.swap(pending_);
+    lock.unlock();
+    for (const auto& sandbox : batch) anchor_pending(sandbox);
+    lock.lock();
+  }
+}
+
+void AuditJournal::anchor_pending(const std::string& sandbox) {
+  auto chain = chain_of(sandbox);
+  std::lock_guard chain_lock(chain->mu);
+  if (!chain->loaded || chain->anchored_seq == chain->seq) return;
+  // Under the file's lock, as an append: a file grown past our head was
+  // appended to by another process (a second daemon), whose own append
+  // anchored its newer head. A file shorter than our head lost what we
+  // wrote: our head is anchored all the same, so that verify says so.
+  UniqueFd fd{::open(path_of(sandbox).c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW)};
+  if (fd.fd >= 0) {
+    int fl;
+    do {
+      fl = ::flock(fd.fd, LOCK_EX);
+    } while (fl != 0 && errno == EINTR);
+    struct stat st {};
+    if (fl == 0 && ::fstat(fd.fd, &st) == 0 && static_cast<uint64_t>(st.st_size) > chain->bytes)
+      return;
+  }
+  anchor_head(sandbox, *chain);
+}
+
+void AuditJournal::anchor_head(const std::string& sandbox, Chain& c) {
+  JournalHead head{c.seq, c.hash, c.bytes, {}};
+  try {
+    if (key_) head.signature = key_->sign_hex(head_message(sandbox, c.seq, c.hash));
+    anchor_->store_head(sandbox, head);
+    c.anchored_seq = c.seq;
+  } catch (const std::exception&) {
+    // The record is written; a head not anchored now is anchored by the next
+    // append, and verify reports the lag meanwhile (unanchored).
+  }
 }
 
 std::filesystem::path AuditJournal::path_of(const std::string& sandbox) const {
@@ -168,14 +232,15 @@ void AuditJournal::write_chained(int fd, const std::string& sandbox, Chain& c,
   c.hash = sha256_hex(std::string_view(line).substr(0, line.size() - 1));
   c.bytes += line.size();
   if (!anchor_) return;
-  JournalHead head{c.seq, c.hash, c.bytes, {}};
-  try {
-    if (key_) head.signature = key_->sign_hex(head_message(sandbox, c.seq, c.hash));
-    anchor_->store_head(sandbox, head);
-  } catch (const std::exception&) {
-    // The record is written; a head not anchored now is anchored by the next
-    // append, and verify reports the lag meanwhile (unanchored).
+  if (durability == Durability::sync || !anchorer_.joinable()) {
+    anchor_head(sandbox, c);
+    return;
   }
+  {
+    std::lock_guard lock(pending_mu_);
+    pending_.insert(sandbox);
+  }
+  pending_cv_.notify_one();
 }
 
 // Learns the chain's end from the file (first append of this process, or the
@@ -229,6 +294,8 @@ void AuditJournal::load_chain(int fd, const std::string& sandbox, Chain& c, uint
                           {"file", {{"seq", c.seq}, {"hash", c.hash}, {"bytes", end}}}}});
       else if (a->seq < c.seq)
         notes.push_back({"journal_reanchored", {{"anchored_seq", a->seq}, {"head_seq", c.seq}}});
+      // The notes (sync) anchor the new head; without them it is anchored.
+      c.anchored_seq = intact ? a->seq : 0;
     }
   }
   for (auto& [event, fields] : notes)
@@ -308,8 +375,9 @@ bool AuditJournal::append(const std::string& sandbox, const std::string& event,
   return true;
 }
 
-VerifyReport AuditJournal::verify(const std::string& sandbox) const {
+VerifyReport AuditJournal::verify(const std::string& sandbox) {
   auto path = path_of(sandbox);
+  if (anchorer_.joinable()) anchor_pending(sandbox);
   // The anchor first, the file second: whatever was anchored is in the file
   // by then (it is written before it is anchored).
   std::optional<JournalHead> head;
