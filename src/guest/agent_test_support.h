@@ -248,10 +248,20 @@ class Agent {
   protocol::Decoder dec_;
 };
 
+// The test's scratch directory, removed when the test process exits (each
+// ctest case is a process of its own); a forked child exiting leaves it.
 fs::path temp_dir() {
-  auto p = fs::temp_directory_path() / ("airlock-guest-test-" + std::to_string(getpid()));
-  fs::create_directories(p);
-  return p;
+  struct Scratch {
+    pid_t owner = getpid();
+    fs::path path = fs::temp_directory_path() / ("airlock-guest-test-" + std::to_string(owner));
+    ~Scratch() {
+      std::error_code ec;
+      if (getpid() == owner) fs::remove_all(path, ec);
+    }
+  };
+  static Scratch scratch;
+  fs::create_directories(scratch.path);
+  return scratch.path;
 }
 
 }  // namespace
