@@ -23,6 +23,7 @@ import json
 import os
 import queue
 import random
+import shutil
 import signal
 import socket
 import struct
@@ -584,6 +585,7 @@ def run(helper):
             except Exception:
                 pass
         teardown()
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def main():
