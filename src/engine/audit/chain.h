@@ -8,8 +8,9 @@
 //           genesis_hash(sandbox), so a journal cannot be passed off as
 //           another sandbox's.
 // The head (seq, hash and the byte offset where the head's line ends) is
-// anchored outside the file, in the registry (JournalAnchor), after every
-// append, and signed with the host's Ed25519 key (HostKey) when there is one.
+// anchored outside the file, in the registry (JournalAnchor), after a sync
+// append or within the journal's anchor lag of a buffered one (journal.h),
+// and signed with the host's Ed25519 key (HostKey) when there is one.
 // Editing a line breaks the next line's prev; deleting, inserting or
 // reordering lines breaks the seq sequence; cutting the tail leaves the file
 // short of the anchor; rewriting the whole chain changes the head, which the
@@ -62,8 +63,9 @@ struct JournalHead {
 };
 
 // Where heads are anchored (the registry implements it; tests keep them in
-// memory). store() is called after every append, under the journal's
-// per-sandbox lock, so heads only move forward.
+// memory). store() is called with the journal's per-sandbox lock held (by
+// an append, or by the journal's anchoring thread for a buffered one), so a
+// process's heads only move forward.
 class JournalAnchor {
  public:
   virtual ~JournalAnchor() = default;
