@@ -55,7 +55,7 @@ int main(int argc, char** argv) {
                  "deleted (default 300)")
       ->check(CLI::Range(1, 604800))
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
-  int pool_cpu_weight = 10;
+  int pool_cpu_weight = engine::Config{}.pool_cpu_weight;
   app.add_option("--pool-cpu-weight", pool_cpu_weight,
                  "cpu weight of a warm-pool member until its hand-out, against 100 for a "
                  "sandbox in use: refills yield the CPU (1-10000; default 10; 100: no "
@@ -81,7 +81,7 @@ int main(int argc, char** argv) {
                  "seconds a connection may send nothing (between or mid-request) or read "
                  "nothing of a stream before it is closed; a silent exec is not idle (default 60)")
       ->check(CLI::Range(0.05, 86400.0));
-  int journal_anchor_lag_ms = 50;
+  int journal_anchor_lag_ms = engine::Config{}.journal_anchor_lag_ms;
   app.add_option("--journal-anchor-lag-ms", journal_anchor_lag_ms,
                  "how long the head of a buffered journal record (an exec's) may wait for its "
                  "signed anchor; sync records and verify anchor at once (0: every record at "

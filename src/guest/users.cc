@@ -44,39 +44,6 @@ std::optional<FileId> file_id(const std::string& path) {
 }
 
 std::optional<User> read_user(const std::string& spec, const std::string& passwd,
-                              const std::string& group);
-
-}  // namespace
-
-std::optional<User> lookup_user(const std::string& spec, const std::string& passwd,
-                                const std::string& group) {
-  struct Entry {
-    FileId pw, gr;
-    std::optional<User> user;
-  };
-  static std::mutex mu;
-  static std::map<std::tuple<std::string, std::string, std::string>, Entry> memo;
-  auto pw = file_id(passwd), gr = file_id(group);
-  auto key = std::make_tuple(spec, passwd, group);
-  if (pw && gr) {
-    std::lock_guard lock(mu);
-    auto it = memo.find(key);
-    if (it != memo.end() && it->second.pw == *pw && it->second.gr == *gr) return it->second.user;
-  }
-  auto user = read_user(spec, passwd, group);
-  // Remembered only if neither file changed while it was read; a handful of
-  // users in practice, so the memo is simply bounded.
-  if (pw && gr && file_id(passwd) == pw && file_id(group) == gr) {
-    std::lock_guard lock(mu);
-    if (memo.size() >= 64) memo.clear();
-    memo[key] = Entry{*pw, *gr, user};
-  }
-  return user;
-}
-
-namespace {
-
-std::optional<User> read_user(const std::string& spec, const std::string& passwd,
                               const std::string& group) {
   auto as_uid = number(spec);
   std::optional<User> found;
@@ -110,6 +77,36 @@ std::optional<User> read_user(const std::string& spec, const std::string& passwd
   }
   return found;
 }
+
+}  // namespace
+
+std::optional<User> lookup_user(const std::string& spec, const std::string& passwd,
+                                const std::string& group) {
+  struct Entry {
+    FileId pw, gr;
+    std::optional<User> user;
+  };
+  static std::mutex mu;
+  static std::map<std::tuple<std::string, std::string, std::string>, Entry> memo;
+  auto pw = file_id(passwd), gr = file_id(group);
+  auto key = std::make_tuple(spec, passwd, group);
+  if (pw && gr) {
+    std::lock_guard lock(mu);
+    auto it = memo.find(key);
+    if (it != memo.end() && it->second.pw == *pw && it->second.gr == *gr) return it->second.user;
+  }
+  auto user = read_user(spec, passwd, group);
+  // Remembered only if neither file changed while it was read; a handful of
+  // users in practice, so the memo is simply bounded.
+  if (pw && gr && file_id(passwd) == pw && file_id(group) == gr) {
+    std::lock_guard lock(mu);
+    if (memo.size() >= 64) memo.clear();
+    memo[key] = Entry{*pw, *gr, user};
+  }
+  return user;
+}
+
+namespace {
 
 // Field 0 of the first line of `file` whose field 2 is `id`.
 std::string name_of(unsigned long id, const std::string& file) {
