@@ -127,6 +127,28 @@ TEST(Quotas, CreatesPerMinute) {
   EXPECT_NO_THROW(q.reserve("acme", 1, 1, usage));
 }
 
+// A resume reserves like a create (its size must fit) but is not one: the
+// create rate neither refuses nor counts it.
+TEST(Quotas, AResumeIsNotACreate) {
+  TempDir d;
+  auto t = Quotas::Clock::time_point{};
+  Quotas q(d.path / "tenants.json", [&] { return t; });
+  Quota lim;
+  lim.creates_per_minute = 1;
+  lim.max_memory_mb = 512;
+  q.set("acme", lim);
+  auto usage = [] { return Usage{1, 256, 1024}; };
+  q.reserve("acme", 1, 1, usage);
+  EXPECT_NO_THROW(q.reserve("acme", 256, 1, usage, /*counts_as_create=*/false));
+  try {
+    q.reserve("acme", 257, 1, usage, false);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Errc::quota_exceeded);
+    EXPECT_EQ(e.field(), "max_memory_mb");
+  }
+}
+
 TEST(Quotas, ParseRefusesUnknownAndNegative) {
   EXPECT_THROW(parse_quota({{"max_cpus", 1}}), Error);
   EXPECT_THROW(parse_quota({{"max_sandboxes", -1}}), Error);

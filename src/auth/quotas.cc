@@ -91,7 +91,8 @@ Quota Quotas::get(const std::string& tenant) const {
 
 std::unique_ptr<Quotas::Reservation> Quotas::reserve(const std::string& tenant, int64_t memory_mb,
                                                      int64_t disk_mb,
-                                                     const std::function<Usage()>& usage) {
+                                                     const std::function<Usage()>& usage,
+                                                     bool counts_as_create) {
   std::lock_guard lock(mu_);
   Quota q;
   if (auto it = quotas_.find(tenant); it != quotas_.end()) q = it->second;
@@ -112,7 +113,7 @@ std::unique_ptr<Quotas::Reservation> Quotas::reserve(const std::string& tenant, 
     over("max_disk_mb", q.max_disk_mb,
          "would be exceeded (" + std::to_string(u.disk_mb + p.disk_mb) + " in use, " +
              std::to_string(disk_mb) + " asked)");
-  if (q.creates_per_minute >= 0) {
+  if (counts_as_create && q.creates_per_minute >= 0) {
     auto now = now_();
     auto& window = creates_[tenant];
     while (!window.empty() && now - window.front() >= std::chrono::minutes(1)) window.pop_front();

@@ -67,8 +67,11 @@ class Quotas {
   // Throws Error(quota_exceeded, field = the limit) naming the limit and its
   // value, or Error(rate_limited, field "creates_per_minute"). `usage` is
   // called with the quota lock held, so it must not call back into Quotas.
+  // A resume reserves like a create but is not a create (`counts_as_create`
+  // false: creates_per_minute neither limits nor counts it).
   std::unique_ptr<Reservation> reserve(const std::string& tenant, int64_t memory_mb,
-                                       int64_t disk_mb, const std::function<Usage()>& usage);
+                                       int64_t disk_mb, const std::function<Usage()>& usage,
+                                       bool counts_as_create = true);
 
  private:
   void save() const;  // mu_ held

@@ -180,11 +180,6 @@ json sandbox_json(const engine::SandboxInfo& info) {
 // a bad policy is a 400 naming the entry before the engine does anything.
 void check_policy(const json& policy) { net::NetworkPolicy::parse(policy); }
 
-bool still_live(engine::State state) {
-  return state == engine::State::starting || state == engine::State::running ||
-         state == engine::State::stopping;
-}
-
 // GET .../network/events: a JSON array, or with follow=true an NDJSON stream
 // until the sandbox ends or the client hangs up. The follower reads only what
 // was appended since its last read and sleeps until the journal grows, the
@@ -194,7 +189,7 @@ void handle_network_events(engine::Engine& engine, Exchange& ex, const std::stri
   // State first, events second: whatever the sandbox recorded before it
   // ended is in the batch fetched after seeing it ended. Both calls come
   // before the stream starts, so an unknown id is a plain 404.
-  bool live = still_live(engine.get(id).state);
+  bool live = engine::holds_resources(engine.get(id).state);
   std::unique_ptr<engine::RecordFollower> follower = engine.follow_network_events(id);
   std::vector<json> events = follower->next();
   if (!follow) {
@@ -218,7 +213,7 @@ void handle_network_events(engine::Engine& engine, Exchange& ex, const std::stri
         ex.abort_stream();
         return;
       }
-      live = still_live(engine.get(id).state);
+      live = engine::holds_resources(engine.get(id).state);
       events = follower->next();
     }
   } catch (const Error& e) {
@@ -340,18 +335,14 @@ void dispatch(engine::Engine& engine, Exchange& ex, const Caller& caller) {
       }
       break;
     default:
-      if (is_snapshot_route(m.route) && snapshot_route_operator_only(m.route) &&
-          !caller.who.is_operator()) {
-        ex.send_error(404, "not_found",
-                      "no route for " + std::string(ex.method()) + " " + std::string(ex.path()));
-        return;
-      }
       // Every route with a sandbox id: another tenant's sandbox is answered
-      // exactly like one that does not exist (404), before anything is read.
-      if (!m.id.empty() && !caller.who.is_operator()) visible_sandbox(engine, caller.who, m.id);
+      // exactly like one that does not exist (404), before anything is read
+      // (a snapshot's name is checked alike by handle_snapshot_route).
+      if (!m.id.empty() && !caller.who.is_operator() && !names_a_snapshot(m.route))
+        visible_sandbox(engine, caller.who, m.id);
   }
   if (is_snapshot_route(m.route)) {
-    handle_snapshot_route(engine, ex, m);
+    handle_snapshot_route(engine, ex, m, caller);
     return;
   }
   Query q = parse_query(ex.query());
@@ -372,6 +363,10 @@ void dispatch(engine::Engine& engine, Exchange& ex, const Caller& caller) {
       check_query_keys(q, {});
       expect_no_body(ex);
       json j = engine.info();
+      if (!caller.who.is_operator()) {
+        ex.send_json(200, tenant_info(engine, caller.who, j));
+        return;
+      }
       j["daemon"] = {
           {"version", AIRLOCK_VERSION}, {"pid", ::getpid()}, {"connections", counters.to_json()}};
       ex.send_json(200, j);
@@ -576,7 +571,8 @@ void dispatch(engine::Engine& engine, Exchange& ex, const Caller& caller) {
     case Route::posture:
       check_query_keys(q, {});
       expect_no_body(ex);
-      ex.send_json(200, engine.posture(id));
+      ex.send_json(
+          200, caller.who.is_operator() ? engine.posture(id) : tenant_posture(engine.posture(id)));
       return;
     case Route::set_network: {
       check_query_keys(q, {});

@@ -59,9 +59,13 @@ void handle_attach_exec(engine::Engine& engine, Exchange& ex, const std::string&
 // Pause, resume, snapshots, fork (handlers_snapshots.cc).
 enum class Route;
 bool is_snapshot_route(Route route);
-// Snapshots and fork: operator only (a tenant gets the 404 of an unknown route).
-bool snapshot_route_operator_only(Route route);
-void handle_snapshot_route(engine::Engine& engine, Exchange& ex, const RouteMatch& m);
+// The snapshot routes whose {id} is a snapshot's name, not a sandbox's.
+bool names_a_snapshot(Route route);
+// A tenant sees its own snapshots only (daemon/tenancy.h): another
+// tenant's name is answered like one that does not exist; its resumes and
+// forks hold its quota like creates.
+void handle_snapshot_route(engine::Engine& engine, Exchange& ex, const RouteMatch& m,
+                           const Caller& caller);
 
 // POST /v1/images/build (handlers_recipes.cc): operator only (checked by
 // the caller); the recipe's progress as NDJSON.

@@ -16,15 +16,11 @@ void no_body(Exchange& ex) {
     throw Error(Errc::invalid_argument, "this request takes no body", "body");
 }
 
-bool live(engine::State s) {
-  return !engine::is_terminal(s);  // paused ones too: a resume appends more
-}
-
 // The whole journal: a JSON array, or with follow an NDJSON stream of every
 // record as it is appended (the JournalReader reads only what is new and
 // sleeps on inotify), until the sandbox ends or the client hangs up.
 void stream_events(engine::Engine& engine, Exchange& ex, const std::string& id, bool follow) {
-  bool alive = live(engine.get(id).state);  // state first: see handle_network_events
+  bool alive = engine::holds_resources(engine.get(id).state);  // state first: see handle_network_events
   auto follower = engine.follow_journal(id);
   auto records = follower->next();
   if (!follow) {
@@ -48,7 +44,7 @@ void stream_events(engine::Engine& engine, Exchange& ex, const std::string& id, 
         ex.abort_stream();
         return;
       }
-      alive = live(engine.get(id).state);
+      alive = engine::holds_resources(engine.get(id).state);
       records = follower->next();
     }
   } catch (const Error& e) {

@@ -1,12 +1,14 @@
-// Pause, resume, snapshots and fork (issue 12): POST
+// Pause, resume, snapshots and fork: POST
 // /v1/sandboxes/{id}/pause|resume|snapshots|fork, GET /v1/snapshots,
 // GET|DELETE /v1/snapshots/{id}, POST /v1/snapshots/{id}/image (image
-// save). Snapshots are the host's (operator) business
-// like the pool: a tenant sees those routes as absent; pause and resume of
-// its own sandboxes it may use.
+// save). A snapshot belongs to the tenant whose sandbox it was taken of
+// (the operator's own to the operator): a tenant lists, reads, deletes and
+// saves as an image only its own, and sees another's as absent; the image
+// it saves is its own too (bootable by it alone).
 #include "daemon/handlers.h"
 #include "daemon/request.h"
 #include "daemon/router.h"
+#include "daemon/tenancy.h"
 
 namespace airlock::daemon {
 
@@ -33,9 +35,16 @@ bool is_snapshot_route(Route r) {
          r == Route::fork || r == Route::save_snapshot_image;
 }
 
-bool snapshot_route_operator_only(Route r) { return r != Route::pause && r != Route::resume; }
+bool names_a_snapshot(Route r) {
+  return r == Route::get_snapshot || r == Route::delete_snapshot || r == Route::save_snapshot_image;
+}
 
-void handle_snapshot_route(engine::Engine& engine, Exchange& ex, const RouteMatch& m) {
+void handle_snapshot_route(engine::Engine& engine, Exchange& ex, const RouteMatch& m,
+                           const Caller& caller) {
+  const Principal& who = caller.who;
+  // Before anything is read: another tenant's snapshot is a 404 like a
+  // name that does not exist.
+  if (names_a_snapshot(m.route) && !who.is_operator()) visible_snapshot(engine, who, m.id);
   Query q = parse_query(ex.query());
   check_query_keys(q, {});
   switch (m.route) {
@@ -45,7 +54,7 @@ void handle_snapshot_route(engine::Engine& engine, Exchange& ex, const RouteMatc
       return;
     case Route::resume:
       no_body(ex);
-      ex.send_json(200, sandbox_view(engine.resume(m.id)));
+      ex.send_json(200, sandbox_view(resume_sandbox_as(engine, who, m.id, caller.source)));
       return;
     case Route::create_snapshot: {
       json req = parse_object(ex.read_body(kMaxJsonBody));
@@ -65,7 +74,7 @@ void handle_snapshot_route(engine::Engine& engine, Exchange& ex, const RouteMatc
     }
     case Route::list_snapshots:
       no_body(ex);
-      ex.send_json(200, engine.list_snapshots());
+      ex.send_json(200, visible_snapshots(engine, who));
       return;
     case Route::get_snapshot:
       no_body(ex);
@@ -98,7 +107,8 @@ void handle_snapshot_route(engine::Engine& engine, Exchange& ex, const RouteMatc
         count = static_cast<int>(c);
       }
       json arr = json::array();
-      for (const auto& sb : engine.fork(m.id, count)) arr.push_back(sandbox_view(sb));
+      for (const auto& sb : fork_sandbox_as(engine, who, m.id, count, caller.source))
+        arr.push_back(sandbox_view(sb));
       ex.send_json(201, {{"sandboxes", arr}});
       return;
     }

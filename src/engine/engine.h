@@ -129,6 +129,13 @@ enum class State {
   failed
 };
 const char* to_string(State state);
+// Whether a sandbox in `state` holds host resources: a VM, its saved memory
+// or its disk (every state but the three terminal ones; a paused sandbox
+// keeps its disk and its saved RAM, and gets its memory back on resume).
+// The one answer for quotas, the streams that follow a live sandbox
+// (network events, journal) and anything else that asks "still there?";
+// defined with the states' names in types_json.cc.
+bool holds_resources(State state);
 
 struct SandboxSpec {
   std::string image = "minimal";

@@ -21,6 +21,12 @@ nlohmann::json Engine::changes(const std::string& id, const std::string& since, 
   if (since != "start") {
     snapshots::check_name(since, "since");
     snap = impl_->snaps->find(since);
+    // A tenant's sandbox is compared only with that tenant's snapshots;
+    // another's is answered exactly like a name that does not exist.
+    if (snap) {
+      const std::string owner = get(id).spec.tenant;
+      if (!owner.empty() && snap->tenant != owner) snap.reset();
+    }
     if (!snap)
       throw Error(
           Errc::invalid_argument,

@@ -291,6 +291,10 @@ SandboxInfo Engine::create_counted(const SandboxSpec& spec) {
   } catch (const Error& e) {
     if (e.code() != Errc::not_found) throw;
   }
+  // A tenant boots global images and its own; another tenant's image is
+  // answered exactly like one that does not exist.
+  if (img && !spec.tenant.empty() && !img->tenant.empty() && img->tenant != spec.tenant)
+    img.reset();
   if (!img) {
     if (!is_recipe)
       throw Error(Errc::invalid_argument, "unknown image '" + spec.image + "'", "image");

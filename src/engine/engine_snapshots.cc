@@ -109,6 +109,9 @@ snapshots::Snapshot Engine::Impl::prepare_from(SandboxSpec& checked) {
   {
     std::lock_guard lock(snap_mu);
     snap = snaps->find(checked.from);
+    // A tenant restores only its own snapshots; another's (the operator's
+    // too) is answered exactly like a name that does not exist.
+    if (snap && !checked.tenant.empty() && snap->tenant != checked.tenant) snap.reset();
     if (!snap)
       throw Error(Errc::invalid_argument, "unknown snapshot '" + checked.from + "'", "from");
     ++snap_restoring[snap->name];
@@ -299,6 +302,7 @@ snapshots::Snapshot Engine::Impl::take_snapshot(Live& sb, const std::string& nam
   meta.source = id;
   meta.parent = info.spec.from;
   meta.image = info.spec.image;
+  meta.tenant = info.spec.tenant;
   meta.memory = memory;
   meta.internal = internal;
   meta.cpus = info.spec.cpus;
@@ -440,9 +444,12 @@ nlohmann::json Engine::save_snapshot_image(const std::string& snapshot, const st
   if (fsck.exit_code != 0 && fsck.exit_code != 1)
     throw Error(Errc::internal, "e2fsck -fp of snapshot '" + snapshot +
                                     "' found what it cannot repair: " + fsck.describe());
-  auto img = impl.images.install(
-      name, rootfs, config,
-      {.source = "snapshot:" + snapshot, .layers = static_cast<int>(chain.size())});
+  // The image is the snapshot owner's: a tenant's snapshot makes an image
+  // only that tenant boots; the operator's makes a global one.
+  auto img = impl.images.install(name, rootfs, config,
+                                 {.source = "snapshot:" + snapshot,
+                                  .layers = static_cast<int>(chain.size()),
+                                  .tenant = snap->tenant});
   auto j = storage::to_json(img);
   j["used_by"] = nlohmann::json::array();
   return j;

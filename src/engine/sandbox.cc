@@ -19,7 +19,9 @@ namespace {
 
 // The closed set of moves. Who triggers each is in docs/design.md ("State
 // and lifecycle"): pausing/paused for pause and resume, snapshotting for
-// snapshot and fork.
+// snapshot and fork. Which states hold resources (quotas, followers) is
+// holds_resources() in types_json.cc, beside the states' names, so the
+// registry's own library has it too.
 constexpr std::pair<State, State> kTransitions[] = {
     {State::starting, State::running},      // create committed, pool hand-out
     {State::starting, State::failed},       // boot failed
@@ -29,7 +31,7 @@ constexpr std::pair<State, State> kTransitions[] = {
     {State::running, State::snapshotting},  // snapshot / fork of a running one
     {State::pausing, State::paused},        {State::pausing, State::stopping},
     {State::pausing, State::running},  // the save failed: the VM continues
-    {State::paused, State::running},  // resume
+    {State::paused, State::running},   // resume
     {State::paused, State::snapshotting},   {State::paused, State::stopping},
     {State::snapshotting, State::running},  {State::snapshotting, State::paused},
     {State::snapshotting, State::stopping}, {State::stopping, State::deleted},

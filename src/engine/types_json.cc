@@ -37,9 +37,24 @@ State state_from_string(std::string_view name) {
   throw Error(Errc::internal, "unknown sandbox state '" + std::string(name) + "' in registry");
 }
 
-bool is_terminal(State state) {
-  return state == State::deleted || state == State::timed_out || state == State::failed;
+bool holds_resources(State state) {
+  switch (state) {
+    case State::starting:
+    case State::running:
+    case State::pausing:
+    case State::paused:
+    case State::snapshotting:
+    case State::stopping:
+      return true;
+    case State::deleted:
+    case State::timed_out:
+    case State::failed:
+      return false;
+  }
+  return false;
 }
+
+bool is_terminal(State state) { return !holds_resources(state); }
 
 nlohmann::json spec_to_json(const SandboxSpec& spec) {
   nlohmann::json j = {{"image", spec.image},

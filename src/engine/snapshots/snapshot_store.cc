@@ -53,6 +53,7 @@ Snapshot from_json(const nlohmann::json& j, const fs::path& dir) {
   s.source = j.value("source", "");
   s.parent = j.value("parent", "");
   s.image = j.value("image", "");
+  s.tenant = j.value("tenant", "");
   s.memory = j.value("memory", false);
   s.internal = j.value("internal", false);
   s.cpus = j.value("cpus", 1);
@@ -73,23 +74,25 @@ Snapshot from_json(const nlohmann::json& j, const fs::path& dir) {
 }  // namespace
 
 nlohmann::json to_json(const Snapshot& s) {
-  return {{"name", s.name},
-          {"source", s.source},
-          {"parent", s.parent},
-          {"image", s.image},
-          {"memory", s.memory},
-          {"internal", s.internal},
-          {"cpus", s.cpus},
-          {"memory_mb", s.memory_mb},
-          {"disk_mb", s.disk_mb},
-          {"ram_block", s.ram_block},
-          {"accel", s.accel},
-          {"networked", s.networked},
-          {"created_at_ms", s.created_at_ms},
-          {"took_ms", s.took_ms},
-          {"paused_ms", s.paused_ms},
-          {"bytes", s.bytes},
-          {"files", s.files}};
+  nlohmann::json j = {{"name", s.name},
+                      {"source", s.source},
+                      {"parent", s.parent},
+                      {"image", s.image},
+                      {"memory", s.memory},
+                      {"internal", s.internal},
+                      {"cpus", s.cpus},
+                      {"memory_mb", s.memory_mb},
+                      {"disk_mb", s.disk_mb},
+                      {"ram_block", s.ram_block},
+                      {"accel", s.accel},
+                      {"networked", s.networked},
+                      {"created_at_ms", s.created_at_ms},
+                      {"took_ms", s.took_ms},
+                      {"paused_ms", s.paused_ms},
+                      {"bytes", s.bytes},
+                      {"files", s.files}};
+  if (!s.tenant.empty()) j["tenant"] = s.tenant;
+  return j;
 }
 
 void check_name(const std::string& name, const std::string& field) {

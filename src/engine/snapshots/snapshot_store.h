@@ -39,6 +39,10 @@ struct Snapshot {
   std::string source;  // the sandbox it was taken of
   std::string parent;  // the snapshot the source was created from ("" = an image)
   std::string image;   // the image name underneath
+  // Its owner: the tenant whose sandbox it was taken of ("" = the
+  // operator's). Only the owner restores it, forks from it, diffs against it
+  // or saves it as an image (daemon/tenancy.h).
+  std::string tenant;
   bool memory = false;
   // Set by fork: removed with the last sandbox that uses it.
   bool internal = false;

@@ -28,13 +28,15 @@ class SnapshotStoreTest : public ::testing::Test {
     for (const auto& s : store.list()) store.remove(s.name);
     fs::remove_all(root_);
   }
-  Snapshot publish(SnapshotStore& store, const std::string& name, bool memory) {
+  Snapshot publish(SnapshotStore& store, const std::string& name, bool memory,
+                   const std::string& tenant = "") {
     Staging st = store.stage(name);
     storage::create_overlay(base_, st.dir / "layer.qcow2", 16);
     if (memory) std::ofstream(st.dir / "mem.state", std::ios::binary) << std::string(5000, 'm');
     Snapshot meta;
     meta.memory = memory;
     meta.image = "minimal";
+    meta.tenant = tenant;
     return store.commit(st, meta);
   }
   fs::path root_, base_;
@@ -72,8 +74,21 @@ TEST_F(SnapshotStoreTest, PublishesHashesAndSurvivesReopen) {
   SnapshotStore again(root_ / "snaps");  // a daemon restart
   auto s = again.get("one");
   EXPECT_TRUE(s.memory);
+  EXPECT_EQ(s.tenant, "");
+  EXPECT_FALSE(to_json(s).contains("tenant"));  // the operator's
   EXPECT_NO_THROW(again.verify(s));
   ASSERT_EQ(again.list().size(), 1u);
+}
+
+// The owner is part of what is published and survives a restart.
+TEST_F(SnapshotStoreTest, KeepsItsOwner) {
+  {
+    SnapshotStore store(root_ / "snaps");
+    EXPECT_EQ(publish(store, "mine", false, "acme").tenant, "acme");
+  }
+  SnapshotStore again(root_ / "snaps");
+  EXPECT_EQ(again.get("mine").tenant, "acme");
+  EXPECT_EQ(to_json(again.get("mine"))["tenant"], "acme");
 }
 
 TEST_F(SnapshotStoreTest, TruncatedOrAlteredIsRefusedNamingTheFile) {

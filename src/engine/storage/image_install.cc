@@ -168,16 +168,18 @@ ImageConfig image_config_from_json(const nlohmann::json& j, const std::string& f
 }
 
 nlohmann::json to_json(const Image& img) {
-  return {{"name", img.name},
-          {"kind", img.kind},
-          {"version", img.key},
-          {"source", img.source},
-          {"layers", img.layers},
-          {"size_bytes", img.disk_bytes},
-          {"rootfs_bytes", img.rootfs_bytes},
-          {"created_at", img.built_at},
-          {"kernel_release", img.kernel_release},
-          {"config", to_json(img.config)}};
+  nlohmann::json j = {{"name", img.name},
+                      {"kind", img.kind},
+                      {"version", img.key},
+                      {"source", img.source},
+                      {"layers", img.layers},
+                      {"size_bytes", img.disk_bytes},
+                      {"rootfs_bytes", img.rootfs_bytes},
+                      {"created_at", img.built_at},
+                      {"kernel_release", img.kernel_release},
+                      {"config", to_json(img.config)}};
+  if (!img.tenant.empty()) j["tenant"] = img.tenant;
+  return j;
 }
 
 bool ImageStore::is_recipe(const std::string& name) const {
@@ -280,6 +282,7 @@ Image ImageStore::install(const std::string& name, const fs::path& rootfs,
       {"initrd_compression", initrd_compression()},
       {"built_at", static_cast<std::int64_t>(std::time(nullptr))},
   };
+  if (!info.tenant.empty()) j["tenant"] = info.tenant;
   write_file(tmp.path() / "image.json", j.dump(2) + "\n");
   if (progress) progress(BuildProgress{"finish", disk_usage(tmp.path())});
   make_read_only(tmp.path());

@@ -340,6 +340,7 @@ std::optional<Image> ImageStore::read_image(const std::string& name, const std::
     img.kind = j.value("kind", "recipe");
     img.source = j.value("source", "recipe:" + name + ".sh");
     img.layers = j.value("layers", 1);
+    img.tenant = j.value("tenant", "");
     if (j.contains("config")) img.config = image_config_from_json(j.at("config"));
     // The built-in recipes' declared warm-up (images/*.sh build only the
     // disk): commands templates run before they are saved and pool members

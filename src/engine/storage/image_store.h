@@ -51,6 +51,9 @@ struct InstallInfo {
   // Replace an existing installed image of that name (the old version stays
   // on disk, used by the sandboxes that run it, until `prune`).
   bool replace = false;
+  // The tenant it belongs to ("" = global: the operator's, bootable by
+  // every tenant); e.g. an image saved from a tenant's snapshot.
+  std::string tenant;
 };
 
 struct Image {
@@ -70,6 +73,7 @@ struct Image {
   std::string source;  // InstallInfo::source, or "recipe:<name>.sh"
   int layers = 1;
   uint64_t disk_bytes = 0;  // allocated bytes of the image directory
+  std::string tenant;       // InstallInfo::tenant ("" = global)
 };
 nlohmann::json to_json(const Image& img);
 
