@@ -1,0 +1,224 @@
+"""Attacks of one tenant on the walls between tenants, through the real
+daemon's TCP listener with two tenants (tokens made over the unix socket),
+on real VMs (minimal image).
+
+Each test names the hole it closes; each failed on the code before the fix:
+paused sandboxes counted against no quota, a resume reserved nothing, a
+create from a snapshot reserved what its body said, any tenant could start
+from, diff against or boot the image of a snapshot taken of another
+tenant's sandbox, and /v1/info showed a tenant the data dir, the pool's
+member ids and every template.
+"""
+
+import time
+import unittest
+
+from harness import ApiError, DaemonTestCase, TcpClient, free_port
+
+
+def error_of(fn):
+    """The ApiError fn raises (status, code, message, field)."""
+    try:
+        fn()
+    except ApiError as e:
+        return (e.status, e.code, e.message, e.field)
+    raise AssertionError("no error")
+
+
+class TenantAttackTest(DaemonTestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.port = free_port()
+        cls.daemon_args = ["--listen", f"127.0.0.1:{cls.port}"]
+        super().setUpClass()
+
+    def tenant(self, name, **quota):
+        self.api.call("PUT", f"/v1/tenants/{name}", quota)
+        secret = self.api.call("POST", "/v1/tokens", {"tenant": name})["secret"]
+        return TcpClient("127.0.0.1", self.port, secret)
+
+    def wait_gone(self, client, sid):
+        deadline = time.time() + 60
+        while client.call("GET", f"/v1/sandboxes/{sid}")["state"] != "deleted":
+            self.assertLess(time.time(), deadline, f"{sid} was not deleted")
+            time.sleep(0.05)
+
+    def assertSameAsMissing(self, call, theirs, missing="no-such-name"):
+        """call(theirs) fails exactly as call(missing) does, name for name."""
+        got, want = error_of(lambda: call(theirs)), error_of(lambda: call(missing))
+        want = tuple(x.replace(missing, theirs) if isinstance(x, str) else x for x in want)
+        self.assertEqual(got, want, theirs)
+
+    def wait_state(self, client, sid, state, timeout=60):
+        deadline = time.time() + timeout
+        while client.call("GET", f"/v1/sandboxes/{sid}")["state"] != state:
+            self.assertLess(time.time(), deadline, f"{sid} never became {state}")
+            time.sleep(0.2)
+
+    def test_paused_sandboxes_hold_their_quota(self):
+        """create -> pause -> create used to give a max_sandboxes=1 tenant as
+        many sandboxes as it liked; a resume now reserves like a create."""
+        c = self.tenant("pauser", max_sandboxes=1)
+        a = c.create(image="minimal", timeout=600)["id"]
+        self.assertEqual(c.call("POST", f"/v1/sandboxes/{a}/pause")["state"], "paused")
+        status, code, message, field = error_of(lambda: c.create(image="minimal"))
+        self.assertEqual((status, code, field), (429, "quota_exceeded", "max_sandboxes"))
+        # The quota lowered while it was paused: the resume is refused the
+        # same way and the sandbox stays paused, whole.
+        self.api.call("PUT", "/v1/tenants/pauser", {"max_sandboxes": 1, "max_memory_mb": 128})
+        status, code, message, field = error_of(lambda: c.call("POST", f"/v1/sandboxes/{a}/resume"))
+        self.assertEqual((status, code, field), (429, "quota_exceeded", "max_memory_mb"))
+        self.assertEqual(c.call("GET", f"/v1/sandboxes/{a}")["state"], "paused")
+        self.api.call("PUT", "/v1/tenants/pauser", {"max_sandboxes": 1})
+        self.assertEqual(c.call("POST", f"/v1/sandboxes/{a}/resume")["state"], "running")
+        self.assertEqual(c.exec(a, argv=["echo", "back"])[0], b"back\n")
+        # The audit log has the refused resume and the one that went through.
+        with open(f"{self.data_dir}/audit.jsonl") as f:
+            outcomes = [l for l in f if '"resume_sandbox"' in l and a in l]
+        self.assertTrue(any("quota_exceeded" in l for l in outcomes), outcomes)
+        self.assertTrue(any("sandbox_resumed" in l for l in outcomes), outcomes)
+        c.delete(a)
+        self.wait_gone(c, a)
+
+    def test_idle_pause_is_no_way_around_the_quota(self):
+        c = self.tenant("idler", max_sandboxes=1)
+        a = c.create(image="minimal", timeout=600, idle_timeout=2, on_idle="pause")["id"]
+        self.wait_state(c, a, "paused")
+        status, code, _, field = error_of(lambda: c.create(image="minimal"))
+        self.assertEqual((status, code, field), (429, "quota_exceeded", "max_sandboxes"))
+        c.delete(a)
+        self.wait_gone(c, a)
+
+    def test_snapshots_and_their_images_belong_to_their_tenant(self):
+        alice, bob = self.tenant("alice"), self.tenant("bob")
+        a = alice.create(image="minimal", timeout=600)["id"]
+        alice.exec(a, cmd="echo secret > /root/alice.txt; sync")
+        # A snapshot of alice's sandbox, taken by her, and one the operator
+        # takes of it: both are alice's.
+        snap = alice.call("POST", f"/v1/sandboxes/{a}/snapshots", {"name": "alice-env"})
+        self.assertEqual(snap["tenant"], "alice")
+        op = self.api.call("POST", f"/v1/sandboxes/{a}/snapshots", {"name": "alice-op"})
+        self.assertEqual(op["tenant"], "alice")
+        # The operator's own snapshot of its own sandbox is the operator's.
+        o = self.api.create(image="minimal", timeout=600)["id"]
+        self.assertNotIn("tenant", self.api.call("POST", f"/v1/sandboxes/{o}/snapshots",
+                                                 {"name": "operator-env"}))
+        b = bob.create(image="minimal", timeout=600)["id"]
+
+        names = [s["name"] for s in alice.call("GET", "/v1/snapshots")]
+        self.assertEqual(sorted(names), ["alice-env", "alice-op"])
+        self.assertEqual(bob.call("GET", "/v1/snapshots"), [])
+        for theirs in ["alice-env", "alice-op", "operator-env"]:
+            # Each answer to bob is exactly the answer for a missing name.
+            for call in [lambda n: bob.call("GET", f"/v1/snapshots/{n}"),
+                         lambda n: bob.call("DELETE", f"/v1/snapshots/{n}"),
+                         lambda n: bob.call("POST", f"/v1/snapshots/{n}/image", {"name": "stolen"}),
+                         lambda n: bob.create(image="minimal", **{"from": n}),
+                         lambda n: bob.call("GET", f"/v1/sandboxes/{b}/changes?since={n}")]:
+                self.assertSameAsMissing(call, theirs)
+        self.assertEqual(error_of(lambda: bob.create(image="minimal", **{"from": "alice-env"}))[:2],
+                         (400, "invalid_argument"))
+        # Alice may use hers, but not the operator's.
+        restored = alice.create(image="minimal", timeout=600, **{"from": "alice-env"})["id"]
+        self.assertEqual(alice.exec(restored, argv=["cat", "/root/alice.txt"])[0], b"secret\n")
+        self.assertEqual(error_of(lambda: alice.create(image="minimal", **{"from": "operator-env"}))[1],
+                         "invalid_argument")
+        diff = alice.call("GET", f"/v1/sandboxes/{a}/changes?since=alice-env")
+        self.assertEqual(diff["since"], "alice-env")
+
+        # The image saved from alice's snapshot (by the operator, as before
+        # the fix was possible) is alice's: bob cannot boot it.
+        img = self.api.call("POST", "/v1/snapshots/alice-op/image", {"name": "alice-img"})
+        self.assertEqual(img["tenant"], "alice")
+        self.assertSameAsMissing(lambda n: bob.create(image=n), "alice-img")
+        self.assertNotIn("alice-img", [i["name"] for i in bob.call("GET", "/v1/info")["images"]])
+        self.assertIn("alice-img", [i["name"] for i in alice.call("GET", "/v1/info")["images"]])
+        mine = alice.create(image="alice-img", timeout=600)["id"]
+        self.assertEqual(alice.exec(mine, argv=["cat", "/root/alice.txt"])[0], b"secret\n")
+
+        for sid, client in [(mine, alice), (restored, alice), (a, alice), (b, bob), (o, self.api)]:
+            client.delete(sid)
+        for sid in [mine, restored, a]:
+            self.wait_gone(alice, sid)
+        self.wait_gone(bob, b)
+        self.wait_gone(self.api, o)
+        # The image lives in the shared image dir: its template goes first.
+        self.api.call("POST", "/v1/prune")
+        self.api.call("DELETE", "/v1/images/alice-img")
+        # Alice deletes her own; bob's delete of it was a 404 above.
+        alice.call("DELETE", "/v1/snapshots/alice-env")
+        self.assertEqual([s["name"] for s in alice.call("GET", "/v1/snapshots")], ["alice-op"])
+
+    def test_a_create_from_a_snapshot_reserves_its_real_size(self):
+        """The body said memory_mb 64; a memory snapshot restores with its own
+        256 MiB, and that is what the quota holds."""
+        c = self.tenant("shaper", max_memory_mb=400)
+        a = c.create(image="minimal", timeout=600, memory_mb=256)["id"]
+        c.call("POST", f"/v1/sandboxes/{a}/snapshots", {"name": "shaper-mem", "memory": True})
+        c.delete(a)
+        self.wait_gone(c, a)
+        small = c.create(image="minimal", timeout=600, memory_mb=192)["id"]  # 192 of 400 in use
+        status, code, message, field = error_of(
+            lambda: c.create(image="minimal", memory_mb=64, **{"from": "shaper-mem"}))
+        self.assertEqual((status, code, field), (429, "quota_exceeded", "max_memory_mb"))
+        self.assertIn("256 asked", message)
+        c.delete(small)
+        self.wait_gone(c, small)
+        restored = c.create(image="minimal", memory_mb=64, **{"from": "shaper-mem"})
+        self.assertEqual(restored["memory_mb"], 256)
+        c.delete(restored["id"])
+        self.wait_gone(c, restored["id"])
+        c.call("DELETE", "/v1/snapshots/shaper-mem")
+
+    def test_forks_are_creates(self):
+        c = self.tenant("forker", max_sandboxes=2)
+        a = c.create(image="minimal", timeout=600)["id"]
+        status, code, _, field = error_of(
+            lambda: c.call("POST", f"/v1/sandboxes/{a}/fork", {"count": 2}))
+        self.assertEqual((status, code, field), (429, "quota_exceeded", "max_sandboxes"))
+        self.assertEqual(len(c.call("GET", "/v1/sandboxes")), 1)  # nothing forked
+        forks = c.call("POST", f"/v1/sandboxes/{a}/fork", {"count": 1})["sandboxes"]
+        self.assertEqual(len(forks), 1)
+        self.assertEqual(forks[0]["tenant"], "forker")
+        # Another tenant cannot fork it: its id is answered as unknown.
+        other = self.tenant("onlooker")
+        self.assertEqual(error_of(lambda: other.call("POST", f"/v1/sandboxes/{a}/fork", {}))[:2],
+                         (404, "not_found"))
+        for sid in [a, forks[0]["id"]]:
+            c.delete(sid)
+            self.wait_gone(c, sid)
+
+    def test_the_tenant_view_discloses_nothing_of_the_host(self):
+        # A pool member exists and a template too (the operator's creates).
+        self.api.call("PUT", "/v1/pool", {"image": "minimal", "size": 1})
+        try:
+            deadline = time.time() + 120
+            while not any(p.get("members") for p in self.api.call("GET", "/v1/pool")):
+                self.assertLess(time.time(), deadline, "the pool did not fill")
+                time.sleep(0.5)
+            members = [m for p in self.api.call("GET", "/v1/pool") for m in p.get("members", [])]
+            op_info = self.api.call("GET", "/v1/info")
+            self.assertIn("data_dir", op_info)  # the operator keeps its view
+            c = self.tenant("viewer")
+            info = c.call("GET", "/v1/info")
+            text = str(info)
+            for leak in ["data_dir", "templates", "pool", "pid", "connections",
+                         self.data_dir, self.tmp] + members:
+                self.assertNotIn(leak, text, leak)
+            self.assertEqual(info["version"], op_info["version"])
+            self.assertIn("minimal", [i["name"] for i in info["images"]])
+            # Its own sandbox's posture: the jail, without host identifiers.
+            sid = c.create(image="minimal", timeout=600)["id"]
+            p = c.call("GET", f"/v1/sandboxes/{sid}/posture")
+            self.assertNotIn("pid", p["process"])
+            self.assertNotIn("'/", str(p))
+            self.assertTrue(all("id" not in v for v in p["process"]["namespaces"].values()))
+            self.assertEqual(p["missing"], self.api.call("GET", f"/v1/sandboxes/{sid}/posture")["missing"])
+            c.delete(sid)
+            self.wait_gone(c, sid)
+        finally:
+            self.api.call("PUT", "/v1/pool", {"image": "minimal", "size": 0})
+
+
+if __name__ == "__main__":
+    unittest.main()
