@@ -76,6 +76,25 @@ int main(int argc, char** argv) {
   app.add_option("--max-connections", limits.max_connections,
                  "client connections served at once; more are answered 503 (default 256)")
       ->check(CLI::Range(1, 65536));
+  app.add_option("--max-connections-per-tenant", limits.max_per_tenant,
+                 "TCP connections one tenant holds at once, streams included; more are "
+                 "answered 503 (default 64)")
+      ->check(CLI::Range(1, 65536));
+  app.add_option("--max-connections-per-source", limits.max_per_source,
+                 "TCP connections from one source address at once (an IPv6 /64 counts as one; "
+                 "behind a proxy on this host every client is its address); more are answered "
+                 "503 (default 128)")
+      ->check(CLI::Range(1, 65536));
+  app.add_option("--unix-socket-reserve", limits.unix_reserve,
+                 "connections of --max-connections kept for the unix socket, so the operator "
+                 "gets in however many TCP clients there are (at most half; default 16)")
+      ->check(CLI::Range(0, 65536));
+  double header_timeout_s = 10;
+  app.add_option("--header-timeout", header_timeout_s,
+                 "seconds a request's whole header block may take to arrive, from its first "
+                 "byte (a connection's first request: from accept); later is answered 408 and "
+                 "closed (default 10)")
+      ->check(CLI::Range(0.05, 3600.0));
   double idle_timeout_s = 60;
   app.add_option("--idle-timeout", idle_timeout_s,
                  "seconds a connection may send nothing (between or mid-request) or read "
@@ -87,6 +106,12 @@ int main(int argc, char** argv) {
                  "signed anchor; sync records and verify anchor at once (0: every record at "
                  "once; default 50)")
       ->check(CLI::Range(0, 10000));
+  double audit_log_max_mb = 4;
+  app.add_option("--audit-log-max-mb", audit_log_max_mb,
+                 "size of <data-dir>/audit.jsonl (authentication failures, tokens, creates and "
+                 "deletes) before it is rotated to audit.jsonl.1 (two rotated files kept; "
+                 "default 4)")
+      ->check(CLI::Range(0.01, 1024.0));
   int journal_max_mb = 64;
   app.add_option("--journal-max-mb", journal_max_mb,
                  "audit journal cap per sandbox in MiB: past it guest-driven records are "
@@ -127,9 +152,13 @@ int main(int argc, char** argv) {
     std::filesystem::path sock =
         socket.empty() ? daemon::default_socket(data) : std::filesystem::path(socket);
     limits.idle_timeout = std::chrono::milliseconds(static_cast<int64_t>(idle_timeout_s * 1000));
+    limits.header_timeout =
+        std::chrono::milliseconds(static_cast<int64_t>(header_timeout_s * 1000));
     daemon::Server server(std::filesystem::absolute(sock), limits);
     server.bind();  // before the engine: a second daemon must not touch the data dir
-    auth::Auth auth(data);
+    auth::AuthOptions auth_options;
+    auth_options.audit.max_bytes = static_cast<uint64_t>(audit_log_max_mb * (1 << 20));
+    auth::Auth auth(data, auth_options);
     server.set_auth(&auth);
     if (tls_cert.empty() != tls_key.empty())
       throw Error(Errc::invalid_argument, "--tls-cert and --tls-key go together",
