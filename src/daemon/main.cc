@@ -128,6 +128,11 @@ int main(int argc, char** argv) {
                "answer a DELETE once the sandbox is out of service and finish its teardown in "
                "the background, the journal's deleted record marking the end (the default); "
                "--sync-delete: answer once everything is gone");
+  std::string port_forward_range = "40000-40999";
+  app.add_option("--port-forward-range", port_forward_range,
+                 "MIN-MAX: the host ports on 127.0.0.1 that sandbox port forwards may bind "
+                 "(airlock port), for tenants and the operator alike; 1024-65535 at widest "
+                 "(default 40000-40999)");
   std::string jail_ids;
   app.add_option("--jail-ids", jail_ids,
                  "BASE:COUNT: uids/gids for QEMU jails, checked against /etc/subuid, /etc/subgid, "
@@ -190,6 +195,27 @@ int main(int argc, char** argv) {
         throw Error(Errc::invalid_argument, "--jail-ids must be BASE:COUNT, got " + jail_ids,
                     "jail_ids");
       }
+    }
+    {
+      auto dash = port_forward_range.find('-');
+      int lo = 0, hi = 0;
+      try {
+        if (dash == std::string::npos) throw std::invalid_argument("no '-'");
+        size_t a = 0, b = 0;
+        lo = std::stoi(port_forward_range.substr(0, dash), &a);
+        hi = std::stoi(port_forward_range.substr(dash + 1), &b);
+        if (a != dash || b != port_forward_range.size() - dash - 1)
+          throw std::invalid_argument("trailing text");
+      } catch (const std::exception&) {
+        lo = hi = 0;
+      }
+      if (lo < 1024 || hi > 65535 || lo > hi)
+        throw Error(
+            Errc::invalid_argument,
+            "--port-forward-range must be MIN-MAX within 1024-65535, got " + port_forward_range,
+            "port-forward-range");
+      config.port_forward_min = lo;
+      config.port_forward_max = hi;
     }
     config.journal_max_bytes = static_cast<uint64_t>(journal_max_mb) << 20;
     config.journal_anchor_lag_ms = journal_anchor_lag_ms;

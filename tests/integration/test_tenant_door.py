@@ -362,5 +362,40 @@ class AuditBoundTest(TenantDoor):
         self.assertEqual(self.api.call("GET", "/healthz"), {"status": "ok"})
 
 
+class PortForwardRangeTest(TenantDoor):
+    """Port forwards bind only in the operator's range (--port-forward-range),
+    for a tenant and for the operator; one networked VM whose empty
+    allowlist reaches nothing."""
+
+    base = 41000 + (os.getpid() % 800) * 10
+    extra_args = ["--port-forward-range", f"{base}-{base + 9}"]
+
+    def test_host_port_outside_the_range_is_refused(self):
+        acme = self.tcp(self.acme)
+        sid = acme.call("POST", "/v1/sandboxes", {"image": "minimal", "network": {"mode": "allowlist"}})["id"]
+        try:
+            ports = f"/v1/sandboxes/{sid}/ports"
+            outside = free_port()  # a free loopback port the kernel picked, not in the range
+            for client in (acme, self.api):  # the operator is bound by the same range
+                with self.assertRaises(ApiError) as e:
+                    client.call("POST", ports, {"guest_port": 8080, "host_port": outside})
+                self.assertEqual((e.exception.status, e.exception.field), (400, "host_port"))
+                self.assertIn(f"{self.base}-{self.base + 9}", e.exception.message)
+            with socket.socket() as probe:  # nothing was bound there
+                probe.bind(("127.0.0.1", outside))
+            self.assertEqual(acme.call("GET", ports), [])
+            # A free port is picked inside the range; an explicit one there is taken.
+            fwd = acme.call("POST", ports, {"guest_port": 8080})
+            self.assertTrue(self.base <= fwd["host_port"] <= self.base + 9, fwd)
+            explicit = next(p for p in range(self.base, self.base + 10) if p != fwd["host_port"])
+            fwd2 = acme.call("POST", ports, {"guest_port": 8081, "host_port": explicit})
+            self.assertEqual(fwd2["host_port"], explicit)
+            self.assertEqual(sorted(p["host_port"] for p in acme.call("GET", ports)),
+                             sorted([fwd["host_port"], explicit]))
+        finally:
+            acme.delete(sid)
+        self.assertNothingLeft(sid)
+
+
 if __name__ == "__main__":
     unittest.main()
