@@ -156,7 +156,7 @@ TEST(Quotas, ParseRefusesUnknownAndNegative) {
   EXPECT_EQ(parse_quota({{"max_sandboxes", nullptr}}).max_sandboxes, -1);
 }
 
-TEST(Auth, FailuresAreLimitedPerSourceEvenForValidTokens) {
+TEST(Auth, FailuresAreLimitedPerSourceButAValidTokenIsAlwaysServed) {
   TempDir d;
   Auth auth(d.path, {.failure_burst = 3, .failure_per_second = 0.001});
   auto made = auth.tokens().create("acme", 0, TokenFormat::airlock);
@@ -165,9 +165,40 @@ TEST(Auth, FailuresAreLimitedPerSourceEvenForValidTokens) {
   for (int i = 0; i < 3; ++i)
     EXPECT_EQ(auth.authenticate("wrong", "10.0.0.1").outcome, Verdict::invalid);
   EXPECT_EQ(auth.authenticate("wrong", "10.0.0.1").outcome, Verdict::limited);
-  EXPECT_EQ(auth.authenticate(made.secret, "10.0.0.1").outcome, Verdict::limited);
+  EXPECT_TRUE(auth.limited("10.0.0.1"));
+  // Another client behind the same address (a proxy) with a valid token.
+  EXPECT_EQ(auth.authenticate(made.secret, "10.0.0.1").outcome, Verdict::ok);
+  EXPECT_EQ(auth.authenticate("wrong", "10.0.0.1").outcome, Verdict::limited);
   // Another source is not affected.
-  EXPECT_EQ(auth.authenticate(made.secret, "10.0.0.2").outcome, Verdict::ok);
+  EXPECT_FALSE(auth.limited("10.0.0.2"));
+  EXPECT_EQ(auth.authenticate("wrong", "10.0.0.2").outcome, Verdict::invalid);
+}
+
+TEST(Auth, NotedFailuresCountLikeWrongTokens) {
+  TempDir d;
+  Auth auth(d.path, {.failure_burst = 2, .failure_per_second = 0.001});
+  EXPECT_FALSE(auth.note_auth_failure("10.0.0.1"));
+  EXPECT_FALSE(auth.note_auth_failure("10.0.0.1"));
+  EXPECT_TRUE(auth.note_auth_failure("10.0.0.1"));
+  EXPECT_TRUE(auth.limited("10.0.0.1"));
+  EXPECT_EQ(auth.authenticate("wrong", "10.0.0.1").outcome, Verdict::limited);
+}
+
+TEST(Auth, SourcesAreKeyedByIpv6Slash64) {
+  EXPECT_EQ(source_key("203.0.113.7"), "203.0.113.7");
+  EXPECT_EQ(source_key("::ffff:203.0.113.7"), "203.0.113.7");
+  EXPECT_EQ(source_key("2001:db8:1:2:aaaa:bbbb:cccc:dddd"), "2001:db8:1:2::/64");
+  EXPECT_EQ(source_key("2001:db8:1:2::1"), "2001:db8:1:2::/64");
+  EXPECT_EQ(source_key("::1"), "::/64");
+  EXPECT_EQ(source_key("unix"), "unix");
+  TempDir d;
+  Auth auth(d.path, {.failure_burst = 2, .failure_per_second = 0.001});
+  // One host walking through the addresses of its /64 is one source.
+  EXPECT_EQ(auth.authenticate("wrong", "2001:db8:1:2::1").outcome, Verdict::invalid);
+  EXPECT_EQ(auth.authenticate("wrong", "2001:db8:1:2::2").outcome, Verdict::invalid);
+  EXPECT_EQ(auth.authenticate("wrong", "2001:db8:1:2:ffff::3").outcome, Verdict::limited);
+  EXPECT_TRUE(auth.limited("2001:db8:1:2::99"));
+  EXPECT_FALSE(auth.limited("2001:db8:1:3::1"));
 }
 
 TEST(AuditLog, AppendsJsonLinesPrivately) {
@@ -182,6 +213,48 @@ TEST(AuditLog, AppendsJsonLinesPrivately) {
   struct stat st {};
   ASSERT_EQ(::stat((d.path / "audit.jsonl").c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 0777, 0600u);
+}
+
+TEST(AuditLog, LongFieldsAreCutAndMarked) {
+  TempDir d;
+  AuditLog log(d.path / "audit.jsonl");
+  log.append({{"route", "/e2b/api/" + std::string(60000, 'a')}, {"status", 401}});
+  log.append({{"route", std::string("/bad/\xff\xfe")}});  // not UTF-8: replaced, not thrown
+  auto t = log.tail(2);
+  ASSERT_EQ(t.size(), 2u);
+  std::string route = t[0]["route"];
+  EXPECT_LT(route.size(), 300u);
+  EXPECT_NE(route.find("...[truncated, 60009 bytes]"), std::string::npos);
+  EXPECT_EQ(t[0]["status"], 401);
+  EXPECT_EQ(t[1]["route"].get<std::string>().rfind("/bad/", 0), 0u);
+}
+
+TEST(AuditLog, RotatesBySizeKeepingTwoGenerations) {
+  TempDir d;
+  auto file = d.path / "audit.jsonl";
+  AuditLog log(file, {.max_bytes = 1000, .generations = 2});
+  for (int i = 0; i < 100; ++i) log.append({{"outcome", "o" + std::to_string(i)}});
+  uint64_t total = 0;
+  for (const auto& e : std::filesystem::directory_iterator(d.path)) {
+    EXPECT_LE(e.file_size(), 1000u) << e.path();
+    total += e.file_size();
+  }
+  EXPECT_LE(total, 3000u);
+  EXPECT_TRUE(std::filesystem::exists(d.path / "audit.jsonl.1"));
+  EXPECT_TRUE(std::filesystem::exists(d.path / "audit.jsonl.2"));
+  EXPECT_FALSE(std::filesystem::exists(d.path / "audit.jsonl.3"));
+  // The newest records are in the current file, tail reaching into .1.
+  auto t = log.tail(20);
+  ASSERT_EQ(t.size(), 20u);
+  EXPECT_EQ(t.back()["outcome"], "o99");
+  EXPECT_EQ(t.front()["outcome"], "o80");
+  struct stat st {};
+  ASSERT_EQ(::stat(file.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  // A daemon restarted on a nearly full file rotates at the same bound.
+  AuditLog again(file, {.max_bytes = 1000, .generations = 2});
+  for (int i = 0; i < 30; ++i) again.append({{"outcome", "p"}});
+  EXPECT_LE(std::filesystem::file_size(file), 1000u);
 }
 
 }  // namespace

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "common/metrics/metrics.h"
+#include "daemon/conn_caps.h"
 
 namespace airlock::daemon {
 
@@ -75,32 +76,35 @@ class SocketStream final : public Stream {
   Sock sock_;
 };
 
-struct ServerLimits {
-  // Open connections served at once; beyond it a new connection is answered
-  // 503 {"error": {"code": "unavailable", ...}} and closed (and counted).
-  int max_connections = 256;
-  // A socket read or write blocked this long closes the connection.
-  std::chrono::milliseconds idle_timeout{std::chrono::seconds(60)};
-};
-
 struct ServerCounters {
   std::atomic<int> open{0};
-  std::atomic<uint64_t> refused{0};                // over max_connections
+  std::atomic<uint64_t> refused{0};                // over any connection cap
   std::atomic<uint64_t> idle_closed{0};            // cut by the idle timeout
+  std::atomic<uint64_t> header_timeouts{0};        // cut by the header timeout
   std::atomic<uint64_t> duplicate_exec_starts{0};  // repeated on_start ignored
   ServerLimits limits;
+  ConnectionCaps caps;
   // GET /metrics: answered requests by route template and status, and
   // their time (server.cc counts each once its answer is written).
   metrics::CounterVec http_requests;
   metrics::HistogramVec http_seconds{metrics::latency_buckets()};
 
-  nlohmann::json to_json() const {
-    return {{"open", open.load()},
-            {"max", limits.max_connections},
-            {"refused", refused.load()},
-            {"idle_closed", idle_closed.load()},
-            {"idle_timeout_s", limits.idle_timeout.count() / 1000.0},
-            {"duplicate_exec_starts_ignored", duplicate_exec_starts.load()}};
+  // `names`: with the per-tenant and per-source counts by name (the
+  // operator's view).
+  nlohmann::json to_json(bool names = true) const {
+    nlohmann::json j = {{"open", open.load()},
+                        {"max", limits.max_connections},
+                        {"unix_reserve", limits.effective_reserve()},
+                        {"max_per_source", limits.max_per_source},
+                        {"max_per_tenant", limits.max_per_tenant},
+                        {"refused", refused.load()},
+                        {"idle_closed", idle_closed.load()},
+                        {"idle_timeout_s", limits.idle_timeout.count() / 1000.0},
+                        {"header_timeouts", header_timeouts.load()},
+                        {"header_timeout_s", limits.header_timeout.count() / 1000.0},
+                        {"duplicate_exec_starts_ignored", duplicate_exec_starts.load()}};
+    j.update(caps.to_json(names));
+    return j;
   }
 };
 
@@ -115,6 +119,12 @@ struct Activity {
   std::atomic<int64_t> op_since_ms{0};  // steady ms the pending read/write began; 0: none
   std::atomic<bool> reading{false};     // the pending operation is a read
   std::atomic<bool> timed_out{false};   // the watchdog cut this connection
+  // The header deadline: steady ms the current request head began (its
+  // first byte; accept for a connection's first request); 0: none running.
+  std::atomic<int64_t> head_since_ms{0};
+  // A request head is awaited: its first byte starts head_since_ms.
+  std::atomic<bool> awaiting_head{false};
+  std::atomic<bool> head_timed_out{false};  // cut by the header deadline
 };
 
 // A Beast SyncReadStream/SyncWriteStream over a Stream that records when
@@ -131,7 +141,11 @@ class WatchedSocket {
     for (auto it = boost::asio::buffer_sequence_begin(buffers);
          it != boost::asio::buffer_sequence_end(buffers); ++it) {
       boost::asio::mutable_buffer b(*it);
-      if (b.size() > 0) return socket_.read_some(b, ec);
+      if (b.size() == 0) continue;
+      size_t n = socket_.read_some(b, ec);
+      if (n > 0 && activity_.awaiting_head && activity_.head_since_ms == 0)
+        activity_.head_since_ms = steady_ms();
+      return n;
     }
     return 0;
   }

@@ -367,8 +367,9 @@ void dispatch(engine::Engine& engine, Exchange& ex, const Caller& caller) {
         ex.send_json(200, tenant_info(engine, caller.who, j));
         return;
       }
-      j["daemon"] = {
-          {"version", AIRLOCK_VERSION}, {"pid", ::getpid()}, {"connections", counters.to_json()}};
+      j["daemon"] = {{"version", AIRLOCK_VERSION},
+                     {"pid", ::getpid()},
+                     {"connections", counters.to_json(/*operator_view=*/true)}};
       ex.send_json(200, j);
       return;
     }
@@ -648,6 +649,12 @@ void dispatch(engine::Engine& engine, Exchange& ex, const Caller& caller) {
       expect_no_body(ex);
       json r = engine.readiness();
       if (!r.value("ready", false)) {
+        // What is missing names host paths and images: the operator's to
+        // read, not a network caller's (probes answer without a token).
+        if (!caller.who.is_operator()) {
+          ex.send_error(503, "unavailable", "not ready");
+          return;
+        }
         std::string why;
         for (const auto& item : r["missing"])
           why += (why.empty() ? "" : "; ") + item.get<std::string>();

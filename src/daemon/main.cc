@@ -76,6 +76,25 @@ int main(int argc, char** argv) {
   app.add_option("--max-connections", limits.max_connections,
                  "client connections served at once; more are answered 503 (default 256)")
       ->check(CLI::Range(1, 65536));
+  app.add_option("--max-connections-per-tenant", limits.max_per_tenant,
+                 "TCP connections one tenant holds at once, streams included; more are "
+                 "answered 503 (default 64)")
+      ->check(CLI::Range(1, 65536));
+  app.add_option("--max-connections-per-source", limits.max_per_source,
+                 "TCP connections from one source address at once (an IPv6 /64 counts as one; "
+                 "behind a proxy on this host every client is its address); more are answered "
+                 "503 (default 128)")
+      ->check(CLI::Range(1, 65536));
+  app.add_option("--unix-socket-reserve", limits.unix_reserve,
+                 "connections of --max-connections kept for the unix socket, so the operator "
+                 "gets in however many TCP clients there are (at most half; default 16)")
+      ->check(CLI::Range(0, 65536));
+  double header_timeout_s = 10;
+  app.add_option("--header-timeout", header_timeout_s,
+                 "seconds a request's whole header block may take to arrive, from its first "
+                 "byte (a connection's first request: from accept); later is answered 408 and "
+                 "closed (default 10)")
+      ->check(CLI::Range(0.05, 3600.0));
   double idle_timeout_s = 60;
   app.add_option("--idle-timeout", idle_timeout_s,
                  "seconds a connection may send nothing (between or mid-request) or read "
@@ -87,6 +106,12 @@ int main(int argc, char** argv) {
                  "signed anchor; sync records and verify anchor at once (0: every record at "
                  "once; default 50)")
       ->check(CLI::Range(0, 10000));
+  double audit_log_max_mb = 4;
+  app.add_option("--audit-log-max-mb", audit_log_max_mb,
+                 "size of <data-dir>/audit.jsonl (authentication failures, tokens, creates and "
+                 "deletes) before it is rotated to audit.jsonl.1 (two rotated files kept; "
+                 "default 4)")
+      ->check(CLI::Range(0.01, 1024.0));
   int journal_max_mb = 64;
   app.add_option("--journal-max-mb", journal_max_mb,
                  "audit journal cap per sandbox in MiB: past it guest-driven records are "
@@ -103,6 +128,11 @@ int main(int argc, char** argv) {
                "answer a DELETE once the sandbox is out of service and finish its teardown in "
                "the background, the journal's deleted record marking the end (the default); "
                "--sync-delete: answer once everything is gone");
+  std::string port_forward_range = "40000-40999";
+  app.add_option("--port-forward-range", port_forward_range,
+                 "MIN-MAX: the host ports on 127.0.0.1 that sandbox port forwards may bind "
+                 "(airlock port), for tenants and the operator alike; 1024-65535 at widest "
+                 "(default 40000-40999)");
   std::string jail_ids;
   app.add_option("--jail-ids", jail_ids,
                  "BASE:COUNT: uids/gids for QEMU jails, checked against /etc/subuid, /etc/subgid, "
@@ -127,9 +157,13 @@ int main(int argc, char** argv) {
     std::filesystem::path sock =
         socket.empty() ? daemon::default_socket(data) : std::filesystem::path(socket);
     limits.idle_timeout = std::chrono::milliseconds(static_cast<int64_t>(idle_timeout_s * 1000));
+    limits.header_timeout =
+        std::chrono::milliseconds(static_cast<int64_t>(header_timeout_s * 1000));
     daemon::Server server(std::filesystem::absolute(sock), limits);
     server.bind();  // before the engine: a second daemon must not touch the data dir
-    auth::Auth auth(data);
+    auth::AuthOptions auth_options;
+    auth_options.audit.max_bytes = static_cast<uint64_t>(audit_log_max_mb * (1 << 20));
+    auth::Auth auth(data, auth_options);
     server.set_auth(&auth);
     if (tls_cert.empty() != tls_key.empty())
       throw Error(Errc::invalid_argument, "--tls-cert and --tls-key go together",
@@ -161,6 +195,27 @@ int main(int argc, char** argv) {
         throw Error(Errc::invalid_argument, "--jail-ids must be BASE:COUNT, got " + jail_ids,
                     "jail_ids");
       }
+    }
+    {
+      auto dash = port_forward_range.find('-');
+      int lo = 0, hi = 0;
+      try {
+        if (dash == std::string::npos) throw std::invalid_argument("no '-'");
+        size_t a = 0, b = 0;
+        lo = std::stoi(port_forward_range.substr(0, dash), &a);
+        hi = std::stoi(port_forward_range.substr(dash + 1), &b);
+        if (a != dash || b != port_forward_range.size() - dash - 1)
+          throw std::invalid_argument("trailing text");
+      } catch (const std::exception&) {
+        lo = hi = 0;
+      }
+      if (lo < 1024 || hi > 65535 || lo > hi)
+        throw Error(
+            Errc::invalid_argument,
+            "--port-forward-range must be MIN-MAX within 1024-65535, got " + port_forward_range,
+            "port-forward-range");
+      config.port_forward_min = lo;
+      config.port_forward_max = hi;
     }
     config.journal_max_bytes = static_cast<uint64_t>(journal_max_mb) << 20;
     config.journal_anchor_lag_ms = journal_anchor_lag_ms;

@@ -69,9 +69,12 @@ struct Server::Impl {
   template <class Sock>
   void admit(Sock sock);
   template <class Sock>
-  void refuse(Sock sock);
+  void refuse(Sock sock, const std::string& why);
   void watch_idle();
-  void serve(std::unique_ptr<Stream> conn, std::shared_ptr<Activity> activity);
+  void serve(std::unique_ptr<Stream> conn, std::shared_ptr<Activity> activity, ConnSlot slot);
+  // Counts the connection against the request's tenant; false (answered
+  // 503, the connection to be closed) over --max-connections-per-tenant.
+  bool claim(Exchange& ex, ConnSlot& slot, const Principal& who);
   // Who is asking (principal.h). False if the request was already answered
   // (401 unauthenticated, 429 rate_limited).
   bool authenticate(Exchange& ex, const Stream& conn, bool extension, Principal& who);
@@ -204,11 +207,20 @@ template <class Sock>
 void Server::Impl::admit(Sock sock) {
   std::unique_lock lock(mu);
   if (stopping) return;
-  if (threads >= counters.limits.max_connections) {
+  ConnSlot slot;
+  if constexpr (std::is_same_v<Sock, tcp::socket>) {
+    beast::error_code ec;
+    auto remote = sock.remote_endpoint(ec);
+    slot.network = true;
+    slot.source = auth::source_key(remote.address().to_string());
+  }
+  if (std::string why = counters.caps.open(counters.limits, slot); !why.empty()) {
     lock.unlock();
-    refuse(std::move(sock));
+    refuse(std::move(sock), why);
     return;
   }
+  // Counted from here: every way out below gives the slot back.
+  auto give_back = [&] { counters.caps.close(slot); };
   std::unique_ptr<Stream> conn;
   if constexpr (std::is_same_v<Sock, tcp::socket>) {
     beast::error_code ec;
@@ -223,6 +235,7 @@ void Server::Impl::admit(Sock sock) {
     } catch (const std::exception& e) {
       // A peer already gone (its fd unusable): nothing to serve.
       spdlog::debug("dropping a TCP connection: {}", e.what());
+      give_back();
       return;
     }
     conn->network = true;
@@ -233,9 +246,12 @@ void Server::Impl::admit(Sock sock) {
   ++threads;
   counters.open = threads;
   auto activity = std::make_shared<Activity>();
+  // The first request's head (and a TLS handshake) is due from now.
+  activity->awaiting_head = true;
+  activity->head_since_ms = steady_ms();
   conns[conn->native_handle()] = activity;
-  std::thread([this, c = std::move(conn), activity]() mutable {
-    serve(std::move(c), std::move(activity));
+  std::thread([this, c = std::move(conn), activity, slot = std::move(slot)]() mutable {
+    serve(std::move(c), std::move(activity), std::move(slot));
   }).detach();
 }
 
@@ -244,17 +260,11 @@ void Server::Impl::admit(Sock sock) {
 // so it sees the error rather than a reset. All on the io thread; at most
 // 64 such sockets linger at a time, the rest are closed at once.
 template <class Sock>
-void Server::Impl::refuse(Sock sock) {
+void Server::Impl::refuse(Sock sock, const std::string& why) {
   ++counters.refused;
-  spdlog::warn("refusing a connection: {} open (--max-connections {})", counters.open.load(),
-               counters.limits.max_connections);
-  const std::string answer = [this] {
-    std::string body =
-        error_body("unavailable", "airlockd is serving its maximum of " +
-                                      std::to_string(counters.limits.max_connections) +
-                                      " connections (--max-connections); try again later")
-            .dump() +
-        "\n";
+  spdlog::warn("refusing a connection ({} open): {}", counters.open.load(), why);
+  const std::string answer = [&why] {
+    std::string body = error_body("unavailable", why).dump() + "\n";
     return "HTTP/1.1 503 Service Unavailable\r\nServer: airlockd/" AIRLOCK_VERSION
            "\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: " +
            std::to_string(body.size()) + "\r\n\r\n" + body;
@@ -296,15 +306,29 @@ void Server::Impl::refuse(Sock sock) {
 // gets SHUT_RD (the thread can still answer 408), a write SHUT_RDWR.
 void Server::Impl::watch_idle() {
   auto idle = counters.limits.idle_timeout;
-  auto period =
-      std::clamp(idle / 4, std::chrono::milliseconds(20), std::chrono::milliseconds(1000));
+  auto period = std::clamp(std::min(idle, counters.limits.header_timeout) / 4,
+                           std::chrono::milliseconds(20), std::chrono::milliseconds(1000));
   watchdog->expires_after(period);
   watchdog->async_wait([this, idle](beast::error_code ec) {
     if (ec) return;
     int64_t now = steady_ms();
     {
       std::lock_guard lock(mu);
+      int64_t head_ms = counters.limits.header_timeout.count();
       for (auto& [fd, a] : conns) {
+        int64_t head = a->head_since_ms;
+        if (head != 0 && !a->timed_out && now - head >= head_ms) {
+          // However it trickles in, the head as a whole is late.
+          a->timed_out = true;
+          a->head_timed_out = true;
+          ++counters.header_timeouts;
+          spdlog::info(
+              "closing connection {}: request headers not complete after {} ms "
+              "(--header-timeout)",
+              fd, now - head);
+          ::shutdown(fd, SHUT_RD);
+          continue;
+        }
         int64_t since = a->op_since_ms;
         if (since == 0 || a->timed_out || now - since < idle.count()) continue;
         a->timed_out = true;
@@ -331,7 +355,8 @@ static bool unlimited_body(const http::request<http::buffer_body>& req) {
   return m.status == RouteStatus::ok && m.route == Route::exec_stdin;
 }
 
-void Server::Impl::serve(std::unique_ptr<Stream> conn, std::shared_ptr<Activity> activity) {
+void Server::Impl::serve(std::unique_ptr<Stream> conn, std::shared_ptr<Activity> activity,
+                         ConnSlot slot) {
   int fd = conn->native_handle();
   WatchedSocket wsock(*conn, *activity);
   beast::flat_buffer buffer;
@@ -344,7 +369,13 @@ void Server::Impl::serve(std::unique_ptr<Stream> conn, std::shared_ptr<Activity>
     // against it there); set per route below.
     parser.body_limit(std::numeric_limits<std::uint64_t>::max());
     beast::error_code ec;
+    // The header deadline runs from the head's first byte (pipelined bytes
+    // already buffered count as that); a connection's first head from accept.
+    activity->awaiting_head = true;
+    if (buffer.size() > 0 && activity->head_since_ms == 0) activity->head_since_ms = steady_ms();
     http::read_header(wsock, buffer, parser, ec);
+    activity->awaiting_head = false;
+    activity->head_since_ms = 0;
     if (!ec && !unlimited_body(parser.get())) parser.body_limit(kMaxUploadBody);
     if (ec) {
       bool quiet = ec == http::error::end_of_stream || ec == net::error::eof ||
@@ -354,7 +385,13 @@ void Server::Impl::serve(std::unique_ptr<Stream> conn, std::shared_ptr<Activity>
         http::response<http::string_body> res{http::status::request_timeout, 11};
         res.set(http::field::content_type, "application/json");
         res.body() =
-            error_body("timeout", "the request stalled past the idle timeout").dump() + "\n";
+            error_body("timeout", activity->head_timed_out
+                                      ? "the request headers did not arrive within " +
+                                            std::to_string(counters.limits.header_timeout.count()) +
+                                            " ms (--header-timeout)"
+                                      : std::string("the request stalled past the idle timeout"))
+                .dump() +
+            "\n";
         res.keep_alive(false);
         res.prepare_payload();
         beast::error_code ignored;
@@ -395,8 +432,11 @@ void Server::Impl::serve(std::unique_ptr<Stream> conn, std::shared_ptr<Activity>
     const Server::Extension* ext = find_extension(ex.path(), route_label);
     if (!ext) route_label = route_template(ex.method(), ex.path());
     Principal principal;  // the unix socket: the operator
+    bool over_cap = false;
     if (!authenticate(ex, *conn, ext != nullptr, principal)) {
       // answered 401/429
+    } else if (conn->network && !claim(ex, slot, principal)) {
+      over_cap = true;  // answered 503
     } else if (ext) {
       answer_errors(ex, [&] {
         (*ext)(*engine, ex, principal);
@@ -416,12 +456,13 @@ void Server::Impl::serve(std::unique_ptr<Stream> conn, std::shared_ptr<Activity>
                                     std::chrono::duration<double>(elapsed).count());
     }
     spdlog::info("{} {} {} {}ms", ex.method(), std::string(parser.get().target()), ex.status(), ms);
-    if (!ex.keep_alive() || activity->timed_out) break;
+    if (over_cap || !ex.keep_alive() || activity->timed_out) break;
   }
   conn->finish();
   {
     // Closed under the lock: the watchdog must never shut down a reused fd.
     std::lock_guard lock(mu);
+    counters.caps.close(slot);
     conns.erase(fd);
     conn.reset();
     --threads;
@@ -475,6 +516,23 @@ static std::string credential(const http::request<http::buffer_body>& req) {
   return {};
 }
 
+bool Server::Impl::claim(Exchange& ex, ConnSlot& slot, const Principal& who) {
+  std::string tenant = who.kind == Principal::Kind::tenant ? who.tenant : std::string();
+  std::string why = counters.caps.claim(counters.limits, slot, tenant);
+  if (why.empty()) return true;
+  ++counters.refused;
+  spdlog::warn("refusing a request on connection {}: {}", ex.native_handle(), why);
+  ex.send_error(Error(Errc::unavailable, why));
+  return false;
+}
+
+// Probes answer without a credential over TCP: a load balancer has none.
+// What they say to such a caller discloses nothing (handlers.cc, readyz).
+static bool probe(const Exchange& ex) {
+  if (ex.method() != "GET") return false;
+  return ex.path() == "/healthz" || ex.path() == "/readyz";
+}
+
 bool Server::Impl::authenticate(Exchange& ex, const Stream& conn, bool extension, Principal& who) {
   if (!conn.network) return true;  // the socket file: the operator
   // Route templates only (and an extension's path without its query): never
@@ -494,7 +552,14 @@ bool Server::Impl::authenticate(Exchange& ex, const Stream& conn, bool extension
                         "too many failed authentications from this address; try again later"));
     return false;
   };
-  auth::Verdict v = auth->authenticate(credential(ex.request()), conn.peer);
+  std::string cred = credential(ex.request());
+  if (cred.empty() && probe(ex)) {
+    who.kind = Principal::Kind::anonymous;  // a probe: answered without a token
+    return true;
+  }
+  // A valid token is served even from a limited source (auth.h): many
+  // clients may share one address, e.g. behind a TLS proxy on the host.
+  auth::Verdict v = auth->authenticate(cred, conn.peer);
   switch (v.outcome) {
     case auth::Verdict::ok:
       who.kind = Principal::Kind::tenant;
@@ -507,12 +572,14 @@ bool Server::Impl::authenticate(Exchange& ex, const Stream& conn, bool extension
     case auth::Verdict::invalid:
       if (extension) {
         // The extension decides (E2B's envd authenticates by a sandbox's
-        // own access token); a wrong credential still counted as a failure.
+        // own access token, and counts a wrong one with
+        // Auth::note_auth_failure); a wrong credential here counted already.
         if (v.outcome == auth::Verdict::invalid) record("unauthenticated", 0);
         who.kind = Principal::Kind::anonymous;
         return true;
       }
-      if (v.outcome == auth::Verdict::missing && auth->count_failure(conn.peer)) return limited();
+      if (v.outcome == auth::Verdict::missing && auth->note_auth_failure(conn.peer))
+        return limited();
       record("unauthenticated", 401);
       ex.send_error(Error(Errc::unauthenticated, "authentication required"));
       return false;

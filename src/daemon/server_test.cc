@@ -132,6 +132,93 @@ TEST_F(ServerTest, ConnectionsBeyondTheCapGetA503AndAreCounted) {
   EXPECT_NE(r.find("\"refused\":3"), std::string::npos) << r;  // counted in /v1/info
 }
 
+TEST(ConnectionCaps, NetworkLeavesTheUnixReserveAndSourcesAndTenantsAreCapped) {
+  ServerLimits l{.max_connections = 8, .unix_reserve = 2, .max_per_source = 4, .max_per_tenant = 3};
+  ConnectionCaps caps;
+  std::vector<ConnSlot> tcp(7);
+  for (int i = 0; i < 6; ++i) {
+    tcp[i] = {.network = true, .source = i < 4 ? "10.0.0.1" : "10.0.0.2"};
+    EXPECT_EQ(caps.open(l, tcp[i]), "") << i;
+  }
+  // The network's share (8 less 2) is full; one source holds at most 4.
+  tcp[6] = {.network = true, .source = "10.0.0.3"};
+  EXPECT_NE(caps.open(l, tcp[6]).find("--unix-socket-reserve 2"), std::string::npos);
+  ConnSlot fifth{.network = true, .source = "10.0.0.1"};
+  caps.close(tcp[5]);
+  EXPECT_NE(caps.open(l, fifth).find("--max-connections-per-source"), std::string::npos);
+  // The operator still gets in, up to the total.
+  ConnSlot u1, u2, u3;
+  EXPECT_EQ(caps.open(l, u1), "");
+  EXPECT_EQ(caps.open(l, u2), "");
+  EXPECT_EQ(caps.open(l, tcp[5]), "");  // back in the network's share
+  EXPECT_NE(caps.open(l, u3).find("--max-connections"), std::string::npos);
+  // Tenants: three connections each, a fourth refused, the slot unchanged.
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(caps.claim(l, tcp[i], "acme"), "");
+  EXPECT_NE(caps.claim(l, tcp[3], "acme").find("--max-connections-per-tenant"), std::string::npos);
+  EXPECT_EQ(tcp[3].tenant, "");
+  EXPECT_EQ(caps.claim(l, tcp[3], "other"), "");
+  EXPECT_EQ(caps.claim(l, tcp[0], "acme"), "");  // the same tenant again: no change
+  json j = caps.to_json(true);
+  EXPECT_EQ(j["tenants"]["acme"], 3);
+  EXPECT_EQ(j["tenants"]["other"], 1);
+  EXPECT_EQ(j["sources"]["10.0.0.1"], 4);
+  EXPECT_EQ(j["tcp_open"], 6);
+  EXPECT_EQ(j["unix_open"], 2);
+  EXPECT_EQ(j["refused_tenant_cap"], 1);
+  EXPECT_EQ(j["refused_source_cap"], 1);
+  EXPECT_FALSE(caps.to_json(false).contains("tenants"));
+  // Closing gives everything back, once.
+  caps.close(tcp[0]);
+  caps.close(tcp[0]);
+  EXPECT_EQ(caps.claim(l, tcp[3], "acme"), "");  // moves from other to acme
+  j = caps.to_json(true);
+  EXPECT_EQ(j["tenants"]["acme"], 3);
+  EXPECT_FALSE(j["tenants"].contains("other"));
+  EXPECT_EQ(j["tcp_open"], 5);
+}
+
+TEST(ConnectionCaps, ReserveIsAtMostHalf) {
+  EXPECT_EQ((ServerLimits{.max_connections = 4, .unix_reserve = 16}).effective_reserve(), 2);
+  EXPECT_EQ((ServerLimits{.max_connections = 256}).effective_reserve(), 16);
+  EXPECT_EQ((ServerLimits{.max_connections = 1}).effective_reserve(), 0);
+}
+
+TEST_F(ServerTest, TrickledHeadersAreCutAtTheHeaderDeadline) {
+  start({.max_connections = 8, .idle_timeout = 60s, .header_timeout = 400ms});
+  int slow = connect_raw();
+  send_all(slow, "GET /v1/info HTTP/1.1\r\n");
+  auto t0 = std::chrono::steady_clock::now();
+  std::string r;
+  // A byte every 50 ms: no read waits anywhere near the idle timeout.
+  while (std::chrono::steady_clock::now() - t0 < 3s) {
+    if (::send(slow, "X", 1, MSG_NOSIGNAL) != 1) break;
+    pollfd p{slow, POLLIN, 0};
+    if (::poll(&p, 1, 50) > 0) {
+      r = read_until_eof(slow);
+      break;
+    }
+  }
+  EXPECT_EQ(r.rfind("HTTP/1.1 408", 0), 0u) << r;
+  EXPECT_NE(r.find("--header-timeout"), std::string::npos) << r;
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 2s);
+  EXPECT_EQ(server_->counters()["header_timeouts"], 1);
+  // A connection that says nothing is cut at the same deadline, not the idle one.
+  int silent = connect_raw();
+  t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(read_until_eof(silent), "");
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 2s);
+  // Kept alive between requests, only the idle timeout applies.
+  int kept = connect_raw();
+  send_all(kept, "GET /v1/info HTTP/1.1\r\nHost: x\r\n\r\n");
+  pollfd p{kept, POLLIN, 0};
+  ASSERT_EQ(::poll(&p, 1, 2000), 1);
+  char buf[65536];
+  ASSERT_GT(::read(kept, buf, sizeof buf), 0);
+  std::this_thread::sleep_for(800ms);
+  send_all(kept, kInfo);
+  EXPECT_EQ(read_until_eof(kept).rfind("HTTP/1.1 200", 0), 0u);
+}
+
 TEST_F(ServerTest, IdleConnectionIsClosedAfterTheTimeout) {
   start({.max_connections = 8, .idle_timeout = 300ms});
   int silent = connect_raw();

@@ -45,7 +45,11 @@ struct Config {
   std::filesystem::path share_dir;    // default: <exe dir>/../share/airlock
   std::filesystem::path guest_agent;  // default: <exe dir>/airlock-guest
   int boot_timeout_s = 60;            // agent must answer within this, else retry once
-  std::string accel;                  // "", "kvm" or "tcg": "" = probe (cached)
+  // The host ports (on 127.0.0.1) a port forward may bind, the operator's
+  // choice at daemon start: no forward, the operator's own included, binds
+  // any other host port (add_port).
+  int port_forward_min = 40000, port_forward_max = 40999;
+  std::string accel;  // "", "kvm" or "tcg": "" = probe (cached)
   // TCG translation cache cap per QEMU, MiB (vmm::VmConfig::tcg_tb_size_mb); 0 = QEMU's 1 GiB.
   int tcg_tb_size_mb = 128;
   // The uids/gids QEMU jails get (as root); checked at start against
@@ -460,8 +464,10 @@ class Engine {
   // Inbound port forwards (off by default): host 127.0.0.1:host_port (0 = a
   // free port) to the guest's TCP guest_port, through the network helper;
   // recorded as net_port events, connections through it as inbound flows.
-  // Returns {"host": "127.0.0.1", "host_port", "guest_port"}. Errors:
-  // invalid_argument + field (port out of range; host_port below 1024),
+  // host_port must lie in Config::port_forward_min..max; 0 picks a free one
+  // there. Returns {"host": "127.0.0.1", "host_port", "guest_port"}. Errors:
+  // invalid_argument + field (port out of range; host_port outside the
+  // forward range), unavailable (no free port left in the range),
   // conflict (mode "none": no NIC; host port in use; guest port already
   // forwarded), not_found (remove: no such forward).
   nlohmann::json add_port(const std::string& id, int guest_port, int host_port = 0);

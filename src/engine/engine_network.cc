@@ -4,6 +4,7 @@
 // checked and journaled here: NetEventReader), its control socket
 // (set_network, ports) and the net_* records of the journal (network_events).
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <spdlog/spdlog.h>
@@ -455,21 +456,64 @@ std::shared_ptr<Live> networked(std::shared_ptr<Live> sb, const std::string& id,
   return sb;
 }
 
+// Whether nothing holds 127.0.0.1:port right now (a hint: the helper's own
+// bind decides).
+bool loopback_port_free(int port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(static_cast<uint16_t>(port));
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0;
+  ::close(fd);
+  return ok;
+}
+
+// Asks the helper for one forward; the reply (an error included).
+nlohmann::json port_add_request(Live& sb, int guest_port, int host_port) {
+  return net_control(sb.run_dir(),
+                     {{"port_add", {{"guest_port", guest_port}, {"host_port", host_port}}}});
+}
+
 }  // namespace
 
 nlohmann::json Engine::add_port(const std::string& id, int guest_port, int host_port) {
   if (guest_port < 1 || guest_port > 65535)
     throw Error(Errc::invalid_argument,
                 "guest_port must be 1..65535, got " + std::to_string(guest_port), "guest_port");
-  if (host_port != 0 && (host_port < 1024 || host_port > 65535))
-    throw Error(
-        Errc::invalid_argument,
-        "host_port must be 1024..65535 or 0 (a free port), got " + std::to_string(host_port),
-        "host_port");
+  const int lo = impl_->cfg.port_forward_min, hi = impl_->cfg.port_forward_max;
+  const std::string range = std::to_string(lo) + "-" + std::to_string(hi);
+  if (host_port != 0 && (host_port < lo || host_port > hi))
+    throw Error(Errc::invalid_argument,
+                "host_port must be in this daemon's forward range " + range +
+                    " (airlockd --port-forward-range) or 0 (a free port there), got " +
+                    std::to_string(host_port),
+                "host_port");
   auto sb = networked(impl_->running(id), id, "forward a port to");
   std::lock_guard net_lock(sb->net_mu);
-  auto reply = net_control(sb->run_dir(),
-                           {{"port_add", {{"guest_port", guest_port}, {"host_port", host_port}}}});
+  nlohmann::json reply;
+  if (host_port != 0) {
+    reply = port_add_request(*sb, guest_port, host_port);
+  } else {
+    // A free port of the range, never one the kernel would pick anywhere:
+    // from a random place in it, the ports that look free, a few tries.
+    int span = hi - lo + 1, tries = 0;
+    int start =
+        static_cast<int>(std::chrono::steady_clock::now().time_since_epoch().count() % span);
+    for (int i = 0; i < span && tries < 8; ++i) {
+      int candidate = lo + (start + i) % span;
+      if (!loopback_port_free(candidate)) continue;
+      ++tries;
+      reply = port_add_request(*sb, guest_port, candidate);
+      // Taken meanwhile, or forwarded already by this sandbox: the next one.
+      if (!reply.contains("error") || reply["error"].value("field", "") != "host_port") break;
+    }
+    if (reply.is_null() ||
+        (reply.contains("error") && reply["error"].value("field", "") == "host_port"))
+      throw Error(Errc::unavailable, "no free host port left in the forward range " + range +
+                                         " (airlockd --port-forward-range)");
+  }
   if (reply.contains("error")) throw_helper_error(reply["error"], "the network helper refused");
   auto port = reply.find("host_port");
   if (port == reply.end() || !port->is_number_integer() || *port < 1024 || *port > 65535 ||

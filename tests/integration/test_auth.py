@@ -366,11 +366,11 @@ class AuthFailureTest(DaemonTestCase):
         # The default budget: 10 failures back to back, then 429.
         self.assertEqual(statuses[:10], [(401, "unauthenticated")] * 10)
         self.assertEqual(statuses[10:], [(429, "rate_limited")] * 2)
-        # While limited, even the right token from that source is refused...
-        with self.assertRaises(ApiError) as e:
-            TcpClient("127.0.0.1", self.port, good, source="127.0.0.2").call("GET", "/v1/sandboxes")
-        self.assertEqual((e.exception.status, e.exception.code), (429, "rate_limited"))
-        # ... and no credential at all too.
+        # While limited, the right token from that source is still served
+        # (another client behind the same address, test_tenant_door.py)...
+        self.assertEqual(
+            TcpClient("127.0.0.1", self.port, good, source="127.0.0.2").call("GET", "/v1/sandboxes"), [])
+        # ... but no credential at all is refused.
         with self.assertRaises(ApiError) as e:
             TcpClient("127.0.0.1", self.port, source="127.0.0.2").call("GET", "/v1/info")
         self.assertEqual(e.exception.status, 429)
