@@ -327,7 +327,13 @@ int main_impl(int argc, char** argv) {
         ->delimiter(',');
 
     mcp_cmd = app.add_subcommand(
-        "mcp", "serve the Model Context Protocol on stdin/stdout (for MCP clients)");
+        "mcp",
+        "serve the Model Context Protocol on stdin/stdout (for MCP clients); its tools act only "
+        "on the sandboxes this session created; with AIRLOCK_URL and AIRLOCK_TOKEN, as that "
+        "token's tenant on that daemon");
+    mcp_cmd->add_flag("--all", all,
+                      "let the tools act on every sandbox the daemon shows this caller (on the "
+                      "unix socket: every tenant's), not only those this session created");
 
     add_token_commands(app, tokens);
     add_journal_commands(app, journal_cmds);
@@ -381,9 +387,11 @@ int main_impl(int argc, char** argv) {
     // this process die without doing so; the session's signals go to its
     // signalfd.
     std::string tag = mcp::new_session_tag();
-    mcp::Guardian guardian = mcp::Guardian::start(p.socket, tag);
+    // The guardian cleans up through the same door: the socket, or the TCP
+    // listener as the same tenant.
+    mcp::Guardian guardian = mcp::Guardian::start(c.socket(), tag);
     mcp::block_session_signals();
-    mcp::Session session(c, tag);
+    mcp::Session session(c, tag, all ? mcp::Session::Scope::all : mcp::Session::Scope::created);
     session.set_observer(
         [&guardian](const std::string& sid, bool owned) { guardian.note(sid, owned); });
     return mcp::serve(session, 0, 1);

@@ -144,6 +144,11 @@ int main(int argc, char** argv) {
                  "create); plain HTTP only on loopback, else --tls-cert/--tls-key (repeatable)");
   app.add_option("--tls-cert", tls_cert, "PEM certificate (chain) for --listen");
   app.add_option("--tls-key", tls_key, "PEM private key for --listen");
+  bool e2b_allow_insecure = false;
+  app.add_flag("--e2b-allow-insecure", e2b_allow_insecure,
+               "let E2B creates on POST /e2b/api/sandboxes with `secure: false` make sandboxes "
+               "whose envd anyone who knows the id may drive without an access token (default: "
+               "every E2B sandbox is secure and such a create is refused)");
   app.set_version_flag("--version", AIRLOCK_VERSION);
   CLI11_PARSE(app, argc, argv);
 
@@ -244,11 +249,11 @@ int main(int argc, char** argv) {
     // E2B's control plane (docs/e2b.md); its access-token key lives beside
     // the registry.
     auto e2b_tokens = std::make_shared<const e2b::AccessTokens>(data / "e2b-access.key");
-    server.add_extension("/e2b/api/", [api = e2b::Api(e2b_tokens)](
+    server.add_extension("/e2b/api/", [api = e2b::Api(e2b_tokens, e2b_allow_insecure)](
                                           engine::Engine& e, daemon::Exchange& ex,
                                           const daemon::Principal& who) { api.serve(e, ex, who); });
     // ... and its in-sandbox half, envd (process.Process, filesystem, /files).
-    auto envd = e2b::make_envd(e2b_tokens);
+    auto envd = e2b::make_envd(e2b_tokens, e2b_allow_insecure);
     server.add_extension("/e2b/envd/",
                          [envd](engine::Engine& e, daemon::Exchange& ex,
                                 const daemon::Principal& who) { envd->serve(e, ex, who); });

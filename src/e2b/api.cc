@@ -8,6 +8,7 @@
 #include "common/error.h"
 #include "daemon/request.h"
 #include "daemon/tenancy.h"
+#include "e2b/audit.h"
 #include "e2b/model.h"
 
 namespace airlock::e2b {
@@ -138,16 +139,23 @@ std::string Api::token_of(const engine::SandboxInfo& info) const {
 }
 
 void Api::serve(engine::Engine& engine, daemon::Exchange& ex, const daemon::Principal& who) const {
+  AuditNote note;
+  std::string outcome;
   try {
-    route(engine, ex, who);
+    route(engine, ex, who, note);
   } catch (const Error& e) {
     if (ex.responded()) throw;  // mid-answer: the server cuts the connection
     int status = status_for(e);
     ex.send_json(status, error_json(status, e.what()));
+    outcome = to_string(e.code());
   }
+  if (note.route.empty()) return;
+  if (outcome.empty()) outcome = ex.status() < 400 ? note.ok_outcome : "refused";
+  audit_call(ex, who, note.route, note.sandbox, outcome);
 }
 
-void Api::route(engine::Engine& engine, daemon::Exchange& ex, const daemon::Principal& who) const {
+void Api::route(engine::Engine& engine, daemon::Exchange& ex, const daemon::Principal& who,
+                AuditNote& note) const {
   // No API key at all on the TCP listener: E2B's 401 (the SDK raises
   // AuthenticationError). Bad keys never get here: the server answers them.
   if (who.kind == daemon::Principal::Kind::anonymous) {
@@ -165,9 +173,10 @@ void Api::route(engine::Engine& engine, daemon::Exchange& ex, const daemon::Prin
   }
 
   if (seg.size() == 1 && method == "POST") {
-    CreateRequest req = parse_create(ex.read_body(kMaxBody), v2);
+    CreateRequest req = parse_create(ex.read_body(kMaxBody), v2, allow_insecure_);
     // Owner, quota and audit exactly as a native create (tenancy.h).
-    engine::SandboxInfo info = daemon::create_sandbox_as(engine, who, req.spec, "e2b");
+    engine::SandboxInfo info =
+        daemon::create_sandbox_as(engine, who, req.spec, std::string(ex.stream().peer));
     ex.send_json(201, sandbox_json(info, req.secure ? tokens_->token_for(info.id) : ""));
     return;
   }
@@ -181,6 +190,21 @@ void Api::route(engine::Engine& engine, daemon::Exchange& ex, const daemon::Prin
   if (seg.size() > 3) {
     ex.send_json(404, error_json(404, "no such route in airlock's E2B API: " + std::string(path)));
     return;
+  }
+  if (method != "GET") {
+    // Every call that may change a sandbox is on the audit log, refusals
+    // (another tenant's id, not found, unsupported) included. Route
+    // templates only: an action nobody serves is "{action}".
+    static const std::set<std::string> known = {"timeout",   "connect", "pause",    "resume",
+                                                "snapshots", "fork",    "metadata", "refreshes"};
+    std::string label = action.empty() || known.count(action) ? action : "{action}";
+    note.route = std::string(kApiPrefix) + (v2 ? "/v2" : "") + "/sandboxes/{id}" +
+                 (label.empty() ? "" : "/" + label);
+    note.sandbox = id;
+    note.ok_outcome = action.empty()        ? "sandbox_deleted"
+                      : action == "timeout" ? "timeout_set"
+                      : action == "connect" ? "sandbox_connected"
+                                            : "sandbox_" + label;
   }
   engine::SandboxInfo info = visible(engine, who, id);
 

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 
 #include "daemon/exchange.h"
 #include "daemon/principal.h"
@@ -22,15 +23,26 @@ inline constexpr std::string_view kApiPrefix = "/e2b/api";
 
 class Api {
  public:
-  explicit Api(std::shared_ptr<const AccessTokens> tokens) : tokens_(std::move(tokens)) {}
+  // `allow_insecure`: airlockd --e2b-allow-insecure (model.h, parse_create).
+  explicit Api(std::shared_ptr<const AccessTokens> tokens, bool allow_insecure = false)
+      : tokens_(std::move(tokens)), allow_insecure_(allow_insecure) {}
   // Answers one request whose path starts with kApiPrefix.
   void serve(engine::Engine& engine, daemon::Exchange& ex, const daemon::Principal& who) const;
 
  private:
-  void route(engine::Engine& engine, daemon::Exchange& ex, const daemon::Principal& who) const;
+  // What the audit log gets for a call that changes something (audit.h);
+  // route() fills it once it knows the call.
+  struct AuditNote {
+    std::string route;       // template, e.g. "/e2b/api/sandboxes/{id}/timeout"; "" = none
+    std::string sandbox;     // the id the call named
+    std::string ok_outcome;  // the outcome if it succeeds, e.g. "sandbox_deleted"
+  };
+  void route(engine::Engine& engine, daemon::Exchange& ex, const daemon::Principal& who,
+             AuditNote& note) const;
   std::string token_of(const engine::SandboxInfo& info) const;
 
   std::shared_ptr<const AccessTokens> tokens_;
+  bool allow_insecure_;
 };
 
 }  // namespace airlock::e2b

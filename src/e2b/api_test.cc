@@ -213,10 +213,15 @@ TEST_F(E2bApiTest, BadCreatesNameTheFieldAndCreateNothing) {
   r = call("POST", "/sandboxes", "not json", "t1");
   EXPECT_EQ(r.status, 400);
   EXPECT_EQ(engine_->list().size(), 0u);
-  // v1 route: secure only when asked.
+  // v1 route: secure unless the operator allows otherwise.
+  r = call("POST", "/sandboxes", R"({"templateID":"minimal","secure":false})", "t1");
+  EXPECT_EQ(r.status, 400);
+  EXPECT_NE(r.body["message"].get<std::string>().find("--e2b-allow-insecure"), std::string::npos);
+  EXPECT_EQ(engine_->list().size(), 0u);
   r = call("POST", "/sandboxes", R"({"templateID":"minimal"})", "t1");
   ASSERT_EQ(r.status, 201);
-  EXPECT_FALSE(r.body.contains("envdAccessToken"));
+  EXPECT_EQ(r.body["envdAccessToken"],
+            AccessTokens::from_key("test-key").token_for(r.body["sandboxID"].get<std::string>()));
   EXPECT_EQ(call("GET", "/nope", "", "t1").status, 404);
 }
 
@@ -235,6 +240,40 @@ TEST_F(E2bApiTest, TheTenantsQuotaHoldsOnTheE2bSurfaceToo) {
   EXPECT_NE(r.body["message"].get<std::string>().find("max_sandboxes"), std::string::npos)
       << r.body.dump();
   EXPECT_EQ(engine_->list().size(), 1u);
+}
+
+// Every call that changes a sandbox is on the daemon's audit log, refusals
+// included, by route template and sandbox id (never the raw path).
+TEST_F(E2bApiTest, MutatingCallsAreAudited) {
+  auth::Auth auth(dir_);
+  daemon::set_daemon_auth(&auth);
+  std::string id = create("t1");
+  EXPECT_EQ(call("POST", "/sandboxes/" + id + "/timeout", R"({"timeout":30})", "t1").status, 204);
+  EXPECT_EQ(call("POST", "/v2/sandboxes/" + id + "/connect", "{}", "t1").status, 200);
+  EXPECT_EQ(call("POST", "/sandboxes/" + id + "/pause", "{}", "t1").status, 501);
+  EXPECT_EQ(call("DELETE", "/sandboxes/" + id, "", "t2").status, 404);
+  EXPECT_EQ(call("POST", "/sandboxes/" + id + "/zzz", "{}", "t1").status, 404);
+  EXPECT_EQ(call("GET", "/sandboxes/" + id, "", "t1").status, 200);  // a read: not audited
+  EXPECT_EQ(call("DELETE", "/sandboxes/" + id, "", "t1").status, 204);
+  daemon::set_daemon_auth(nullptr);
+  std::vector<std::tuple<std::string, std::string, std::string, std::string, int>> got;
+  for (const json& r : auth.audit().tail(100)) {
+    EXPECT_EQ(r.value("source", ""), "unix") << r.dump();
+    got.emplace_back(r.value("method", ""), r.value("route", ""), r.value("tenant", ""),
+                     r.value("outcome", ""), r.value("status", 0));
+    if (r.value("route", "") != "create_sandbox") EXPECT_EQ(r.value("sandbox", ""), id);
+  }
+  using T = decltype(got)::value_type;
+  EXPECT_EQ(got,
+            (std::vector<T>{
+                T{"POST", "create_sandbox", "t1", "sandbox_created", 201},
+                T{"POST", "/e2b/api/sandboxes/{id}/timeout", "t1", "timeout_set", 204},
+                T{"POST", "/e2b/api/v2/sandboxes/{id}/connect", "t1", "sandbox_connected", 200},
+                T{"POST", "/e2b/api/sandboxes/{id}/pause", "t1", "refused", 501},
+                T{"DELETE", "/e2b/api/sandboxes/{id}", "t2", "not_found", 404},
+                T{"POST", "/e2b/api/sandboxes/{id}/{action}", "t1", "refused", 404},
+                T{"DELETE", "/e2b/api/sandboxes/{id}", "t1", "sandbox_deleted", 204},
+            }));
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 #include "e2b/envd.h"
 
 #include "daemon/base64.h"
+#include "e2b/audit.h"
 #include "e2b/model.h"
 #include "e2b/version.h"
 
@@ -17,6 +18,7 @@ namespace {
 // ... likely due to sandbox timeout", for Connect calls via `unavailable`).
 struct NotFound {
   std::string id;
+  bool auth_failure = true;  // the caller did not prove it may use `id`
 };
 
 std::optional<int64_t> parse_ms(const std::string& v) {
@@ -128,22 +130,23 @@ engine::SandboxInfo Envd::resolve(engine::Engine& engine, daemon::Exchange& ex,
     if (e.code() == Errc::not_found || e.code() == Errc::invalid_argument) throw NotFound{id};
     throw;
   }
-  if (info.state != engine::State::running) throw NotFound{id};
   const auto& meta = info.spec.metadata;
   bool via_e2b = meta.count(kMetaTemplate) > 0;
   auto sec = meta.find(kMetaSecure);
   bool secure = sec != meta.end() && sec->second == "true";
   if (who.kind == daemon::Principal::Kind::anonymous) {
-    // No airlock credential: only an E2B sandbox, by its access token if
-    // it has one.
+    // No airlock credential: only an E2B sandbox, by its access token, or
+    // one made with secure: false where the operator allows those.
     if (!via_e2b) throw NotFound{id};
-    if (secure && (token.empty() || !tokens_->check(id, token))) throw NotFound{id};
+    if (secure ? token.empty() || !tokens_->check(id, token) : !allow_insecure_) throw NotFound{id};
   } else {
     if (!who.can_see(info.spec.tenant)) throw NotFound{id};
     if (secure && !token.empty() && !tokens_->check(id, token)) throw NotFound{id};
   }
+  // Authorised, but not there to serve: no failure of the caller's.
+  if (info.state != engine::State::running) throw NotFound{id, false};
   std::string port = h("E2b-Sandbox-Port");
-  if (!port.empty() && port != std::to_string(kEnvdPort)) throw NotFound{id};
+  if (!port.empty() && port != std::to_string(kEnvdPort)) throw NotFound{id, false};
   return info;
 }
 
@@ -154,6 +157,8 @@ void Envd::serve(engine::Engine& engine, daemon::Exchange& ex, const daemon::Pri
     engine::SandboxInfo info = resolve(engine, ex, who);
     call.emplace(Call{engine, ex, std::move(info), "", std::nullopt, 50});
   } catch (const NotFound& nf) {
+    if (nf.auth_failure && count_envd_auth_failure(ex, who, std::string(kEnvdPrefix) + path, nf.id))
+      return;  // answered 429
     ex.send_json(502,
                  {{"code", 502}, {"message", "The sandbox was not found"}, {"sandboxId", nf.id}});
     return;

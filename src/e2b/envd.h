@@ -11,12 +11,14 @@
 //
 // and no API key (e2b 2.10's plain-HTTP client, for /health and /files,
 // sends only the access token: then the token alone names the sandbox). So a call is authorised by
-// the sandbox's access token (a secure sandbox; E2B's default) or by nothing at all (secure: false,
-// open to anyone who knows the id, as on E2B); a caller that does present an airlock token (a
-// tenant) must also own the sandbox. Every refusal (unknown id, another tenant's sandbox, a missing
-// or wrong access token, a sandbox that is not running) is the same answer E2B's proxy gives for a
-// sandbox that does not exist: 502 {"code": 502, "message", "sandboxId"}, so a caller learns
-// nothing about ids it may not use.
+// the sandbox's access token (every sandbox is secure by default), or, only where the operator
+// turned insecure sandboxes on (airlockd --e2b-allow-insecure), by nothing at all for one created
+// with `secure: false`; a caller that does present an airlock token (a tenant) must also own the
+// sandbox. Every refusal (unknown id, another tenant's sandbox, a missing or wrong access token, a
+// sandbox that is not running) is the same answer E2B's proxy gives for a sandbox that does not
+// exist: 502 {"code": 502, "message", "sandboxId"}, so a caller learns nothing about ids it may not
+// use; those that are failed authentications count against the caller's address in the daemon's
+// auth-failure limiter (audit.h), so access tokens and ids cannot be guessed at line rate.
 //
 // The routing table: one registration per method. A service lives in its
 // own file and registers itself (process.cc: process.Process; the
@@ -85,7 +87,10 @@ class Envd {
   using Stream = std::function<void(Call&, const nlohmann::json&, StreamWriter&)>;
   using Http = std::function<void(Call&)>;
 
-  explicit Envd(std::shared_ptr<const AccessTokens> tokens) : tokens_(std::move(tokens)) {}
+  // `allow_insecure`: airlockd --e2b-allow-insecure (anonymous calls to a
+  // sandbox created with `secure: false` are served).
+  explicit Envd(std::shared_ptr<const AccessTokens> tokens, bool allow_insecure = false)
+      : tokens_(std::move(tokens)), allow_insecure_(allow_insecure) {}
 
   // Registrations (before serving): `path` below kEnvdPrefix, e.g.
   // "/process.Process/List" or "/files".
@@ -110,6 +115,7 @@ class Envd {
   void serve_rpc(Call& call, const std::string& path) const;
 
   std::shared_ptr<const AccessTokens> tokens_;
+  bool allow_insecure_;
   std::map<std::string, Unary> unary_;
   std::map<std::string, Stream> stream_;
   std::map<std::string, Http> http_;  // key "METHOD path"
@@ -117,7 +123,8 @@ class Envd {
 };
 
 // The envd airlockd serves: every service registered (services.cc).
-std::shared_ptr<Envd> make_envd(std::shared_ptr<const AccessTokens> tokens);
+std::shared_ptr<Envd> make_envd(std::shared_ptr<const AccessTokens> tokens,
+                                bool allow_insecure = false);
 
 // The run-as user of an `Authorization: Basic base64(name:)` header ("" if
 // none); RpcError invalid_argument if it is malformed.

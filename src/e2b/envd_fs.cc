@@ -316,8 +316,16 @@ void Filesystem::watch_dir(const FsCall& call, const json& req,
 
 // ---- CreateWatcher / GetWatcherEvents / RemoveWatcher ----
 
+Filesystem::Filesystem(WatchFn watch) : watch_(std::move(watch)) {
+  if (!watch_)
+    watch_ = [](engine::Engine& engine, const std::string& sandbox, const std::string& path,
+                bool recursive, const engine::WatchCallbacks& cb) {
+      return engine.watch_files(sandbox, path, recursive, cb);
+    };
+}
+
 struct Filesystem::Watcher {
-  std::string id, sandbox;
+  std::string id, sandbox, tenant;
   std::mutex mu;
   std::deque<json> events;
   uint64_t dropped = 0;
@@ -343,18 +351,22 @@ json Filesystem::create_watcher(const FsCall& call, const json& req) {
       bool idle = Clock::now() - it->second->last_poll > kWatcherIdle;
       it = it->second->ended && idle ? watchers_.erase(it) : std::next(it);
     }
-    if (watchers_.size() >= kMaxWatchers)
+    size_t held = 0;
+    for (const auto& [id, other] : watchers_) held += other->tenant == call.tenant;
+    if (held >= kMaxWatchersPerTenant)
       throw FsError("resource_exhausted", "too many watchers (at most " +
-                                              std::to_string(kMaxWatchers) + "); remove some");
+                                              std::to_string(kMaxWatchersPerTenant) +
+                                              " per tenant); remove some");
   }
   auto w = std::make_shared<Watcher>();
   w->id = random_id();
   w->sandbox = call.sandbox;
+  w->tenant = call.tenant;
   auto started = std::make_shared<std::promise<std::optional<FsError>>>();
   auto fut = started->get_future();
   engine::Engine& engine = call.engine;
   Watcher* raw = w.get();  // the thread ends before the Watcher is destroyed
-  w->thread = std::thread([raw, &engine, path, recursive, started] {
+  w->thread = std::thread([this, raw, &engine, path, recursive, started] {
     bool began = false;
     auto answer = [&](std::optional<FsError> err) {
       if (began) return;
@@ -379,7 +391,7 @@ json Filesystem::create_watcher(const FsCall& call, const json& req) {
     };
     std::string reason;
     try {
-      reason = engine.watch_files(raw->sandbox, path, recursive, cb).reason;
+      reason = watch_(engine, raw->sandbox, path, recursive, cb).reason;
     } catch (const Error& e) {
       answer(fs_error(e));
       reason = e.what();

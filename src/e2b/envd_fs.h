@@ -72,11 +72,16 @@ struct FsCall {
   engine::Engine& engine;
   std::string sandbox;
   std::string user;
+  std::string tenant;  // the sandbox's owner ("" = the operator's): whose watcher cap
 };
 
 class Filesystem {
  public:
-  Filesystem() = default;
+  // How a watcher watches: Engine::watch_files unless a test gives another.
+  using WatchFn = std::function<engine::WatchEnd(engine::Engine&, const std::string& sandbox,
+                                                 const std::string& path, bool recursive,
+                                                 const engine::WatchCallbacks&)>;
+  explicit Filesystem(WatchFn watch = {});
   ~Filesystem() { stop_all(); }
   // Stops and joins every watcher (before the engine goes away).
   void stop_all();
@@ -96,9 +101,10 @@ class Filesystem {
                  const std::function<bool(const nlohmann::json&)>& send,
                  std::chrono::milliseconds timeout, std::chrono::milliseconds keepalive);
 
-  // Bounds of the watcher trio: watchers in all, events buffered per
-  // watcher (beyond: dropped), and how long a watcher nobody polls lives.
-  static constexpr size_t kMaxWatchers = 64;
+  // Bounds of the watcher trio: watchers per tenant (one tenant at its cap
+  // leaves the others theirs), events buffered per watcher (beyond:
+  // dropped), and how long a watcher nobody polls lives.
+  static constexpr size_t kMaxWatchersPerTenant = 64;
   static constexpr size_t kMaxBufferedEvents = 4096;
   static constexpr auto kWatcherIdle = std::chrono::minutes(10);
 
@@ -109,6 +115,7 @@ class Filesystem {
   void remove_watcher(const FsCall& call, const nlohmann::json& request);
   std::shared_ptr<Watcher> find_watcher(const FsCall& call, const nlohmann::json& request);
 
+  WatchFn watch_;
   std::mutex mu_;
   std::map<std::string, std::shared_ptr<Watcher>> watchers_;  // by watcher id
 };

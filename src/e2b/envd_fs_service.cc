@@ -28,7 +28,7 @@ connect::RpcError rpc_of(const FsError& e) {
   return connect::RpcError(Code::internal, e.what());
 }
 
-FsCall fs_call(Call& c) { return FsCall{c.engine, c.sandbox.id, c.user}; }
+FsCall fs_call(Call& c) { return FsCall{c.engine, c.sandbox.id, c.user, c.sandbox.spec.tenant}; }
 
 }  // namespace
 

@@ -88,6 +88,45 @@ TEST(EnvdFs, ErrorsMapToEnvdsCodes) {
   EXPECT_EQ(files_status(Error(Errc::unavailable, "no space")), 507);
 }
 
+// Watchers hold a thread and a guest watch each: bounded, but per tenant,
+// so one tenant holding all it may does not stop another's.
+TEST(EnvdFs, TheWatcherCapIsPerTenant) {
+  engine::Engine engine(engine::Config{});
+  Filesystem fs([](engine::Engine&, const std::string&, const std::string&, bool,
+                   const engine::WatchCallbacks& cb) {
+    cb.on_start(json::object());
+    while (cb.on_idle()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    return engine::WatchEnd{"cancelled"};
+  });
+  FsCall a1{engine, "sb-a1", "root", "acme"}, a2{engine, "sb-a2", "root", "acme"};
+  FsCall b{engine, "sb-b", "root", "rival"}, op{engine, "sb-op", "root", ""};
+  const json req = {{"path", "/tmp"}};
+  std::string first;
+  for (size_t i = 0; i < Filesystem::kMaxWatchersPerTenant; ++i) {
+    json r = fs.unary(i % 2 ? a1 : a2, "CreateWatcher", req);
+    if (i == 0) first = r["watcherId"];
+  }
+  // acme is at its cap, whichever of its sandboxes asks...
+  for (const FsCall* c : {&a1, &a2}) {
+    try {
+      fs.unary(*c, "CreateWatcher", req);
+      ADD_FAILURE() << "over the cap";
+    } catch (const FsError& e) {
+      EXPECT_EQ(e.code(), "resource_exhausted");
+      EXPECT_NE(std::string(e.what()).find("per tenant"), std::string::npos) << e.what();
+    }
+  }
+  // ... and the others are not.
+  json mine = fs.unary(b, "CreateWatcher", req);
+  EXPECT_EQ(fs.unary(b, "GetWatcherEvents", {{"watcherId", mine["watcherId"]}})["events"],
+            json::array());
+  EXPECT_NO_THROW(fs.unary(op, "CreateWatcher", req));
+  // A removed watcher gives its tenant the room back.
+  fs.unary(a2, "RemoveWatcher", {{"watcherId", first}});
+  EXPECT_NO_THROW(fs.unary(a1, "CreateWatcher", req));
+  fs.stop_all();
+}
+
 // GET/POST /files through a real Server; the test extension stands in for
 // the envd router (sandbox from the E2b-Sandbox-Id header, user "user").
 class EnvdFilesTest : public ::testing::Test {

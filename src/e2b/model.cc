@@ -128,7 +128,7 @@ json egress_policy(const json& body) {
   return policy;
 }
 
-CreateRequest parse_create(std::string_view body, bool v2) {
+CreateRequest parse_create(std::string_view body, bool v2, bool allow_insecure) {
   json j = daemon::parse_object(body);
   CreateRequest out;
   if (!has(j, "templateID") || !j["templateID"].is_string() ||
@@ -159,10 +159,15 @@ CreateRequest parse_create(std::string_view body, bool v2) {
     if (key.rfind(kMetaPrefix, 0) == 0)
       bad("metadata key '" + key + "' is reserved (prefix e2b.)", "metadata." + key);
   out.spec.metadata[kMetaTemplate] = templ;
-  out.secure = v2;
-  if (!v2 && has(j, "secure")) {
+  if (has(j, "secure")) {
     if (!j["secure"].is_boolean()) bad("secure must be a boolean", "secure");
-    out.secure = j["secure"].get<bool>();
+    if (!v2 && !j["secure"].get<bool>()) {
+      if (!allow_insecure)
+        bad("secure: false is off on this daemon: every sandbox's envd wants its access token "
+            "(the operator allows insecure sandboxes with airlockd --e2b-allow-insecure)",
+            "secure");
+      out.secure = false;
+    }
   }
   if (out.secure) out.spec.metadata[kMetaSecure] = "true";
   out.spec.network = egress_policy(j);

@@ -31,15 +31,20 @@ std::string image_for_template(const std::string& template_id);
 
 struct CreateRequest {
   engine::SandboxSpec spec;  // image, timeout, env, metadata (with e2b.*), network
-  bool secure = false;
+  bool secure = true;
 };
 // POST /sandboxes (v2 = false) or POST /v2/sandboxes (v2 = true: E2B
-// secures every such sandbox). Fields E2B's server would act on but airlock
+// secures every such sandbox). Every sandbox is secure (envd wants its
+// access token) unless the operator allows insecure ones (`airlockd
+// --e2b-allow-insecure`) and a v1 body says `secure: false`; without that
+// flag `secure: false` is refused (field "secure"), since a sandbox anyone
+// who learns its id could drive is not what the caller would get from E2B's
+// hosted proxy either. Fields E2B's server would act on but airlock
 // cannot honour (autoPause, mcp, volumeMounts, iam, network.rules,
 // egressProxy) are refused with Error(invalid_argument, field), never
 // silently dropped; fields that do not change behaviour here are ignored
 // as E2B's server ignores unknown ones.
-CreateRequest parse_create(std::string_view body, bool v2);
+CreateRequest parse_create(std::string_view body, bool v2, bool allow_insecure = false);
 
 // allow_internet_access and network.{allowOut,denyOut} as airlock's egress
 // policy JSON (src/engine/net/policy.h). E2B: internet on by default;

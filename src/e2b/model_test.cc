@@ -36,10 +36,25 @@ TEST(E2bModel, CreateMapsTemplateTimeoutEnvMetadataAndSecure) {
   auto d = parse_create(R"({"templateID":"minimal","unknownField":1})", false);
   EXPECT_EQ(d.spec.image, "minimal");
   EXPECT_EQ(d.spec.timeout_s, kDefaultTimeoutS);
-  EXPECT_FALSE(d.secure);
-  EXPECT_FALSE(d.spec.metadata.count(kMetaSecure));
+  // Secure by default on the v1 route too.
+  EXPECT_TRUE(d.secure);
+  EXPECT_EQ(d.spec.metadata.at(kMetaSecure), "true");
   // The v2 route secures every sandbox, whatever the body says.
   EXPECT_TRUE(parse_create(R"({"templateID":"base","secure":false})", true).secure);
+  EXPECT_TRUE(parse_create(R"({"templateID":"base","secure":false})", true, true).secure);
+}
+
+TEST(E2bModel, InsecureSandboxesOnlyWhereTheOperatorAllowsThem) {
+  // secure: false on v1 without --e2b-allow-insecure: refused, naming it.
+  EXPECT_EQ(field_of([] { parse_create(R"({"templateID":"base","secure":false})", false); }),
+            "secure");
+  EXPECT_EQ(field_of([] { parse_create(R"({"templateID":"base","secure":"no"})", false); }),
+            "secure");
+  auto r = parse_create(R"({"templateID":"base","secure":false})", false, true);
+  EXPECT_FALSE(r.secure);
+  EXPECT_FALSE(r.spec.metadata.count(kMetaSecure));
+  EXPECT_TRUE(parse_create(R"({"templateID":"base","secure":true})", false, true).secure);
+  EXPECT_TRUE(parse_create(R"({"templateID":"base"})", false, true).secure);
 }
 
 TEST(E2bModel, CreateRefusesWhatItCannotHonourNamingTheField) {

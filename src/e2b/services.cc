@@ -6,8 +6,8 @@
 
 namespace airlock::e2b {
 
-std::shared_ptr<Envd> make_envd(std::shared_ptr<const AccessTokens> tokens) {
-  auto envd = std::make_shared<Envd>(std::move(tokens));
+std::shared_ptr<Envd> make_envd(std::shared_ptr<const AccessTokens> tokens, bool allow_insecure) {
+  auto envd = std::make_shared<Envd>(std::move(tokens), allow_insecure);
   register_process(*envd);
   register_filesystem(*envd);
   return envd;

@@ -390,5 +390,39 @@ TEST_F(McpTest, SessionTellsItsObserverWhatItOwns) {
   EXPECT_EQ(seen, (std::vector<std::string>{"+" + a, "+" + b, "-" + a, "-" + b}));
 }
 
+// On the unix socket the daemon would show every tenant's sandboxes: the
+// session acts only on those it created (kept ones too), unless --all.
+TEST_F(McpTest, ActsOnlyOnSandboxesItCreatedUnlessAll) {
+  std::string foreign = engine_->create(engine::SandboxSpec{}).id;
+  std::string kept = call("sandbox_create", {{"keep", true}})["structuredContent"]["id"];
+  for (auto [tool, args] : std::vector<std::pair<std::string, json>>{
+           {"sandbox_exec", {{"argv", {"echo", "x"}}}},
+           {"sandbox_write_file", {{"path", "/tmp/x"}, {"content", "x"}}},
+           {"sandbox_read_file", {{"path", "/tmp/x"}}},
+           {"sandbox_list_files", {{"path", "/tmp"}}},
+           {"sandbox_set_network", {{"mode", "none"}}},
+           {"sandbox_logs", json::object()},
+           {"sandbox_destroy", json::object()}}) {
+    args["sandbox_id"] = foreign;
+    json r = call(tool, args);
+    EXPECT_EQ(r["isError"], true) << tool;
+    EXPECT_NE(text(r).find("error not_found: no sandbox " + foreign), std::string::npos)
+        << tool << ": " << text(r);
+  }
+  EXPECT_EQ(engine_->get(foreign).state, engine::State::running);  // untouched
+  json listed = call("sandbox_list", json::object())["structuredContent"]["sandboxes"];
+  ASSERT_EQ(listed.size(), 1u) << listed.dump();
+  EXPECT_EQ(listed[0]["id"], kept);
+  // A kept sandbox is still this session's to use.
+  EXPECT_FALSE(call("sandbox_exec", {{"sandbox_id", kept}, {"argv", {"echo", "k"}}})["isError"]);
+
+  Session all(cli::Client(socket_), "", Session::Scope::all);
+  json ran = all.call("sandbox_exec", {{"sandbox_id", foreign}, {"argv", {"echo", "hi"}}});
+  EXPECT_FALSE(ran["isError"]) << ran.dump();
+  EXPECT_EQ(all.call("sandbox_list", json::object())["structuredContent"]["sandboxes"].size(), 2u);
+  EXPECT_FALSE(all.call("sandbox_destroy", {{"sandbox_id", foreign}})["isError"]);
+  EXPECT_EQ(engine_->get(foreign).state, engine::State::deleted);
+}
+
 }  // namespace
 }  // namespace airlock::mcp

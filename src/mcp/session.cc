@@ -78,8 +78,18 @@ void copy_keys(const json& args, json& body, std::initializer_list<const char*> 
 
 }  // namespace
 
-Session::Session(cli::Client client, std::string tag)
-    : client_(std::move(client)), tag_(std::move(tag)) {}
+Session::Session(cli::Client client, std::string tag, Scope scope)
+    : client_(std::move(client)), tag_(std::move(tag)), scope_(scope) {}
+
+void Session::check_scope(const std::string& id) const {
+  if (scope_ == Scope::all) return;
+  std::lock_guard lock(mu_);
+  if (created_.count(id)) return;
+  throw Error(Errc::not_found,
+              "no sandbox " + id +
+                  " among those this MCP session created (airlock mcp --all acts on every one)",
+              "sandbox_id");
+}
 
 json Session::call(const std::string& name, const json& arguments, bool structured,
                    const std::string& call_key) {
@@ -203,6 +213,10 @@ json Session::create(const json& args) {
   if (!keep && !tag_.empty()) body["metadata"][kSessionLabel] = tag_;
   json sb = client_.call("POST", "/v1/sandboxes", body);
   std::string id = sb.value("id", "");
+  {
+    std::lock_guard lock(mu_);
+    created_.insert(id);
+  }
   if (!keep) {
     std::unique_lock lock(mu_);
     if (closed_) {
@@ -236,6 +250,7 @@ json Session::exec(const json& args, const std::string& call_key) {
   body["output_limit_bytes"] = args.value("max_output_bytes", kDefaultMaxOutputBytes);
   std::string out, err;
   std::string sid = args["sandbox_id"];
+  check_scope(sid);
   struct Forget {  // the command is no longer cancellable once exec returns
     Session* s;
     const std::string& key;
@@ -303,6 +318,7 @@ json Session::write_file(const json& args) {
     content = std::move(*bytes);
   }
   uint32_t mode = uint32_t(std::stoul(args.value("mode", "0644"), nullptr, 8));
+  check_scope(args["sandbox_id"]);
   // The CLI's client streams uploads from a file descriptor; an anonymous
   // memory file holds the content (never a path anyone else can reach).
   Fd fd(::memfd_create("airlock-mcp-upload", MFD_CLOEXEC));
@@ -318,6 +334,7 @@ json Session::write_file(const json& args) {
 json Session::read_file(const json& args) {
   std::string path = args["path"];
   size_t max = size_t(args.value("max_bytes", kDefaultMaxReadBytes));
+  check_scope(args["sandbox_id"]);
   // The download goes through a pipe that is read only up to max_bytes + 1:
   // however large the guest makes the file, memory here stays bounded (the
   // download fails with EPIPE once the reader stops, which is expected).
@@ -364,6 +381,7 @@ json Session::read_file(const json& args) {
 
 json Session::list_files(const json& args) {
   std::string path = args["path"];
+  check_scope(args["sandbox_id"]);
   json answer = client_.call(
       "GET", id_path(args["sandbox_id"]) + "/files/list?path=" + cli::url_encode(path));
   json entries = answer.is_object() && answer.contains("entries") ? answer["entries"]
@@ -381,6 +399,7 @@ json Session::list_files(const json& args) {
 json Session::set_network(const json& args) {
   json policy = {{"mode", args["mode"]}};
   copy_keys(args, policy, {"allow", "deny"});
+  check_scope(args["sandbox_id"]);
   json answer = client_.call("PATCH", id_path(args["sandbox_id"]) + "/network", policy);
   if (!answer.is_object()) answer = json::object();
   if (!answer.contains("policy")) answer["policy"] = policy;
@@ -391,6 +410,7 @@ json Session::set_network(const json& args) {
 
 json Session::logs(const json& args) {
   bool net = args.value("network", false);
+  check_scope(args["sandbox_id"]);
   json records =
       client_.call("GET", id_path(args["sandbox_id"]) + (net ? "/network/events" : "/logs"));
   if (!records.is_array()) records = json::array();
@@ -406,6 +426,7 @@ json Session::logs(const json& args) {
 
 json Session::destroy(const json& args) {
   std::string id = args["sandbox_id"];
+  check_scope(id);
   client_.call("DELETE", id_path(id));
   disown(id);
   return outcome("destroyed sandbox " + id, {{"id", id}, {"destroyed", true}});
@@ -419,10 +440,17 @@ json Session::list(const json& args) {
          cli::url_encode(v.get<std::string>());
   json list = client_.call("GET", "/v1/sandboxes" + (q.empty() ? "" : "?" + q));
   if (!list.is_array()) list = json::array();
-  std::set<std::string> mine;
+  std::set<std::string> mine, created;
   {
     std::lock_guard lock(mu_);
     mine = owned_;
+    created = created_;
+  }
+  if (scope_ != Scope::all) {
+    json only = json::array();
+    for (auto& sb : list)
+      if (created.count(sb.value("id", ""))) only.push_back(std::move(sb));
+    list = std::move(only);
   }
   std::string text = std::to_string(list.size()) + " sandboxes\n";
   for (auto& sb : list) {

@@ -1,7 +1,15 @@
 // The tools of one MCP client connection, over the daemon's public HTTP API
-// (cli::Client: the unix socket). The session remembers the sandboxes it
-// created so that close() can destroy them when the client goes away,
-// except those created with keep: true.
+// (cli::Client: the unix socket, or a TCP listener as one tenant). The
+// session remembers the sandboxes it created so that close() can destroy
+// them when the client goes away, except those created with keep: true.
+//
+// It acts only on the sandboxes it created (kept ones included): on the
+// unix socket the daemon would let it reach every tenant's, and a model
+// talking to this server should not drive, read or destroy sandboxes it
+// was never given. Another id is "not found", as the daemon says for an id
+// that does not exist, and sandbox_list shows only the session's own.
+// Scope::all (`airlock mcp --all`) lifts this: every sandbox the daemon
+// shows this caller.
 //
 //   Session s(cli::Client(socket));
 //   json result = s.call("sandbox_exec", {{"sandbox_id", id}, {"command", "ls /"}});
@@ -28,8 +36,9 @@ inline constexpr const char* kSessionLabel = "mcp_session";
 
 class Session {
  public:
+  enum class Scope { created, all };
   // `tag` (if not empty) labels the sandboxes this session owns.
-  explicit Session(cli::Client client, std::string tag = "");
+  explicit Session(cli::Client client, std::string tag = "", Scope scope = Scope::created);
 
   // Runs tool `name` (which must exist: find_tool) with `arguments` and
   // returns the MCP CallToolResult. Every failure (bad arguments, the
@@ -70,9 +79,13 @@ class Session {
   nlohmann::json destroy(const nlohmann::json& args);
   nlohmann::json list(const nlohmann::json& args);
   void disown(const std::string& id);
+  // Error(not_found, field sandbox_id) unless the session may act on `id`.
+  void check_scope(const std::string& id) const;
 
   cli::Client client_;
   std::string tag_;
+  Scope scope_;
+  std::set<std::string> created_;  // guarded by mu_; keep ones too
   mutable std::mutex mu_;
   std::set<std::string> owned_;                             // guarded by mu_
   std::function<void(const std::string&, bool)> observer_;  // guarded by mu_

@@ -3,6 +3,7 @@ and real VMs: v1 (client_test.mjs, the initialize handshake revisions) and v2
 (client_2026_test.mjs, the stateless revision 2026-07-28). The npm packages come from package-lock.json
 (`npm ci`, run once when node_modules is missing; offline after that)."""
 
+import json
 import os
 import shutil
 import subprocess
@@ -12,7 +13,7 @@ import unittest
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "integration"))
 
-from harness import BIN, IMAGE_DIR, DaemonTestCase, leftovers_of  # noqa: E402
+from harness import BIN, IMAGE_DIR, DaemonTestCase, free_port, leftovers_of  # noqa: E402
 
 
 def ensure_node_modules():
@@ -66,6 +67,32 @@ class McpClientTest(DaemonTestCase):
         mine = [sb for sb in self.api.call("GET", "/v1/sandboxes?all=true") if sb["id"] == made[0]]
         self.assertEqual([sb["state"] for sb in mine], ["deleted"], mine)
         self.assertNothingLeft(made[0])
+
+
+class McpScopeTest(DaemonTestCase):
+    """What a session reaches: its own sandboxes on the unix socket (all with
+    --all), one tenant's over AIRLOCK_URL/AIRLOCK_TOKEN (client_scope_test.mjs)."""
+
+    @classmethod
+    def setUpClass(cls):
+        ensure_node_modules()
+        cls.port = free_port()
+        cls.daemon_args = ["--listen", f"127.0.0.1:{cls.port}"]
+        super().setUpClass()
+
+    def test_sessions_act_only_where_they_may(self):
+        r = subprocess.run([os.path.join(BIN, "airlock"), "--socket", self.sock, "token", "create",
+                            "--tenant", "acme", "--json"], capture_output=True, text=True, timeout=60)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        env = dict(os.environ, AIRLOCK_BIN=BIN, AIRLOCK_SOCKET=self.sock, AIRLOCK_DATA_DIR=self.data_dir,
+                   AIRLOCK_IMAGE_DIR=IMAGE_DIR, AIRLOCK_URL_FOR_TEST=f"http://127.0.0.1:{self.port}",
+                   AIRLOCK_TOKEN_FOR_TEST=json.loads(r.stdout)["secret"])
+        r = subprocess.run(["node", os.path.join(HERE, "client_scope_test.mjs")], cwd=HERE, env=env,
+                           capture_output=True, timeout=600)
+        out, err = r.stdout.decode(), r.stderr.decode()
+        self.assertEqual(r.returncode, 0, f"stdout:\n{out}\nstderr:\n{err}\n{self.daemon_log()}")
+        self.assertIn("ok: all scope checks passed", out)
+        self.assertEqual(self.api.call("GET", "/v1/sandboxes"), [])
 
 
 if __name__ == "__main__":

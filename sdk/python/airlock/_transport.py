@@ -10,6 +10,7 @@ abandoned early closes its connection, which the daemon sees as a hang-up
 from __future__ import annotations
 
 import http.client
+import ipaddress
 import json
 import os
 import pwd
@@ -19,7 +20,8 @@ import threading
 import urllib.parse
 from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Tuple, Union
 
-from .errors import AirlockError, DaemonUnavailable, Timeout, error_from_body
+from .errors import (AirlockError, DaemonUnavailable, InvalidArgument, Timeout,
+                     error_from_body)
 
 #: Seconds a plain (non-streaming) call may take before :class:`Timeout`.
 DEFAULT_TIMEOUT = 300.0
@@ -160,7 +162,9 @@ class Transport:
         socket_path: the daemon's unix socket (default: :func:`default_socket`).
         url: ``http://host:port`` of a TCP listener instead of the socket
             (default ``$AIRLOCK_URL``).
-        token: sent as ``Authorization: Bearer`` (default ``$AIRLOCK_TOKEN``).
+        token: sent as ``Authorization: Bearer`` (default ``$AIRLOCK_TOKEN``);
+            refused (:class:`AirlockError` ``invalid_argument``, field ``url``)
+            with a plain ``http`` URL whose host is not a loopback address.
         ca: for ``https``, a PEM file of the CA (or self-signed certificate)
             to verify the daemon against (default ``$AIRLOCK_CA``, else the
             system's CAs); the URL's host must match the certificate.
@@ -187,6 +191,14 @@ class Transport:
             if u.scheme not in ("http", "https") or not u.hostname:
                 raise AirlockError("invalid_argument",
                                    f"AIRLOCK_URL must be http://host:port, got {url!r}", "url")
+            if u.scheme == "http" and token and not _is_loopback(u.hostname):
+                # Plain http carries the token in clear over a network any
+                # hop may read: only https, or a loopback address, is safe.
+                raise InvalidArgument(
+                    "invalid_argument",
+                    f"refusing to send a token over plain http to {url}: use https:// (airlockd "
+                    "--tls-cert/--tls-key) or a loopback address (127.0.0.1, ::1, localhost)",
+                    "url")
             self._url = u
             if u.scheme == "https":
                 self._ssl = ssl.create_default_context(cafile=ca)
@@ -306,6 +318,17 @@ def _answer_after_broken_send(conn: http.client.HTTPConnection
         return conn.getresponse()
     except (OSError, http.client.HTTPException):
         return None
+
+
+def _is_loopback(host: str) -> bool:
+    """Whether ``host`` (a URL's hostname) is this machine's loopback: never
+    resolved, so a name that merely points at 127.0.0.1 does not count."""
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def quote_segment(s: str) -> str:
