@@ -10,6 +10,8 @@ reading the host file.
 """
 
 import glob
+import gzip
+import io
 import os
 import shutil
 import struct
@@ -17,6 +19,7 @@ import subprocess
 import unittest
 
 import harness
+import oci_build as ob
 from harness import ApiError, DaemonTestCase
 
 EXT_BACKING_FORMAT = 0xE2792ACA
@@ -142,6 +145,41 @@ class ForgedBackingFiles(DaemonTestCase):
             self.api.call("POST", "/v1/snapshots/good/image", {"name": "good-img"})
         self.assertIn("good", ctx.exception.body["error"]["message"])
         self.api.call("DELETE", "/v1/snapshots/good")
+
+
+class HostileImportArchives(DaemonTestCase):
+    """docker save layers are checked against the config's diff_ids; the
+    outer archive has an entry limit and an expansion-ratio limit."""
+
+    def import_refused(self, data, needle):
+        with self.assertRaises(ApiError) as ctx:
+            self.api.call("POST", "/v1/images/evil/import", data, timeout=600)
+        self.assertEqual(ctx.exception.status, 400, ctx.exception.body)
+        self.assertIn(needle, ctx.exception.body["error"]["message"])
+        with self.assertRaises(ApiError) as ctx:
+            self.api.call("GET", "/v1/images/evil")
+        self.assertEqual(ctx.exception.status, 404)
+
+    def test_a_an_altered_docker_save_layer_is_refused_naming_it(self):
+        layers = [ob.make_layer([ob.file("a", b"1")]), ob.make_layer([ob.file("b", b"2")])]
+        files = ob.docker_files(layers, ob.config())
+        altered = ob.make_layer([ob.file("b", b"evil")])
+        files[ob._sha(layers[1]) + "/layer.tar"] = altered
+        self.import_refused(ob.pack(files), f"layer 2 ({ob._sha(layers[1])}/layer.tar) does not "
+                                            "match its digest")
+
+    def test_b_an_outer_archive_of_too_many_entries_is_refused(self):
+        files = ob.docker_files([ob.make_layer([ob.file("a", b"1")])], ob.config())
+        for i in range(10001):
+            files[f"junk/{i}"] = b""
+        self.import_refused(ob.pack(files), "more than 10000 entries (the archive entry limit)")
+
+    def test_c_an_outer_archive_expanding_too_far_is_refused(self):
+        files = ob.docker_files([ob.make_layer([ob.file("a", b"1")])], ob.config())
+        files["zeros"] = b"\0" * (64 << 20)
+        bomb = gzip.compress(ob.pack(files), 9)
+        self.assertLess(len(bomb), 1 << 20)
+        self.import_refused(bomb, "the expansion ratio limit")
 
 
 if __name__ == "__main__":
