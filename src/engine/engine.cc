@@ -129,6 +129,13 @@ Engine::Impl::Impl(Config c)
   }
 }
 
+std::vector<fs::path> Engine::Impl::disk_roots() const {
+  std::vector<fs::path> roots{cfg.image_dir};
+  if (templates) roots.push_back(templates->root());
+  if (snaps) roots.push_back(snaps->root());
+  return roots;
+}
+
 vmm::AccelVerdict Engine::Impl::resolve_accel(const storage::Image& img) {
   std::lock_guard lock(accel_mu);
   if (accel) return *accel;

@@ -10,6 +10,7 @@
 #include "engine/engine.h"
 #include "engine/engine_impl.h"
 #include "engine/fsdiff/fsdiff.h"
+#include "engine/storage/disk_chain.h"
 
 namespace airlock::engine {
 namespace fs = std::filesystem;
@@ -46,35 +47,36 @@ nlohmann::json Engine::changes(const std::string& id, const std::string& since, 
   int64_t sync_ms =
       std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0)
           .count();
+  // Both chains are read from their headers by airlock (the sandbox's QEMU
+  // can write its disk's header) and given to qemu-img file by file.
+  const auto roots = impl_->disk_roots();
   fs::path disk = sb->run_dir() / "disk.qcow2";
-  std::string backing, fmt = "qcow2";
+  auto after = storage::disk_chain(disk, roots, "sandbox " + id + "'s disk");
+  std::vector<storage::ChainLink> before;
   if (snap) {
-    // Its layer's backing chain (parent layers, base.qcow2, the image) was
-    // written by the host; a missing or altered file is refused here.
     std::error_code ec;
     if (!fs::is_regular_file(fs::symlink_status(snap->layer(), ec)))
       throw Error(Errc::unavailable, "snapshot " + since + " has no disk layer");
-    backing = snap->layer().string();
+    before = storage::disk_chain(snap->layer(), roots, "snapshot " + since + "'s disk layer");
   } else {
-    // The overlay's backing file is the sandbox's start (the image, or its
-    // template's disk); the host wrote that header, the guest cannot.
-    SubprocessOptions o;
-    o.timeout = std::chrono::seconds(30);
-    auto r = run_command({"qemu-img", "info", "-U", "--output=json", disk.string()}, o);
-    if (!r.ok()) throw Error(Errc::internal, "cannot read the sandbox's disk: " + r.describe());
-    auto info = nlohmann::json::parse(r.out, nullptr, false);
-    backing = info.is_object() ? info.value("full-backing-filename", "") : "";
-    if (backing.empty() && info.is_object()) backing = info.value("backing-filename", "");
-    if (backing.empty()) throw Error(Errc::internal, "the sandbox's disk has no backing file");
-    fmt = info.value("backing-filename-format", "raw");
+    // The overlay's backing chain is the sandbox's start (the image, or its
+    // template's disk).
+    if (after.size() < 2)
+      throw Error(Errc::internal, "sandbox " + id + "'s disk has no backing file");
+    before.assign(after.begin() + 1, after.end());
   }
+  // -U (force-share): QEMU holds the running sandbox's disk locked.
+  auto layers = [](const std::vector<storage::ChainLink>& c) {
+    if (c.size() == 1 && c[0].format == "raw") return fsdiff::LayerChain{c[0].path, "raw", ""};
+    return fsdiff::LayerChain{c[0].path, "qcow2", storage::image_opts(c, true)};
+  };
   fs::path tmp = impl_->cfg.data_dir / "tmp";
   std::error_code ec;
   fs::create_directories(tmp, ec);
   ::chmod(tmp.c_str(), 0700);
   fsdiff::Options opt;
   opt.content = content;
-  auto out = fsdiff::diff({backing, fmt}, {disk, "qcow2"}, tmp, opt);
+  auto out = fsdiff::diff(layers(before), layers(after), tmp, opt);
   out["sandbox"] = id;
   out["since"] = since;
   out["timing_ms"]["sync"] = sync_ms;

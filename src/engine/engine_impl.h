@@ -233,6 +233,10 @@ struct Engine::Impl {
   std::filesystem::path sandbox_dir(const std::string& id) const {
     return cfg.data_dir / "sandboxes" / id;
   }
+  // Where a disk's backing files may be (storage/disk_chain.h): the image,
+  // template and snapshot directories, never a sandbox's own run directory
+  // (another sandbox's disk) or anything else on the host.
+  std::vector<std::filesystem::path> disk_roots() const;
   // The verdict, probing once (with `img`'s kernel) if not configured.
   vmm::AccelVerdict resolve_accel(const storage::Image& img);
   // The running sandbox `id`, or Error(not_found / conflict naming its state).

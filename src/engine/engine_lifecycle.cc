@@ -94,6 +94,7 @@ std::optional<Engine::Impl::BootFailure> Engine::Impl::boot_once(Live& sb,
   vc.kernel = img.kernel;
   vc.initrd = img.initrd;
   vc.disk = disk;
+  vc.disk_roots = impl.disk_roots();
   vc.cpus = info.spec.cpus;
   vc.memory_mb = info.spec.memory_mb;
   vc.accel = accel;

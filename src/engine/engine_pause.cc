@@ -206,6 +206,7 @@ SandboxInfo Engine::resume(const std::string& id) {
   vc.kernel = img->kernel;
   vc.initrd = img->initrd;
   vc.disk = sb->run_dir() / "disk.qcow2";
+  vc.disk_roots = impl_->disk_roots();
   vc.cpus = info.spec.cpus;
   vc.memory_mb = info.spec.memory_mb;
   vc.accel = info.accel == "kvm" ? vmm::Accel::kvm : vmm::Accel::tcg;

@@ -19,6 +19,7 @@
 #include "common/phases.h"
 #include "common/subprocess.h"
 #include "engine/engine_impl.h"
+#include "engine/storage/disk_chain.h"
 #include "engine/types_json.h"
 #include "engine/vmm/jail.h"
 
@@ -269,16 +270,18 @@ snapshots::Snapshot Engine::Impl::take_snapshot(Live& sb, const std::string& nam
       meta.ram_block = pm.value("ram_block", "");
     }
     if (!layer_taken) take_layer();  // back(): the source continues; the rest works on copies
+    // The layer's header was the sandbox's QEMU's to write: a chain leaving
+    // airlock's directories is refused here, before any restore, fork or
+    // image save opens it (storage/disk_chain.h).
+    auto chain =
+        storage::disk_chain(st.dir / "layer.qcow2", disk_roots(), "sandbox " + id + "'s disk");
     // A template clone's overlay is backed by the template's disk, which a
     // prune may remove: the snapshot keeps its own link to it.
-    auto chain = vmm::qcow2_chain(st.dir / "layer.qcow2");
-    if (chain.size() > 1 && templates &&
-        chain[1].lexically_normal().string().rfind(templates->root().lexically_normal().string(),
-                                                   0) == 0) {
+    if (chain.size() > 1 && templates && storage::path_inside(chain[1].path, templates->root())) {
       fs::path base = st.dir / "base.qcow2";
       std::error_code ec;
-      fs::create_hard_link(chain[1], base, ec);
-      if (ec) copy_or_throw(chain[1], base);
+      fs::create_hard_link(chain[1].path, base, ec);
+      if (ec) copy_or_throw(chain[1].path, base);
       SubprocessOptions o;
       o.timeout = std::chrono::seconds(60);
       auto r = run_command({"qemu-img", "rebase", "-u", "-f", "qcow2", "-F", "qcow2", "-b",
@@ -389,20 +392,10 @@ nlohmann::json Engine::save_snapshot_image(const std::string& snapshot, const st
     throw Error(Errc::conflict, "image '" + name + "' already exists (remove it first)", "name");
   impl.snaps->verify(*snap);  // size + SHA-256 of every layer, parents too
 
-  // qemu-img follows the layer's backing chain: only files airlock itself
-  // keeps (snapshots, templates, images) may be in it.
-  auto chain = vmm::qcow2_chain(snap->layer());
-  auto inside = [](const fs::path& f, const fs::path& root) {
-    auto rel = f.lexically_normal().lexically_relative(root.lexically_normal());
-    return !rel.empty() && *rel.begin() != "..";
-  };
-  for (const auto& f : chain) {
-    bool ours = inside(f, impl.snaps->root()) || inside(f, impl.images.dir()) ||
-                (impl.templates && inside(f, impl.templates->root()));
-    if (!ours)
-      throw Error(Errc::unavailable, "snapshot '" + snapshot + "' has a layer backed by " +
-                                         f.string() + ", outside airlock's own directories");
-  }
+  // Only files airlock itself keeps (snapshots, templates, images) may be
+  // in the layer's chain, and qemu-img is given exactly those files.
+  auto chain = storage::disk_chain(snap->layer(), impl.disk_roots(),
+                                   "the disk layer of snapshot '" + snapshot + "'");
   storage::ImageConfig config;
   try {
     if (auto base = impl.images.find(snap->image)) config = base->config;
@@ -422,16 +415,15 @@ nlohmann::json Engine::save_snapshot_image(const std::string& snapshot, const st
     fs::remove_all(tmp, e);
   });
   fs::path rootfs = tmp / "rootfs.ext4";
-  uint64_t virtual_size = 0;
-  vmm::qcow2_chain(snap->layer(), &virtual_size);
+  uint64_t virtual_size = chain[0].virtual_size;
   if (free_bytes(tmp) < virtual_size / 4)
     rethrow_if_disk_full(tmp, rootfs.string(), virtual_size / 4);
   SubprocessOptions o;
   o.timeout = std::chrono::minutes(10);
   // Sparse raw output: only the blocks the filesystem uses take space.
-  auto r = run_command({"qemu-img", "convert", "-f", "qcow2", "-O", "raw", "-S", "4k",
-                        snap->layer().string(), rootfs.string()},
-                       o);
+  auto r = run_command(
+      {"qemu-img", "convert", "-O", "raw", "-S", "4k", storage::image_opts(chain), rootfs.string()},
+      o);
   if (!r.ok()) {
     rethrow_if_disk_full(tmp, rootfs.string(), 0);
     throw Error(Errc::internal,

@@ -65,6 +65,7 @@ templates::Template Engine::Impl::build_template(const storage::Image& img,
     vc.kernel = img.kernel;
     vc.initrd = img.initrd;
     vc.disk = st.disk;
+    vc.disk_roots = disk_roots();
     vc.cpus = shape.cpus;
     vc.memory_mb = shape.memory_mb;
     vc.accel = accel;

@@ -103,8 +103,11 @@ def oci_files(layers, cfg, compressed=False):
 
 
 def docker_files(layers, cfg):
-    """{path: bytes} of a legacy `docker save` archive."""
+    """{path: bytes} of a legacy `docker save` archive (the config's
+    rootfs.diff_ids: each layer's uncompressed sha256, as docker writes them)."""
     files = {}
+    cfg = dict(cfg, rootfs={"type": "layers", "diff_ids": [
+        "sha256:" + _sha(gz.decompress(l) if l[:2] == b"\x1f\x8b" else l) for l in layers]})
     cfg_b = json.dumps(cfg).encode()
     files[_sha(cfg_b) + ".json"] = cfg_b
     names = []

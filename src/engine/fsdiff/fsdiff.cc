@@ -398,7 +398,7 @@ struct RawView {
       path = chain.top;
       return;
     }
-    if (chain.format != "qcow2")
+    if (chain.format != "qcow2" || chain.qemu_source.empty())
       throw Error(Errc::internal, "unknown layer format '" + chain.format + "'");
     std::string tmpl = (tmp_dir / "fsdiff-XXXXXX.raw").string();
     int fd = ::mkstemps(tmpl.data(), 4);
@@ -406,12 +406,9 @@ struct RawView {
     ::close(fd);
     path = tmpl;
     temp = true;
-    // -U: QEMU holds the running sandbox's disk locked; we only read it.
     SubprocessOptions o;
     o.timeout = std::chrono::minutes(10);
-    auto r = run_command({"qemu-img", "convert", "-U", "-f", "qcow2", "-O", "raw",
-                          chain.top.string(), path.string()},
-                         o);
+    auto r = run_command({"qemu-img", "convert", "-O", "raw", chain.qemu_source, path.string()}, o);
     if (!r.ok()) {
       std::error_code ec;
       fs::remove(path, ec);

@@ -1,8 +1,8 @@
 // Filesystem diff of two disk layer chains, read on the host with libext2fs
 // (never by asking the guest what it changed).
 //
-// A LayerChain is the top file of a qcow2 chain (its backing files, written
-// by the host, name the rest) or a raw ext4 image. Each chain is made
+// A LayerChain is a qcow2 chain, given to qemu-img file by file (the caller
+// checked it: storage/disk_chain.h), or a raw ext4 image. Each chain is made
 // readable by libext2fs by `qemu-img convert -O raw` into a sparse temporary
 // file (a raw image is opened as is), then both trees are walked and
 // compared: paths added, deleted, and modified (type, size, mode, owner,
@@ -30,6 +30,9 @@ namespace airlock::engine::fsdiff {
 struct LayerChain {
   std::filesystem::path top;
   std::string format;  // "raw" or "qcow2"
+  // qcow2: what qemu-img opens, a spec naming every file of the chain
+  // (storage::image_opts), so no backing name in a header is followed.
+  std::string qemu_source;
 };
 
 struct Limits {

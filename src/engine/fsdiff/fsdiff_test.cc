@@ -11,6 +11,7 @@
 
 #include "common/error.h"
 #include "common/subprocess.h"
+#include "engine/storage/disk_chain.h"
 
 namespace airlock::engine::fsdiff {
 namespace {
@@ -113,8 +114,14 @@ TEST_F(FsdiffTest, ReadsAQcow2LayerOverARawBase) {
   fs::path top = dir_ / "top.qcow2";
   run_checked(
       {"qemu-img", "create", "-q", "-f", "qcow2", "-F", "raw", "-b", base.string(), top.string()});
-  auto r = diff({base, "raw"}, {top, "qcow2"}, dir_, {});
+  // Whatever the header says: the chain given is the chain read.
+  run_checked(
+      {"qemu-img", "rebase", "-u", "-f", "qcow2", "-F", "raw", "-b", "/nonexistent", top.string()});
+  storage::ChainLink l0{top, "qcow2"}, l1{base, "raw"};
+  auto r = diff({base, "raw"}, {top, "qcow2", storage::image_opts({l0, l1})}, dir_, {});
   EXPECT_EQ(r["changes"].size(), 0u) << r.dump(2);
+  // A qcow2 layer without its explicit chain is never opened by its name.
+  EXPECT_THROW(diff({base, "raw"}, {top, "qcow2"}, dir_, {}), Error);
   EXPECT_TRUE(r["timing_ms"].contains("materialize"));
   // The temporary raw copy is gone.
   for (auto& e : fs::directory_iterator(dir_))

@@ -7,6 +7,7 @@
 #include "engine/engine.h"
 #include "engine/recipes/builder.h"
 #include "engine/sandbox.h"
+#include "engine/storage/disk_chain.h"
 
 namespace airlock::recipes {
 namespace fs = std::filesystem;
@@ -49,8 +50,13 @@ storage::Image install_image(engine::Engine& engine, const fs::path& image_dir,
   if (top == base.rootfs) {
     run_checked({"cp", "--sparse=always", top.string(), raw.string()}, minutes_timeout(10));
   } else {
-    run_checked({"qemu-img", "convert", "-q", "-O", "raw", top.string(), raw.string()},
-                minutes_timeout(20));
+    // The layers were written by the build's sandboxes: their chain is read
+    // by airlock and must stay in the image directory (the base and the
+    // layer cache); qemu-img gets exactly those files.
+    auto chain = storage::disk_chain(top, {image_dir}, "recipe layer " + top.filename().string());
+    run_checked(
+        {"qemu-img", "convert", "-q", "-O", "raw", storage::image_opts(chain), raw.string()},
+        minutes_timeout(20));
   }
   if (progress) progress(fs::file_size(raw));
   // The base's config is inherited (an imported OCI base keeps its PATH,

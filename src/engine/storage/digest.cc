@@ -58,4 +58,11 @@ std::string sha256_file(const std::filesystem::path& path) {
   return finish(ctx.get());
 }
 
+Sha256::Sha256() : ctx_(new_ctx().release()) {}
+Sha256::~Sha256() { EVP_MD_CTX_free(static_cast<EVP_MD_CTX*>(ctx_)); }
+void Sha256::update(const void* data, size_t len) {
+  EVP_DigestUpdate(static_cast<EVP_MD_CTX*>(ctx_), data, len);
+}
+std::string Sha256::hex() { return finish(static_cast<EVP_MD_CTX*>(ctx_)); }
+
 }  // namespace airlock::storage

@@ -553,8 +553,11 @@ void create_overlay(const fs::path& base, const fs::path& overlay, uint64_t size
   o.timeout = 60s;
   SubprocessResult r;
   try {
-    r = run_command({"qemu-img", "create", "-q", "-f", "qcow2", "-F", base_format, "-b",
-                     fs::absolute(base).string(), overlay.string(), std::to_string(size_mb) + "M"},
+    // -u: the size is given, so the base is not opened (its own chain is
+    // checked by whoever boots the overlay, storage/disk_chain.h).
+    r = run_command({"qemu-img", "create", "-q", "-u", "-f", "qcow2", "-F", base_format, "-b",
+                     fs::absolute(base).lexically_normal().string(), overlay.string(),
+                     std::to_string(size_mb) + "M"},
                     o);
   } catch (...) {
     fs::remove(overlay, ec);

@@ -371,6 +371,14 @@ std::map<std::string, std::string> unpack_outer(const fs::path& file, const fs::
                                                 const ImportPolicy& policy) {
   std::map<std::string, std::string> alias;
   auto a = open_archive(file);
+  const uint64_t file_size = fs::file_size(file);
+  const uint64_t budget = std::max(policy.min_layer_budget, policy.max_ratio * file_size);
+  auto bomb = [&](const std::string& how) {
+    bad("the archive " + how + ", more than " + std::to_string(policy.max_ratio) + " times its " +
+        std::to_string(file_size) + " bytes (the expansion ratio limit, " + std::to_string(budget) +
+        " bytes): refused as a decompression bomb");
+  };
+  uint64_t entries = 0;
   Fd root(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
   if (root.get() < 0) throw_errno("open " + dir.string());
   uint64_t total = 0;
@@ -386,6 +394,13 @@ std::map<std::string, std::string> unpack_outer(const fs::path& file, const fs::
     std::string name = archive_entry_pathname(e) ? archive_entry_pathname(e) : "";
     last = name.substr(0, 200);
     std::string what = "archive entry '" + last + "'";
+    if (++entries > policy.max_archive_entries)
+      bad("the archive has more than " + std::to_string(policy.max_archive_entries) +
+          " entries (the archive entry limit)");
+    if (archive_entry_size_is_set(e) && static_cast<uint64_t>(archive_entry_size(e)) > budget)
+      bomb("declares " + std::to_string(archive_entry_size(e)) + " bytes in " + what);
+    if (static_cast<uint64_t>(archive_filter_bytes(a.get(), 0)) > budget)
+      bomb("expands to more than " + std::to_string(budget) + " bytes");
     auto c = split_path(name, what);
     if (c.empty()) continue;
     std::string path = join(c, c.size());
@@ -414,6 +429,7 @@ std::map<std::string, std::string> unpack_outer(const fs::path& file, const fs::
         if (rr < ARCHIVE_WARN) bad(what + ": " + archive_error_string(a.get()));
         total += len;
         if (total > policy.max_bytes) bad(what + ": the archive is larger than allowed");
+        if (total > budget) bomb("expands to more than " + std::to_string(budget) + " bytes");
         for (size_t done = 0; done < len;) {
           ssize_t n = ::pwrite(f.get(), static_cast<const char*>(buf) + done, len - done,
                                off + static_cast<off_t>(done));
@@ -473,6 +489,54 @@ Blob oci_blob(const fs::path& dir, const std::map<std::string, std::string>& ali
   if ("sha256:" + sha256_file(b.file) != digest)
     bad(what + ": blob " + digest + " does not match its digest");
   return b;
+}
+
+// "sha256:<hex>" of `layer`'s content after decompression (what a docker
+// image config's rootfs.diff_ids name), read at most `budget` bytes.
+std::string uncompressed_digest(const fs::path& layer, uint64_t budget, const std::string& what) {
+  ArchivePtr a(archive_read_new(), archive_read_free);
+  archive_read_support_filter_all(a.get());
+  archive_read_support_format_raw(a.get());
+  archive_entry* e = nullptr;
+  if (archive_read_open_filename(a.get(), layer.c_str(), 1 << 16) != ARCHIVE_OK ||
+      archive_read_next_header(a.get(), &e) != ARCHIVE_OK)
+    bad(what + ": unreadable: " + archive_error_string(a.get()));
+  Sha256 h;
+  uint64_t total = 0;
+  std::string buf(1 << 16, '\0');
+  for (;;) {
+    la_ssize_t n = archive_read_data(a.get(), buf.data(), buf.size());
+    if (n == 0) break;
+    if (n < 0) bad(what + ": unreadable: " + archive_error_string(a.get()));
+    total += static_cast<uint64_t>(n);
+    if (total > budget)
+      bad(what + " expands to more than " + std::to_string(budget) +
+          " bytes: refused as a decompression bomb");
+    h.update(buf.data(), static_cast<size_t>(n));
+  }
+  return "sha256:" + h.hex();
+}
+
+// The docker save config's rootfs.diff_ids, one per layer of manifest.json,
+// each a sha256 digest: what every layer is checked against.
+std::vector<std::string> diff_ids(const nlohmann::json& cfg, size_t layers,
+                                  const std::string& what) {
+  static const std::regex re("sha256:[0-9a-f]{64}");
+  const nlohmann::json* ids = nullptr;
+  if (cfg.is_object() && cfg.contains("rootfs") && cfg["rootfs"].is_object() &&
+      cfg["rootfs"].contains("diff_ids") && cfg["rootfs"]["diff_ids"].is_array())
+    ids = &cfg["rootfs"]["diff_ids"];
+  if (!ids) bad(what + " has no rootfs.diff_ids: its layers cannot be checked");
+  if (ids->size() != layers)
+    bad(what + " lists " + std::to_string(ids->size()) + " rootfs.diff_ids for " +
+        std::to_string(layers) + " layers in manifest.json");
+  std::vector<std::string> out;
+  for (const auto& d : *ids) {
+    if (!d.is_string() || !std::regex_match(d.get<std::string>(), re))
+      bad(what + ": a rootfs.diff_ids entry is not sha256:<hex>");
+    out.push_back(d.get<std::string>());
+  }
+  return out;
 }
 
 ImageConfig config_from_oci(const nlohmann::json& j) {
@@ -564,15 +628,33 @@ ImportResult unpack_oci(const fs::path& input, const fs::path& root, const fs::p
       bad("manifest.json: the image has no Config or Layers");
     std::string cfg = img["Config"];
     fs::path cf = layout_file(layout, alias, cfg, "manifest.json Config");
-    config = config_from_oci(read_json(cf, "image config " + cfg));
-    int i = 0;
+    // The config is named by its own digest (<hex>.json, or
+    // blobs/sha256/<hex> in newer docker saves): that name is checked too.
+    std::string cfg_hex = sha256_file(cf);
+    std::string id = fs::path(cfg).filename().string();
+    if (id.size() == 69 && id.substr(64) == ".json") id.resize(64);
+    static const std::regex hex64("[0-9a-f]{64}");
+    if (std::regex_match(id, hex64) && id != cfg_hex)
+      bad("image config " + cfg + " does not match its digest (sha256 " + cfg_hex + ")");
+    auto cfg_json = read_json(cf, "image config " + cfg);
+    config = config_from_oci(cfg_json);
+    auto ids = diff_ids(cfg_json, img["Layers"].size(), "image config " + cfg);
+    // Every layer is checked before any is applied.
+    std::vector<std::pair<fs::path, std::string>> layers;
     for (const auto& l : img["Layers"]) {
       if (!l.is_string()) bad("manifest.json: a layer is not a path");
-      std::string label = "layer " + std::to_string(++i) + " (" + l.get<std::string>() + ")";
+      size_t n = layers.size();
+      std::string label = "layer " + std::to_string(n + 1) + " (" + l.get<std::string>() + ")";
       fs::path lf = layout_file(layout, alias, l.get<std::string>(), label);
-      applier.apply(lf, label, fs::file_size(lf));
+      uint64_t budget = std::max(policy.min_layer_budget, policy.max_ratio * fs::file_size(lf));
+      std::string got = uncompressed_digest(lf, budget, label);
+      if (got != ids[n])
+        bad(label + " does not match its digest: its content is " + got +
+            ", the image config's rootfs.diff_ids says " + ids[n]);
+      layers.emplace_back(lf, label);
     }
-    source = "docker-save:sha256:" + sha256_file(cf);
+    for (const auto& [lf, label] : layers) applier.apply(lf, label, fs::file_size(lf));
+    source = "docker-save:sha256:" + cfg_hex;
   } else {
     bad("neither an OCI image layout (index.json) nor a docker save archive (manifest.json)");
   }

@@ -24,7 +24,12 @@
 // entries in one layer, paths or link targets longer than 4096 bytes,
 // headers libarchive cannot read (giant pax headers), a layer that expands
 // to more than max(max_ratio × its blob size, min_layer_budget), an image
-// beyond max_bytes, blobs whose sha256 differs from their digest.
+// beyond max_bytes, blobs whose sha256 differs from their digest, docker
+// save layers whose uncompressed sha256 differs from the image config's
+// rootfs.diff_ids (or a config without them, or one whose sha256 differs
+// from the id in its file name), an outer archive of more than
+// max_archive_entries entries or that expands to more than
+// max(max_ratio × its size, min_layer_budget).
 // Neutralised: absolute symlinks are kept as they are (they resolve inside
 // the guest; the host never follows them); device nodes and sockets are
 // dropped unless keep_devices (counted in ImportResult::dropped); owners are
@@ -42,11 +47,12 @@
 namespace airlock::storage {
 
 struct ImportPolicy {
-  bool keep_owners = true;                         // chown to the archive's uid/gid (root only)
-  bool keep_devices = false;                       // char/block device nodes (root only)
-  uint64_t max_bytes = uint64_t{64} << 30;         // bytes written for the whole image
-  uint64_t max_entries = 2'000'000;                // entries over all layers
-  uint64_t max_ratio = 100;                        // layer bytes / blob bytes
+  bool keep_owners = true;                  // chown to the archive's uid/gid (root only)
+  bool keep_devices = false;                // char/block device nodes (root only)
+  uint64_t max_bytes = uint64_t{64} << 30;  // bytes written for the whole image
+  uint64_t max_entries = 2'000'000;         // entries over all layers
+  uint64_t max_archive_entries = 10'000;    // of the outer archive (docker save: 4 per layer)
+  uint64_t max_ratio = 100;                 // layer (or outer archive) bytes / its file
   uint64_t min_layer_budget = uint64_t{32} << 20;  // a small layer may still expand to this
 };
 

@@ -102,6 +102,66 @@ class OciImportTest : public ::testing::Test {
     return l;
   }
 
+  // A docker save directory: <config hex>.json, <n>/layer.tar, manifest.json;
+  // rootfs.diff_ids the sha256 of each (uncompressed) layer unless `ids`.
+  fs::path docker(const std::vector<std::vector<Ent>>& layers, bool gzip = false,
+                  const json* ids = nullptr) {
+    fs::path l = tmp_ / ("docker" + std::to_string(++n_));
+    fs::create_directories(l);
+    json names = json::array(), diff = json::array();
+    for (size_t i = 0; i < layers.size(); ++i) {
+      fs::create_directories(l / std::to_string(i));
+      fs::path plain = l / "plain.tar";
+      write_layer(plain, layers[i], false);
+      diff.push_back("sha256:" + sha256_file(plain));
+      fs::path f = l / std::to_string(i) / "layer.tar";
+      if (gzip) {
+        write_layer(f, layers[i], true);
+        fs::remove(plain);
+      } else {
+        fs::rename(plain, f);
+      }
+      names.push_back(std::to_string(i) + "/layer.tar");
+    }
+    std::string cfg = json{{"config", json::object()},
+                           {"rootfs", {{"type", "layers"}, {"diff_ids", ids ? *ids : diff}}}}
+                          .dump();
+    fs::path tmpcfg = l / "cfg";
+    std::ofstream(tmpcfg) << cfg;
+    std::string hex = sha256_file(tmpcfg);
+    fs::rename(tmpcfg, l / (hex + ".json"));
+    std::ofstream(l / "manifest.json")
+        << json::array({{{"Config", hex + ".json"}, {"Layers", names}}}).dump();
+    return l;
+  }
+
+  std::string refused(const fs::path& input, const ImportPolicy& policy = {}) {
+    fs::path scratch = tmp_ / ("scratch" + std::to_string(++n_));
+    fs::create_directories(scratch);
+    try {
+      unpack_oci(input, tmp_ / ("root" + std::to_string(n_)), scratch, policy);
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), Errc::invalid_argument) << e.what();
+      return e.what();
+    }
+    ADD_FAILURE() << "not refused";
+    return "";
+  }
+
+  // `dir` packed into one tar (its files, paths relative to it).
+  fs::path pack(const fs::path& dir, bool gzip = false) {
+    fs::path out = tmp_ / ("outer" + std::to_string(++n_) + ".tar");
+    std::vector<Ent> ents;
+    for (const auto& e : fs::recursive_directory_iterator(dir)) {
+      if (!e.is_regular_file()) continue;
+      std::ifstream in(e.path(), std::ios::binary);
+      ents.push_back({fs::relative(e.path(), dir).string(), 'f',
+                      std::string(std::istreambuf_iterator<char>(in), {})});
+    }
+    write_layer(out, ents, gzip);
+    return out;
+  }
+
   ImportResult unpack(const fs::path& l) {
     fs::path scratch = tmp_ / ("scratch" + std::to_string(n_));
     fs::create_directories(scratch);
@@ -194,6 +254,58 @@ TEST_F(OciImportTest, ABlobNotMatchingItsDigestIsRefused) {
     EXPECT_NE(std::string(e.what()).find("does not match its digest"), std::string::npos)
         << e.what();
   }
+}
+
+TEST_F(OciImportTest, DockerSaveLayersAreCheckedAgainstTheConfigsDiffIds) {
+  auto r = unpack(docker({{{"a", 'f', "1"}}, {{"b", 'f', "2"}}}, true));
+  EXPECT_EQ(r.layers, 2);
+  EXPECT_TRUE(r.source.rfind("docker-save:sha256:", 0) == 0) << r.source;
+  r = unpack(pack(docker({{{"a", 'f', "1"}}})));  // as a tar, the way docker save writes it
+  EXPECT_EQ(r.layers, 1);
+
+  // One layer altered after the config was written.
+  fs::path l = docker({{{"a", 'f', "1"}}, {{"b", 'f', "2"}}});
+  write_layer(l / "1" / "layer.tar", {{"b", 'f', "evil"}});
+  std::string m = refused(pack(l));
+  EXPECT_NE(m.find("layer 2 (1/layer.tar) does not match its digest"), std::string::npos) << m;
+  EXPECT_FALSE(fs::exists(root() / "a")) << "nothing applied before the check";
+
+  json none = json::array();
+  m = refused(docker({{{"a", 'f', "1"}}}, false, &none));
+  EXPECT_NE(m.find("lists 0 rootfs.diff_ids for 1 layers"), std::string::npos) << m;
+  json bad = json::array({"md5:00"});
+  m = refused(docker({{{"a", 'f', "1"}}}, false, &bad));
+  EXPECT_NE(m.find("not sha256"), std::string::npos) << m;
+
+  // The config named by a digest it does not have.
+  l = docker({{{"a", 'f', "1"}}});
+  for (const auto& e : fs::directory_iterator(l))
+    if (e.path().extension() == ".json" && e.path().filename() != "manifest.json")
+      std::ofstream(e.path(), std::ios::app) << " ";
+  m = refused(l);
+  EXPECT_NE(m.find("does not match its digest"), std::string::npos) << m;
+}
+
+TEST_F(OciImportTest, TheOuterArchiveHasEntryAndExpansionLimits) {
+  fs::path l = docker({{{"a", 'f', "1"}}});
+  for (int i = 0; i < 50; ++i) std::ofstream(l / ("junk" + std::to_string(i)));
+  ImportPolicy p;
+  p.max_archive_entries = 20;
+  std::string m = refused(pack(l), p);
+  EXPECT_NE(m.find("more than 20 entries (the archive entry limit)"), std::string::npos) << m;
+
+  // 64 MiB of zeros gzipped to ~64 KiB: far beyond 100x.
+  l = docker({{{"a", 'f', "1"}}});
+  {
+    std::ofstream z(l / "zeros", std::ios::binary);
+    std::string mib(1 << 20, '\0');
+    for (int i = 0; i < 64; ++i) z << mib;
+  }
+  fs::path bomb = pack(l, true);
+  EXPECT_LT(fs::file_size(bomb), 1u << 20);
+  m = refused(bomb);
+  EXPECT_NE(m.find("the expansion ratio limit"), std::string::npos) << m;
+  EXPECT_NE(m.find("decompression bomb"), std::string::npos) << m;
 }
 
 }  // namespace

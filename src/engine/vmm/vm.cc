@@ -20,6 +20,7 @@
 #include "common/process.h"
 #include "common/signals.h"
 #include "common/unique_fd.h"
+#include "engine/storage/disk_chain.h"
 #include "engine/vmm/cgroup.h"
 #include "engine/vmm/console.h"
 #include "engine/vmm/jail.h"
@@ -369,6 +370,11 @@ JailSpec jail_spec(const VmConfig& c, const std::string& exe) {
 
 // Starts QEMU detached, in the jail unless config.jail is off.
 pid_t spawn_qemu(const VmConfig& c, const std::vector<std::string>& argv) {
+  // QEMU opens the chain its headers name, and the disk was writable by a
+  // QEMU before (a resumed, restored or forked sandbox's): refuse a chain
+  // that leaves airlock's directories before anything opens it.
+  if (!c.disk_roots.empty())
+    storage::disk_chain(c.disk, c.disk_roots, "the disk " + c.disk.string());
   if (!c.jail) return spawn_detached(argv, c.run_dir, c.memory_shared ? -1 : c.memory_fd);
   std::string exe = resolve_binary(argv[0]);
   Jail jail = Jail::prepare(jail_spec(c, exe));

@@ -58,6 +58,10 @@ struct VmConfig {
   std::filesystem::path kernel;
   std::filesystem::path initrd;
   std::filesystem::path disk;  // qcow2 overlay
+  // Where the disk's backing files may be (storage/disk_chain.h): a chain
+  // leaving them is refused before QEMU starts. Empty = anywhere (the
+  // VMM's own tests); the engine always sets it.
+  std::vector<std::filesystem::path> disk_roots;
   std::string extra_kernel_args;
   int cpus = 1;
   int memory_mb = 256;

@@ -1,0 +1,186 @@
+"""The host never trusts bytes a guest (or its QEMU) wrote, on real VMs.
+
+A sandbox's qcow2 overlay is writable by its jailed QEMU, so its header is
+the guest side's to forge: these tests rewrite the backing name of a
+sandbox's disk (or of a snapshot's layer) the way an escaped QEMU could, to
+a host file outside airlock's directories, and check that every host path
+that reads the chain (changes, snapshot, fork, resume, create from a
+snapshot, image save) refuses it with an error naming the disk, instead of
+reading the host file.
+"""
+
+import glob
+import gzip
+import io
+import os
+import shutil
+import struct
+import subprocess
+import unittest
+
+import harness
+import oci_build as ob
+from harness import ApiError, DaemonTestCase
+
+EXT_BACKING_FORMAT = 0xE2792ACA
+
+
+def point_backing_at(disk, target, fmt="raw"):
+    """Rewrites `disk`'s qcow2 header in place (as a running QEMU could):
+    backing name `target`, backing format `fmt`."""
+    with open(disk, "r+b") as f:
+        h = f.read(65536)
+        assert h[:4] == b"QFI\xfb", disk
+        version = struct.unpack(">I", h[4:8])[0]
+        off = struct.unpack(">Q", h[8:16])[0]
+        assert off, "the disk has no backing name to rewrite"
+        p = struct.unpack(">I", h[100:104])[0] if version == 3 else 72
+        while p + 8 <= len(h):
+            t, n = struct.unpack(">II", h[p:p + 8])
+            if t == 0:
+                break
+            padded = (n + 7) & ~7
+            if t == EXT_BACKING_FORMAT:
+                assert len(fmt) <= padded
+                f.seek(p)
+                f.write(struct.pack(">II", t, len(fmt)) + fmt.encode().ljust(padded, b"\0"))
+            p += 8 + padded
+        name = target.encode()
+        f.seek(off)
+        f.write(name)
+        f.seek(16)
+        f.write(struct.pack(">I", len(name)))
+
+
+def newest_rootfs():
+    found = glob.glob(os.path.join(harness.IMAGE_DIR, "minimal", "*", "rootfs.ext4"))
+    assert found, "no minimal image under " + harness.IMAGE_DIR
+    return max(found, key=os.path.getmtime)
+
+
+class ForgedBackingFiles(DaemonTestCase):
+    """Each path that reads a disk chain refuses a header pointing out."""
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        # A host file outside the data and image directories that QEMU and
+        # libext2fs could read without complaint: a copy of the image's root
+        # filesystem with a secret in it. Reading it would be the leak.
+        cls.secret = os.path.join(cls.tmp, "host-secret.ext4")
+        subprocess.run(["cp", "--sparse=always", newest_rootfs(), cls.secret], check=True)
+        os.chmod(cls.secret, 0o644)
+        src = os.path.join(cls.tmp, "secret.txt")
+        with open(src, "w") as f:
+            f.write("host secret\n")
+        subprocess.run(["debugfs", "-w", "-R", f"write {src} /host-secret.txt", cls.secret],
+                       check=True, capture_output=True)
+
+    def disk_of(self, sid):
+        return os.path.join(self.data_dir, "sandboxes", sid, "disk.qcow2")
+
+    def assertRefused(self, ctx, what):
+        msg = ctx.exception.body["error"]["message"]
+        self.assertIn(what, msg)
+        self.assertIn("outside airlock's own directories", msg)
+        self.assertGreaterEqual(ctx.exception.status, 400)
+
+    def test_a_changes_refuses_a_forged_running_disk(self):
+        sid = self.api.create(timeout=600)["id"]
+        self.api.put_file(sid, "/root/mine", b"x\n")
+        point_backing_at(self.disk_of(sid), self.secret)
+        with self.assertRaises(ApiError) as ctx:
+            self.api.call("GET", f"/v1/sandboxes/{sid}/changes")
+        self.assertRefused(ctx, f"sandbox {sid}'s disk")
+        self.assertIn(self.secret, ctx.exception.body["error"]["message"])
+        point_backing_at(self.disk_of(sid), "/etc/shadow")
+        with self.assertRaises(ApiError) as ctx:
+            self.api.call("GET", f"/v1/sandboxes/{sid}/changes")
+        self.assertRefused(ctx, "/etc/shadow")
+        self.api.delete(sid)
+
+    def test_b_snapshot_and_fork_refuse_a_forged_running_disk(self):
+        sid = self.api.create(timeout=600)["id"]
+        point_backing_at(self.disk_of(sid), self.secret)
+        with self.assertRaises(ApiError) as ctx:
+            self.api.call("POST", f"/v1/sandboxes/{sid}/fork", {"count": 1})
+        self.assertRefused(ctx, f"sandbox {sid}'s disk")
+        with self.assertRaises(ApiError) as ctx:
+            self.api.call("POST", f"/v1/sandboxes/{sid}/snapshots", {"name": "forged"})
+        self.assertRefused(ctx, f"sandbox {sid}'s disk")
+        with self.assertRaises(ApiError):
+            self.api.call("GET", "/v1/snapshots/forged")
+        # The source still runs: a refused read changes nothing.
+        self.assertEqual(self.api.call("GET", f"/v1/sandboxes/{sid}")["state"], "running")
+        self.api.delete(sid)
+
+    def test_c_resume_refuses_a_paused_disk_rebased_to_a_host_file(self):
+        for target in (self.secret, "/etc/shadow"):
+            sid = self.api.create(timeout=600)["id"]
+            self.api.call("POST", f"/v1/sandboxes/{sid}/pause")
+            subprocess.run(["qemu-img", "rebase", "-u", "-f", "qcow2", "-F", "raw", "-b", target,
+                            self.disk_of(sid)], check=True)
+            with self.assertRaises(ApiError) as ctx:
+                self.api.call("POST", f"/v1/sandboxes/{sid}/resume")
+            self.assertRefused(ctx, self.disk_of(sid))
+            self.assertIn(target, ctx.exception.body["error"]["message"])
+            self.assertEqual(harness.qemu_pids_for(sid), [])  # no QEMU ever opened it
+            self.api.delete(sid)
+
+    def test_d_snapshot_paths_refuse_a_rebased_layer(self):
+        """A snapshot's layer rebased to a host file: create from it and image
+        save refuse it (its recorded SHA-256 no longer matches, and its chain
+        is checked)."""
+        sid = self.api.create(timeout=600)["id"]
+        self.api.call("POST", f"/v1/sandboxes/{sid}/snapshots", {"name": "good"})
+        self.api.delete(sid)
+        layer = os.path.join(self.data_dir, "snapshots", "good", "layer.qcow2")
+        os.chmod(layer, 0o600)
+        subprocess.run(["qemu-img", "rebase", "-u", "-f", "qcow2", "-F", "raw", "-b",
+                        "/etc/shadow", layer], check=True)
+        with self.assertRaises(ApiError) as ctx:
+            self.api.create(**{"from": "good"})
+        self.assertIn("good", ctx.exception.body["error"]["message"])
+        with self.assertRaises(ApiError) as ctx:
+            self.api.call("POST", "/v1/snapshots/good/image", {"name": "good-img"})
+        self.assertIn("good", ctx.exception.body["error"]["message"])
+        self.api.call("DELETE", "/v1/snapshots/good")
+
+
+class HostileImportArchives(DaemonTestCase):
+    """docker save layers are checked against the config's diff_ids; the
+    outer archive has an entry limit and an expansion-ratio limit."""
+
+    def import_refused(self, data, needle):
+        with self.assertRaises(ApiError) as ctx:
+            self.api.call("POST", "/v1/images/evil/import", data, timeout=600)
+        self.assertEqual(ctx.exception.status, 400, ctx.exception.body)
+        self.assertIn(needle, ctx.exception.body["error"]["message"])
+        with self.assertRaises(ApiError) as ctx:
+            self.api.call("GET", "/v1/images/evil")
+        self.assertEqual(ctx.exception.status, 404)
+
+    def test_a_an_altered_docker_save_layer_is_refused_naming_it(self):
+        layers = [ob.make_layer([ob.file("a", b"1")]), ob.make_layer([ob.file("b", b"2")])]
+        files = ob.docker_files(layers, ob.config())
+        altered = ob.make_layer([ob.file("b", b"evil")])
+        files[ob._sha(layers[1]) + "/layer.tar"] = altered
+        self.import_refused(ob.pack(files), f"layer 2 ({ob._sha(layers[1])}/layer.tar) does not "
+                                            "match its digest")
+
+    def test_b_an_outer_archive_of_too_many_entries_is_refused(self):
+        files = ob.docker_files([ob.make_layer([ob.file("a", b"1")])], ob.config())
+        for i in range(10001):
+            files[f"junk/{i}"] = b""
+        self.import_refused(ob.pack(files), "more than 10000 entries (the archive entry limit)")
+
+    def test_c_an_outer_archive_expanding_too_far_is_refused(self):
+        files = ob.docker_files([ob.make_layer([ob.file("a", b"1")])], ob.config())
+        files["zeros"] = b"\0" * (64 << 20)
+        bomb = gzip.compress(ob.pack(files), 9)
+        self.assertLess(len(bomb), 1 << 20)
+        self.import_refused(bomb, "the expansion ratio limit")
+
+
+if __name__ == "__main__":
+    unittest.main()
