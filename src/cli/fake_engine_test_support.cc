@@ -462,6 +462,7 @@ storage::ImageStore& Engine::images() {
   throw Error(Errc::internal, "the fake engine has no image store");
 }
 // Image management is tested against the real engine (test_images.py).
+std::vector<std::filesystem::path> Engine::disk_roots() { return {}; }
 nlohmann::json Engine::list_images() { return nlohmann::json::array(); }
 nlohmann::json Engine::inspect_image(const std::string& name) {
   throw Error(Errc::not_found, "no image '" + name + "'", "name");

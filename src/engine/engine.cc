@@ -606,6 +606,8 @@ JournalStats Engine::journal_stats(const std::string& id) { return impl_->journa
 
 storage::ImageStore& Engine::images() { return impl_->images; }
 
+std::vector<fs::path> Engine::disk_roots() { return impl_->disk_roots(); }
+
 nlohmann::json Engine::info() {
   nlohmann::json j{{"version", AIRLOCK_VERSION}};
   j["data_dir"] = impl_->cfg.data_dir.string();  // `airlock probe` checks run dirs under it

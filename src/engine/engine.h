@@ -533,6 +533,9 @@ class Engine {
   // once, if it was not).
   nlohmann::json readiness();
   storage::ImageStore& images();
+  // The directories a host-read disk chain may stay in (images, templates,
+  // snapshots: storage/disk_chain.h); a build's layers are backed by them.
+  std::vector<std::filesystem::path> disk_roots();
   // Image recipes (recipes/builder.cc; engine_build.cc): a sandbox booted on
   // `image` as given, never a clone or a pool member: a build step runs on
   // the previous step's layer (image.rootfs a *.qcow2 file). Errors as create().

@@ -51,9 +51,11 @@ storage::Image install_image(engine::Engine& engine, const fs::path& image_dir,
     run_checked({"cp", "--sparse=always", top.string(), raw.string()}, minutes_timeout(10));
   } else {
     // The layers were written by the build's sandboxes: their chain is read
-    // by airlock and must stay in the image directory (the base and the
-    // layer cache); qemu-img gets exactly those files.
-    auto chain = storage::disk_chain(top, {image_dir}, "recipe layer " + top.filename().string());
+    // by airlock and must stay in airlock's own directories (the base and
+    // the layer cache in the image directory; the template a first step's
+    // sandbox was cloned from); qemu-img gets exactly those files.
+    auto chain = storage::disk_chain(top, engine.disk_roots(),
+                                     "recipe layer " + top.filename().string());
     run_checked(
         {"qemu-img", "convert", "-q", "-O", "raw", storage::image_opts(chain), raw.string()},
         minutes_timeout(20));
