@@ -314,6 +314,31 @@ class DaemonTestCase(unittest.TestCase):
         self.assertEqual(leftovers_of(self.data_dir, sid), [])
 
 
+class TcpDaemonTestCase(DaemonTestCase):
+    """A daemon that also listens on TCP (loopback, a free port), as tenants
+    reach it; `extra_args` are added to its command line; tokens come from
+    the real CLI over the unix socket."""
+
+    extra_args = []
+
+    @classmethod
+    def setUpClass(cls):
+        cls.port = free_port()
+        cls.daemon_args = ["--listen", f"127.0.0.1:{cls.port}"] + cls.extra_args
+        super().setUpClass()
+
+    @classmethod
+    def new_token(cls, tenant, *flags):
+        """(secret, token id) of a new token for `tenant` (`airlock token create`)."""
+        r = subprocess.run([os.path.join(BIN, "airlock"), "--socket", cls.sock, "token", "create",
+                            "--tenant", tenant, "--json", *flags],
+                           capture_output=True, text=True, timeout=60)
+        if r.returncode != 0:
+            raise AssertionError(f"airlock token create: {r.returncode}: {r.stderr}")
+        tok = json.loads(r.stdout)
+        return tok["secret"], tok["id"]
+
+
 def netns_available():
     """Whether this process may make network namespaces (root and `ip netns`)."""
     if os.geteuid() != 0:

@@ -13,7 +13,7 @@ member ids and every template.
 import time
 import unittest
 
-from harness import ApiError, DaemonTestCase, TcpClient, free_port
+from harness import ApiError, TcpClient, TcpDaemonTestCase
 
 
 def error_of(fn):
@@ -25,17 +25,11 @@ def error_of(fn):
     raise AssertionError("no error")
 
 
-class TenantAttackTest(DaemonTestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.port = free_port()
-        cls.daemon_args = ["--listen", f"127.0.0.1:{cls.port}"]
-        super().setUpClass()
-
+class TenantAttackTest(TcpDaemonTestCase):
     def tenant(self, name, **quota):
+        """A TCP client of a new token of tenant `name` with that quota."""
         self.api.call("PUT", f"/v1/tenants/{name}", quota)
-        secret = self.api.call("POST", "/v1/tokens", {"tenant": name})["secret"]
-        return TcpClient("127.0.0.1", self.port, secret)
+        return TcpClient("127.0.0.1", self.port, self.new_token(name)[0])
 
     def wait_gone(self, client, sid):
         deadline = time.time() + 60

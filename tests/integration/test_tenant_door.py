@@ -16,7 +16,7 @@ import time
 import unittest
 
 import harness
-from harness import BIN, ApiError, DaemonTestCase, TcpClient, UnixHTTPConnection, free_port
+from harness import BIN, ApiError, TcpClient, TcpDaemonTestCase, UnixHTTPConnection, free_port
 
 
 def cli(test, *args, check=True, timeout=60):
@@ -44,23 +44,14 @@ def body_of(answer):
     return json.loads(answer.split(b"\r\n\r\n", 1)[1])
 
 
-class TenantDoor(DaemonTestCase):
+class TenantDoor(TcpDaemonTestCase):
     """A daemon on TCP with tenants acme and other (tokens from the real CLI)."""
-
-    extra_args = []
 
     @classmethod
     def setUpClass(cls):
-        cls.port = free_port()
-        cls.daemon_args = ["--listen", f"127.0.0.1:{cls.port}"] + cls.extra_args
         super().setUpClass()
-        cls.acme = cls.token("acme")
-        cls.other = cls.token("other")
-
-    @classmethod
-    def token(cls, tenant):
-        r = cli(cls, "token", "create", "--tenant", tenant, "--json")
-        return json.loads(r.stdout)["secret"]
+        cls.acme = cls.new_token("acme")[0]
+        cls.other = cls.new_token("other")[0]
 
     def tcp(self, token=None, source=None):
         return TcpClient("127.0.0.1", self.port, token, source=source)

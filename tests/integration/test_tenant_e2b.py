@@ -19,32 +19,17 @@ import os
 import subprocess
 import unittest
 
-from harness import BIN, IMAGE_DIR, DaemonTestCase, free_port
+from harness import TcpDaemonTestCase
 
 TEMPLATE = "minimal"
 
 
-class E2bTenantCase(DaemonTestCase):
-    extra_args = []
-
+class E2bTenantCase(TcpDaemonTestCase):
     @classmethod
     def setUpClass(cls):
-        cls.port = free_port()
-        cls.daemon_args = ["--listen", f"127.0.0.1:{cls.port}"] + cls.extra_args
         super().setUpClass()
-        cls.key_a, cls.id_a = cls.token("acme")
-        cls.key_b, cls.id_b = cls.token("rival")
-
-    @classmethod
-    def token(cls, tenant):
-        r = subprocess.run([os.path.join(BIN, "airlock"), "--socket", cls.sock, "token", "create",
-                            "--tenant", tenant, "--e2b", "--json"],
-                           env=dict(os.environ, AIRLOCK_IMAGE_DIR=IMAGE_DIR),
-                           capture_output=True, text=True, timeout=60)
-        if r.returncode != 0:
-            raise AssertionError(f"airlock token create: {r.stderr}")
-        tok = json.loads(r.stdout)
-        return tok["secret"], tok["id"]
+        cls.key_a, cls.id_a = cls.new_token("acme", "--e2b")
+        cls.key_b, cls.id_b = cls.new_token("rival", "--e2b")
 
     @classmethod
     def http(cls, method, path, body=None, headers=None, source=None):
