@@ -12,6 +12,7 @@
 #include "daemon/request.h"
 #include "daemon/router.h"
 #include "engine/engine.h"
+#include "engine/storage/image_name.h"
 
 namespace airlock::daemon {
 namespace fs = std::filesystem;
@@ -84,6 +85,12 @@ void handle_image_route(engine::Engine& engine, Exchange& ex, const Caller& c,
       ex.send_empty(204);
       return;
     case Route::import_image: {
+      // A name the store could never hold is refused before the upload
+      // costs any disk.
+      if (!storage::is_image_name(m.id)) {
+        drain(ex);
+        storage::check_image_name(m.id, "name");
+      }
       fs::path dir = engine.images().dir();
       fs::create_directories(dir);
       std::string tmpl = (dir / ".tmp-import-upload-XXXXXX").string();

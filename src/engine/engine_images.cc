@@ -12,6 +12,7 @@
 #include "engine/engine.h"
 #include "engine/engine_impl.h"
 #include "engine/recipes/builder.h"
+#include "engine/storage/image_name.h"
 #include "engine/storage/oci_import.h"
 #include "engine/types_json.h"
 
@@ -87,6 +88,7 @@ nlohmann::json Engine::inspect_image(const std::string& name) {
 
 nlohmann::json Engine::import_image(const std::string& name, const fs::path& archive,
                                     bool replace) {
+  storage::check_image_name(name, "name");
   if (!replace) {
     std::optional<storage::Image> existing;
     try {

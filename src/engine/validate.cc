@@ -1,6 +1,7 @@
 #include "engine/validate.h"
 
 #include "common/error.h"
+#include "engine/storage/image_name.h"
 
 namespace airlock::engine {
 namespace {
@@ -47,15 +48,7 @@ void check_map(const std::map<std::string, std::string>& m, const char* field, s
 }  // namespace
 
 void validate_spec(const SandboxSpec& spec) {
-  if (spec.image.empty() || spec.image.size() > 64)
-    throw Error(Errc::invalid_argument, "image must be a name of 1 to 64 characters", "image");
-  for (char c : spec.image) {
-    // Image names become directory names under the image store.
-    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.') ||
-        spec.image[0] == '.')
-      throw Error(Errc::invalid_argument, "image '" + spec.image + "' is not a valid image name",
-                  "image");
-  }
+  storage::check_image_name(spec.image, "image");
   check_range(spec.cpus, 1, kMaxCpus, "cpus");
   check_range(spec.memory_mb, kMinMemoryMb, kMaxMemoryMb, "memory_mb");
   check_range(spec.disk_mb, 1, kMaxDiskMb, "disk_mb");

@@ -41,6 +41,9 @@ TEST(ValidateSpec, RangesNameTheirField) {
   expect_bad(with([](SandboxSpec& s) { s.image = ""; }), "image");
   expect_bad(with([](SandboxSpec& s) { s.image = "../etc"; }), "image");
   expect_bad(with([](SandboxSpec& s) { s.image = "a/b"; }), "image");
+  // One rule with the store: a name the store could never hold is refused here.
+  expect_bad(with([](SandboxSpec& s) { s.image = "Foo.x"; }), "image");
+  expect_bad(with([](SandboxSpec& s) { s.image = "Minimal"; }), "image");
   expect_bad(with([](SandboxSpec& s) { s.env[""] = "x"; }), "env");
   expect_bad(with([](SandboxSpec& s) { s.env["A=B"] = "x"; }), "env.A=B");
   expect_bad(with([](SandboxSpec& s) { s.metadata[""] = "x"; }), "metadata");

@@ -354,6 +354,22 @@ class SpecStatusesTest(DaemonTestCase):
         self.assertEqual((cm.exception.status, cm.exception.code, cm.exception.field),
                          (400, "invalid_argument", "image"))
 
+    def test_one_image_name_rule_at_every_door(self):
+        # "Foo.x" used to pass the spec's check and then never be found; now the
+        # spec, the pool, the builder, an import and the store refuse it alike.
+        def refused(method, path, body, field):
+            with self.assertRaises(ApiError) as cm:
+                self.api.call(method, path, body)
+            e = cm.exception
+            self.assertEqual((e.status, e.code, e.field), (400, "invalid_argument", field), path)
+            self.assertIn("a-z 0-9 _ -", e.body["error"]["message"])
+        refused("POST", "/v1/sandboxes", {"image": "Foo.x"}, "image")
+        refused("PUT", "/v1/pool", {"image": "Foo.x", "size": 1}, "image")
+        refused("POST", "/v1/images/build", {"name": "Foo.x", "recipe": 'from = "minimal"\n'}, "name")
+        # (A '.' in a path is refused by the router as a bad {id}; an upper-case
+        # name reaches the image rule, before the upload is stored.)
+        refused("POST", "/v1/images/Foo_x/import", b"not a tar", "name")
+
     def test_pool_reads_back_what_was_set(self):
         def shapes(slots):
             return [(s["image"], s["shape"]["network"], s["target"], s["learned"]) for s in slots]

@@ -18,6 +18,7 @@
 #include "engine/recipes/install.h"
 #include "engine/sandbox.h"
 #include "engine/storage/digest.h"
+#include "engine/storage/image_name.h"
 
 namespace airlock::recipes {
 namespace fs = std::filesystem;
@@ -56,20 +57,6 @@ uint64_t allocated_bytes(const fs::path& p) {
   struct stat st {};
   if (::stat(p.c_str(), &st) != 0) return 0;
   return static_cast<uint64_t>(st.st_blocks) * 512;
-}
-
-void check_name(const std::string& name) {
-  bool ok = !name.empty() && name.size() <= 63 &&
-            (std::islower(static_cast<unsigned char>(name[0])) ||
-             std::isdigit(static_cast<unsigned char>(name[0])));
-  for (char c : name)
-    ok = ok && (std::islower(static_cast<unsigned char>(c)) ||
-                std::isdigit(static_cast<unsigned char>(c)) || c == '-' || c == '_');
-  if (!ok)
-    throw Error(
-        Errc::invalid_argument,
-        "image name '" + name + "' must be 1-63 of a-z 0-9 _ - starting with a letter or digit",
-        "name");
 }
 
 // Serialises events from the exec's output thread and the progress poller,
@@ -242,7 +229,7 @@ json build(engine::Engine& engine, const fs::path& image_dir, const BuildRequest
            const EventFn& on_event) {
   auto t0 = Clock::now();
   std::shared_lock hold_layers(layer_cache_mutex());
-  check_name(req.name);
+  storage::check_image_name(req.name, "name");
   auto builtin = engine.images().recipes();
   if (std::find(builtin.begin(), builtin.end(), req.name) != builtin.end())
     throw Error(Errc::conflict, "'" + req.name + "' is a built-in image; choose another name",

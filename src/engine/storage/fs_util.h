@@ -47,15 +47,6 @@ inline void write_file(const fs::path& p, const std::string& text) {
   if (!out.flush()) throw Error(Errc::internal, "cannot write " + p.string());
 }
 
-inline bool valid_name(const std::string& name) {
-  if (name.empty() || name.size() > 64) return false;
-  if (!std::isalnum(static_cast<unsigned char>(name[0]))) return false;
-  return std::all_of(name.begin(), name.end(), [](char c) {
-    return std::islower(static_cast<unsigned char>(c)) ||
-           std::isdigit(static_cast<unsigned char>(c)) || c == '-' || c == '_';
-  });
-}
-
 // An exclusive flock held for the object's lifetime; serialises builds of the
 // same thing across threads and processes, and dies with the process.
 class FileLock {

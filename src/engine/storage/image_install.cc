@@ -15,6 +15,7 @@
 #include "common/error.h"
 #include "common/subprocess.h"
 #include "engine/storage/fs_util.h"
+#include "engine/storage/image_name.h"
 #include "engine/storage/image_store.h"
 
 namespace airlock::storage {
@@ -191,7 +192,7 @@ std::optional<Image> ImageStore::find_installed(const std::string& name) const {
   std::error_code ec;
   fs::path cur = image_dir_ / name / "current";
   fs::path key = fs::read_symlink(cur, ec);
-  if (ec || key.has_parent_path() || !valid_name(key.string())) return std::nullopt;
+  if (ec || key.has_parent_path() || !is_image_name(key.string())) return std::nullopt;
   return load(name, key.string());
 }
 
@@ -200,7 +201,8 @@ std::vector<std::string> ImageStore::names_on_disk() const {
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(image_dir_, ec)) {
     std::string n = e.path().filename().string();
-    if (n != "cache" && valid_name(n) && e.is_directory(ec) && !e.is_symlink(ec)) out.push_back(n);
+    if (n != "cache" && is_image_name(n) && e.is_directory(ec) && !e.is_symlink(ec))
+      out.push_back(n);
   }
   std::sort(out.begin(), out.end());
   return out;
@@ -208,7 +210,7 @@ std::vector<std::string> ImageStore::names_on_disk() const {
 
 std::vector<fs::path> ImageStore::versions(const std::string& name) const {
   std::vector<fs::path> out;
-  if (!valid_name(name)) return out;
+  if (!is_image_name(name)) return out;
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(image_dir_ / name, ec)) {
     std::string n = e.path().filename().string();
@@ -223,10 +225,7 @@ std::vector<fs::path> ImageStore::versions(const std::string& name) const {
 Image ImageStore::install(const std::string& name, const fs::path& rootfs,
                           const ImageConfig& config, const InstallInfo& info,
                           const ProgressFn& progress) {
-  if (!valid_name(name))
-    throw Error(Errc::invalid_argument,
-                "image name '" + name + "' is not valid (lower-case letters, digits, - and _)",
-                "name");
+  check_image_name(name, "name");
   if (is_recipe(name))
     throw Error(Errc::conflict, "'" + name + "' is a built-in image recipe; choose another name",
                 "name");
@@ -298,8 +297,7 @@ Image ImageStore::install(const std::string& name, const fs::path& rootfs,
 }
 
 void ImageStore::remove(const std::string& name) {
-  if (!valid_name(name))
-    throw Error(Errc::invalid_argument, "image name '" + name + "' is not valid", "name");
+  check_image_name(name, "name");
   fs::path name_dir = image_dir_ / name;
   std::error_code ec;
   if (!fs::is_directory(name_dir, ec) || versions(name).empty())

@@ -21,6 +21,7 @@
 #include "common/subprocess.h"
 #include "engine/storage/digest.h"
 #include "engine/storage/fs_util.h"
+#include "engine/storage/image_name.h"
 
 namespace airlock::storage {
 namespace fs = std::filesystem;
@@ -180,7 +181,7 @@ std::vector<std::string> ImageStore::recipes() const {
   std::vector<std::string> names;
   for (const auto& p : scripts) {
     std::string name = p.stem().string();
-    if (!valid_name(name)) continue;
+    if (!is_image_name(name)) continue;
     std::ifstream in(p);
     std::string l1, l2;
     std::getline(in, l1);
@@ -195,10 +196,7 @@ std::vector<std::string> ImageStore::recipes() const {
 }
 
 void ImageStore::check_recipe(const std::string& name) const {
-  if (!valid_name(name))
-    throw Error(Errc::invalid_argument,
-                "image name '" + name + "' is not valid (lower-case letters, digits, - and _)",
-                "image");
+  check_image_name(name, "image");
   auto r = recipes();
   if (std::find(r.begin(), r.end(), name) == r.end()) {
     std::string known;
@@ -357,7 +355,7 @@ std::optional<Image> ImageStore::read_image(const std::string& name, const std::
 }
 
 std::optional<Image> ImageStore::find(const std::string& name) const {
-  if (valid_name(name) && !is_recipe(name)) return find_installed(name);
+  if (is_image_name(name) && !is_recipe(name)) return find_installed(name);
   check_recipe(name);
   try {
     return load(name, keys_for(name, current_kernel()).image);
