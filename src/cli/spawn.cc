@@ -1,7 +1,6 @@
 #include "cli/spawn.h"
 
 #include <fcntl.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -10,6 +9,8 @@
 #include <vector>
 
 #include "common/error.h"
+#include "common/spawn.h"
+#include "common/unique_fd.h"
 #include "daemon/paths.h"
 
 namespace airlock::cli {
@@ -43,30 +44,13 @@ void ensure_daemon(const Client& client, const DaemonPaths& paths, double wait_s
     args.push_back("--image-dir");
     args.push_back(paths.image_dir.string());
   }
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-
-  // Double fork: the daemon is re-parented to init at once and never becomes
-  // a zombie of this short-lived CLI; setsid keeps it out of our terminal's
-  // job control (Ctrl-C on the CLI must not reach it).
-  pid_t child = ::fork();
-  if (child < 0) throw_errno("fork");
-  if (child == 0) {
-    if (::setsid() < 0) ::_exit(127);
-    pid_t grandchild = ::fork();
-    if (grandchild != 0) ::_exit(grandchild < 0 ? 127 : 0);
-    int in = ::open("/dev/null", O_RDONLY);
-    int out = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
-    if (in < 0 || out < 0) ::_exit(127);
-    ::dup2(in, 0);
-    ::dup2(out, 1);
-    ::dup2(out, 2);
-    ::execv(argv[0], argv.data());
-    ::_exit(127);
-  }
-  int status = 0;
-  ::waitpid(child, &status, 0);
+  // Detached (common/spawn.h): re-parented to init at once, never a zombie
+  // of this short-lived CLI, out of our terminal's job control (Ctrl-C on
+  // the CLI must not reach it), and with none of our descriptors or ignored
+  // signals.
+  UniqueFd out(::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600));
+  if (out.fd < 0) throw_errno("open " + log.string());
+  spawn_detached({.argv = args, .fds = {{1, out.fd}, {2, out.fd}}});
 
   auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(wait_s);
   while (std::chrono::steady_clock::now() < deadline) {

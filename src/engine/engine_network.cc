@@ -10,7 +10,6 @@
 #include <spdlog/spdlog.h>
 #include <sys/socket.h>
 #include <sys/un.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -22,7 +21,7 @@
 
 #include "common/error.h"
 #include "common/process.h"
-#include "common/signals.h"
+#include "common/spawn.h"
 #include "engine/engine.h"
 #include "engine/engine_impl.h"
 #include "engine/net/intake.h"
@@ -132,55 +131,30 @@ pid_t start_net_helper(const Config& cfg, const std::string& /*id*/, const fs::p
   // resolver at a chosen server instead of the host's resolv.conf.
   if (const char* up = std::getenv("AIRLOCK_NET_DNS_UPSTREAM"); up && *up)
     argv.insert(argv.end(), {"--dns-upstream", up});
-  std::vector<char*> cargv;
-  for (auto& a : argv) cargv.push_back(a.data());
-  cargv.push_back(nullptr);
-
-  int devnull = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
-  int log = ::open(net_log(run_dir).c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);
-  int out[2] = {-1, -1}, report[2] = {-1, -1};
+  // Created afresh without following a name the jail may have planted.
+  int log = create_file_nofollow(net_log(run_dir), 0640);
+  int out[2] = {-1, -1};
   auto close_all = [&] {
-    for (int fd : {devnull, log, out[0], out[1], report[0], report[1]})
+    for (int fd : {log, out[0], out[1]})
       if (fd >= 0) ::close(fd);
   };
-  if (devnull < 0 || log < 0 || ::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(report, O_CLOEXEC) != 0) {
+  if (log < 0 || ::pipe2(out, O_CLOEXEC) != 0) {
     int err = errno;
     close_all();
     throw Error(Errc::internal,
                 std::string("cannot set up the network helper: ") + std::strerror(err));
   }
-  // Detached like QEMU (setsid + double fork): the helper must outlive a
-  // daemon restart together with its VM.
-  pid_t child = ::fork();
-  if (child < 0) {
+  // Detached like QEMU (common/spawn.h): the helper must outlive a daemon
+  // restart together with its VM. Its stdout is the ready line's pipe.
+  pid_t pid = 0;
+  try {
+    pid = spawn_detached({.argv = argv, .fds = {{1, out[1]}, {2, log}}});
+  } catch (const Error&) {
     close_all();
-    throw_errno("fork");
-  }
-  if (child == 0) {
-    ::setsid();
-    pid_t grandchild = ::fork();
-    if (grandchild != 0) ::_exit(grandchild < 0 ? 1 : 0);
-    reset_signals();
-    ::dup2(devnull, 0);
-    ::dup2(out[1], 1);
-    ::dup2(log, 2);
-    ::dup2(report[1], 3);
-    ::fcntl(3, F_SETFD, FD_CLOEXEC);
-    ::close_range(4, ~0U, 0);
-    pid_t self = ::getpid();
-    (void)!::write(3, &self, sizeof self);
-    ::execv(cargv[0], cargv.data());
-    ::_exit(127);
+    throw;
   }
   ::close(out[1]);
   out[1] = -1;
-  ::close(report[1]);
-  report[1] = -1;
-  while (::waitpid(child, nullptr, 0) < 0 && errno == EINTR) {
-  }
-  pid_t pid = 0;
-  ssize_t n = ::read(report[0], &pid, sizeof pid);
-  if (n != sizeof pid) pid = 0;
 
   // The ready line (or EOF when the helper exits: bad policy, socket error).
   std::string line;

@@ -12,6 +12,8 @@
 
 #include "common/error.h"
 #include "common/process.h"
+#include "common/spawn.h"
+#include "common/unique_fd.h"
 #include "engine/vmm/cgroup.h"
 #include "engine/vmm/console.h"
 
@@ -131,31 +133,15 @@ std::unique_ptr<VmHandle> FakeLauncher::start(const vmm::VmConfig& config) {
   std::error_code ec;
   fs::remove(config.run_dir / "fake.pid", ec);
   std::string exe = fake_vm_.string(), dir = config.run_dir.string(), agent = agent_.string();
-  std::vector<char*> argv{exe.data(),   const_cast<char*>("--run-dir"),
-                          dir.data(),   const_cast<char*>("--agent"),
-                          agent.data(), nullptr};
   // Its output (and its agent's) goes to a file of its run dir, not to the
   // test's stdout: an orphan left by a crashed test would otherwise hold
   // ctest's output pipe open and make it wait out the test's timeout.
-  std::string out = (config.run_dir / "fake-vm.out").string();
-  // Detached like QEMU (double fork): it must outlive an engine restart.
-  pid_t child = ::fork();
-  if (child < 0) throw_errno("fork");
-  if (child == 0) {
-    if (::fork() == 0) {
-      int fd = ::open(out.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
-      if (fd >= 0) {
-        ::dup2(fd, 1);
-        ::dup2(fd, 2);
-      }
-      ::close_range(3, ~0U, 0);
-      ::execv(argv[0], argv.data());
-      ::_exit(127);
-    }
-    ::_exit(0);
-  }
-  while (::waitpid(child, nullptr, 0) < 0 && errno == EINTR) {
-  }
+  UniqueFd out(::open((config.run_dir / "fake-vm.out").c_str(),
+                      O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600));
+  if (out.fd < 0) throw_errno("open " + (config.run_dir / "fake-vm.out").string());
+  // Detached like QEMU (common/spawn.h): it must outlive an engine restart.
+  spawn_detached(
+      {.argv = {exe, "--run-dir", dir, "--agent", agent}, .fds = {{1, out.fd}, {2, out.fd}}});
   auto deadline = std::chrono::steady_clock::now() + 5s;
   while (std::chrono::steady_clock::now() < deadline) {
     std::ifstream in(config.run_dir / "fake.pid");

@@ -220,6 +220,45 @@ class AutoStartTest(unittest.TestCase):
                 os.kill(pid, signal.SIGKILL)
             shutil.rmtree(tmp, ignore_errors=True)
 
+    def test_auto_started_daemon_inherits_no_descriptor_and_no_ignored_signal(self):
+        # The CLI starts airlockd like every other detached spawn
+        # (common/spawn.h): a descriptor the CLI's caller left open, and a
+        # signal it ignores, must not reach the long-lived daemon.
+        tmp = tempfile.mkdtemp(prefix="airlock-auto-")
+        data = os.path.join(tmp, "data")
+        env = dict(os.environ, AIRLOCK_DATA_DIR=data, AIRLOCK_IMAGE_DIR=IMAGE_DIR,
+                   AIRLOCK_TEMPLATE_RAM_DIR=os.path.join(tmp, "template-ram"),
+                   AIRLOCK_POOL_LEARN="0")
+        env.pop("AIRLOCK_SOCKET", None)
+        leak_r, leak_w = os.pipe()
+        try:
+            r = subprocess.run([os.path.join(BIN, "airlock"), "ls"], env=env, capture_output=True,
+                               pass_fds=(leak_w,), timeout=120,
+                               preexec_fn=lambda: signal.signal(signal.SIGUSR2, signal.SIG_IGN))
+            self.assertEqual(r.returncode, 0, r.stderr)
+            pids = [int(p) for p in subprocess.run(
+                ["pgrep", "-f", f"airlockd --data-dir {data}"], capture_output=True,
+                text=True).stdout.split()]
+            self.assertEqual(len(pids), 1, pids)
+            leaked = os.fstat(leak_w)
+            fd_dir = f"/proc/{pids[0]}/fd"
+            for fd in os.listdir(fd_dir):
+                try:
+                    st = os.stat(os.path.join(fd_dir, fd))
+                except OSError:
+                    continue
+                self.assertFalse((st.st_dev, st.st_ino) == (leaked.st_dev, leaked.st_ino),
+                                 f"the caller's pipe leaked into airlockd as fd {fd}")
+            with open(f"/proc/{pids[0]}/status") as f:
+                ign = int(next(l for l in f if l.startswith("SigIgn:")).split()[1], 16)
+            self.assertFalse(ign & (1 << (signal.SIGUSR2 - 1)), f"SigIgn {ign:x}")
+        finally:
+            os.close(leak_r)
+            os.close(leak_w)
+            subprocess.run(["pkill", "-TERM", "-f", f"airlockd --data-dir {data}"])
+            time.sleep(1)
+            shutil.rmtree(tmp, ignore_errors=True)
+
 
 if __name__ == "__main__":
     unittest.main()

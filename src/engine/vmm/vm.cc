@@ -3,7 +3,6 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -18,7 +17,7 @@
 #include "common/error.h"
 #include "common/phases.h"
 #include "common/process.h"
-#include "common/signals.h"
+#include "common/spawn.h"
 #include "common/unique_fd.h"
 #include "engine/storage/disk_chain.h"
 #include "engine/vmm/cgroup.h"
@@ -159,87 +158,23 @@ void validate(const VmConfig& c) {
     throw Error(Errc::invalid_argument, "run_dir path too long for unix sockets", "run_dir");
 }
 
-// Forks QEMU detached: fork, setsid, fork again, so QEMU is re-parented to
-// init (or the nearest subreaper) and survives the daemon. Returns its pid.
-// `inherit_fd` (if >= 0) becomes fd kInheritedFd of QEMU, like in the jail.
-pid_t spawn_detached(const std::vector<std::string>& argv, const fs::path& run_dir,
-                     int inherit_fd) {
-  std::string exe = resolve_binary(argv[0]);
-  std::vector<char*> cargv;
-  for (const auto& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
-  cargv.push_back(nullptr);
-
-  int devnull = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
-  if (devnull < 0) throw_errno("open /dev/null");
-  int log = create_file_nofollow(qemu_log(run_dir), 0640);
-  if (log < 0) {
-    ::close(devnull);
-    throw_errno("open " + qemu_log(run_dir).string());
+// Starts QEMU detached (common/spawn.h), so it is re-parented to init (or the
+// nearest subreaper) and survives the daemon. Returns its pid. `inherit_fd`
+// (if >= 0) becomes fd kInheritedFd of QEMU, like in the jail.
+pid_t start_qemu_detached(const std::vector<std::string>& argv, const fs::path& run_dir,
+                          int inherit_fd) {
+  std::vector<std::string> args = argv;
+  args[0] = resolve_binary(argv[0]);
+  UniqueFd log(create_file_nofollow(qemu_log(run_dir), 0640));
+  if (log.fd < 0) throw_errno("open " + qemu_log(run_dir).string());
+  Detached d{.argv = args, .fds = {{1, log.fd}, {2, log.fd}}};
+  if (inherit_fd >= 0) d.fds.emplace_back(kInheritedFd, inherit_fd);
+  try {
+    return spawn_detached(d);
+  } catch (const Error& e) {
+    if (e.code() == Errc::unavailable) throw Error(Errc::unavailable, e.what(), "qemu_binary");
+    throw;
   }
-  int report[2];
-  if (::pipe2(report, O_CLOEXEC) != 0) {
-    ::close(devnull);
-    ::close(log);
-    throw_errno("pipe2");
-  }
-
-  pid_t child = ::fork();
-  if (child < 0) {
-    for (int fd : {devnull, log, report[0], report[1]}) ::close(fd);
-    throw_errno("fork");
-  }
-  if (child == 0) {
-    // Only async-signal-safe calls from here on.
-    ::setsid();
-    pid_t grandchild = ::fork();
-    if (grandchild != 0) ::_exit(grandchild < 0 ? 1 : 0);
-    reset_signals();  // e.g. SIGPIPE ignored
-    int inherited = inherit_fd >= 0 ? ::fcntl(inherit_fd, F_DUPFD, 16) : -1;
-    ::dup2(devnull, 0);
-    ::dup2(log, 1);
-    ::dup2(log, 2);
-    ::dup2(report[1], 3);
-    ::fcntl(3, F_SETFD, FD_CLOEXEC);
-    int first_closed = kInheritedFd;
-    if (inherited >= 0) {
-      ::dup2(inherited, kInheritedFd);
-      first_closed = kInheritedFd + 1;
-    }
-    ::close_range(first_closed, ~0U, 0);  // nothing else of the daemon leaks into QEMU
-    pid_t self = ::getpid();
-    (void)!::write(3, &self, sizeof(self));
-    ::execv(exe.c_str(), cargv.data());
-    int err = errno;
-    (void)!::write(3, &err, sizeof(err));
-    ::_exit(127);
-  }
-  ::close(devnull);
-  ::close(log);
-  ::close(report[1]);
-  int status = 0;
-  while (::waitpid(child, &status, 0) < 0 && errno == EINTR) {
-  }
-  pid_t pid = -1;
-  int exec_errno = 0;
-  char buf[sizeof(pid_t) + sizeof(int)];
-  size_t got = 0;
-  for (;;) {
-    ssize_t n = ::read(report[0], buf + got, sizeof(buf) - got);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    got += static_cast<size_t>(n);
-    if (got == sizeof(buf)) break;
-  }
-  ::close(report[0]);
-  if (got >= sizeof(pid_t)) std::memcpy(&pid, buf, sizeof(pid_t));
-  if (got == sizeof(buf)) std::memcpy(&exec_errno, buf + sizeof(pid_t), sizeof(int));
-  if (pid <= 0) throw Error(Errc::internal, "could not fork QEMU (double fork failed)");
-  if (exec_errno != 0) {
-    wait_gone(pid, kKillTimeout);
-    throw Error(Errc::unavailable, "cannot execute " + exe + ": " + std::strerror(exec_errno),
-                "qemu_binary");
-  }
-  return pid;
 }
 
 constexpr auto kMigrationPoll = std::chrono::milliseconds(2);
@@ -375,7 +310,7 @@ pid_t spawn_qemu(const VmConfig& c, const std::vector<std::string>& argv) {
   // that leaves airlock's directories before anything opens it.
   if (!c.disk_roots.empty())
     storage::disk_chain(c.disk, c.disk_roots, "the disk " + c.disk.string());
-  if (!c.jail) return spawn_detached(argv, c.run_dir, c.memory_shared ? -1 : c.memory_fd);
+  if (!c.jail) return start_qemu_detached(argv, c.run_dir, c.memory_shared ? -1 : c.memory_fd);
   std::string exe = resolve_binary(argv[0]);
   Jail jail = Jail::prepare(jail_spec(c, exe));
   int log = create_file_nofollow(qemu_log(c.run_dir), 0640);
