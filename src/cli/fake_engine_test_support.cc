@@ -391,6 +391,11 @@ WatchEnd Engine::watch_files(const std::string& id, const std::string&, bool,
   // File watches need a real guest (tests/integration/test_watch.py).
   throw Error(Errc::unavailable, "the fake engine has no guest to watch");
 }
+std::string Engine::guest_home(const std::string& id, const std::string& user) {
+  get(id);
+  // The fake has no passwd: E2B templates' convention.
+  return user.empty() || user == "root" || user == "0" ? "/root" : "/home/" + user;
+}
 nlohmann::json Engine::guest_info(const std::string& id) {
   get(id);
   return {{"kernel", "6.1.0-fake"}};
@@ -480,8 +485,9 @@ nlohmann::json Engine::prune(bool dry_run) {
 std::vector<std::string> Engine::image_users(const std::string&) { return {}; }
 nlohmann::json Engine::stats(const std::string& id) {
   auto info = get(id);
-  return {{"id", id},           {"state", to_string(info.state)}, {"cpu_seconds", 0.0},
-          {"memory_bytes", 0},  {"disk_bytes", 0},                {"net_rx_bytes", 0},
+  return {{"id", id},           {"state", to_string(info.state)},
+          {"cpu_seconds", 0.0}, {"memory_bytes", 0},
+          {"disk_bytes", 0},    {"net_rx_bytes", 0},
           {"net_tx_bytes", 0},  {"age_s", 0}};
 }
 

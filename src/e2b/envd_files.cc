@@ -21,9 +21,10 @@ std::string query_user(const daemon::Query& q, const std::string& fallback) {
   return it != q.end() && !it->second.empty() ? it->second : fallback;
 }
 
-std::string resolved(std::string_view path, const std::string& user) {
+std::string resolved(engine::Engine& engine, const std::string& sandbox, std::string_view path,
+                     const std::string& user) {
   try {
-    return resolve_path(path, user);
+    return resolve_path(path, [&] { return engine.guest_home(sandbox, user); });
   } catch (const FsError& e) {
     throw Error(Errc::invalid_argument, e.what(), "path");
   }
@@ -71,7 +72,7 @@ void files_get(engine::Engine& engine, daemon::Exchange& ex, const std::string& 
     const std::string who = query_user(q, user);
     if (!q.count("path") || q["path"].empty())
       throw Error(Errc::invalid_argument, "the path query parameter is required", "path");
-    const std::string path = resolved(q["path"], who);
+    const std::string path = resolved(engine, sandbox, q["path"], who);
     // The stream begins with the first byte: an error before it (no such
     // file, a directory) is still a plain JSON answer.
     engine.read_file(sandbox, path, [&](std::string_view chunk) {
@@ -110,7 +111,7 @@ void files_post(engine::Engine& engine, daemon::Exchange& ex, const std::string&
     if (media == "application/octet-stream") {
       if (query_path.empty())
         throw Error(Errc::invalid_argument, "the path query parameter is required", "path");
-      written.push_back(write_one(engine, sandbox, resolved(query_path, who), who,
+      written.push_back(write_one(engine, sandbox, resolved(engine, sandbox, query_path, who), who,
                                   [&] { return ex.read_chunk(kChunk); }));
     } else if (media.rfind("multipart/", 0) == 0) {
       MultipartReader reader(boundary_of(type), [&] { return ex.read_chunk(kChunk); });
@@ -121,7 +122,7 @@ void files_post(engine::Engine& engine, daemon::Exchange& ex, const std::string&
         if (target.empty())
           throw Error(Errc::invalid_argument, "a file part has no filename and no path was given",
                       "path");
-        std::string path = resolved(target, who);
+        std::string path = resolved(engine, sandbox, target, who);
         if (!seen.insert(path).second)
           throw Error(Errc::invalid_argument,
                       "you cannot upload multiple files to the same path '" + path +

@@ -16,6 +16,11 @@ using nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
 // A string field of a request message (proto3 JSON: absent = "").
+// The call's user's home, asked of the guest only when a path needs it.
+std::function<std::string()> home(const FsCall& call) {
+  return [&call] { return guest_home(call.engine, call.sandbox, call.user); };
+}
+
 std::string str(const json& req, const char* field) {
   auto it = req.find(field);
   if (it == req.end() || it->is_null()) return {};
@@ -89,14 +94,19 @@ FsError fs_error(const Error& e) {
   }
 }
 
-std::string home_of(const std::string& user) {
-  return user.empty() || user == "root" || user == "0" ? "/root" : "/home/" + user;
+std::string guest_home(engine::Engine& engine, const std::string& sandbox,
+                       const std::string& user) {
+  try {
+    return engine.guest_home(sandbox, user);
+  } catch (const Error& e) {
+    throw fs_error(e);
+  }
 }
 
-std::string resolve_path(std::string_view path, const std::string& user) {
-  const std::string home = home_of(user);
+std::string resolve_path(std::string_view path, const std::function<std::string()>& home_fn) {
   std::string p(path);
   if (!p.empty() && p[0] == '/') return p;
+  const std::string home = home_fn();
   if (!p.empty() && p[0] == '~') {
     if (p.size() > 1 && p[1] != '/')
       throw FsError("invalid_argument", "cannot expand user-specific home dir in '" + p + "'");
@@ -203,11 +213,11 @@ json Filesystem::unary(const FsCall& call, std::string_view method, const json& 
   auto& engine = call.engine;
   const std::string& id = call.sandbox;
   if (method == "Stat") {
-    std::string path = resolve_path(str(req, "path"), call.user);
+    std::string path = resolve_path(str(req, "path"), home(call));
     return {{"entry", entry_info(engine_call([&] { return engine.stat_file(id, path); }))}};
   }
   if (method == "ListDir") {
-    std::string path = resolve_path(str(req, "path"), call.user);
+    std::string path = resolve_path(str(req, "path"), home(call));
     int64_t depth = 1;
     if (req.contains("depth") && !req["depth"].is_null()) {
       const json& d = req["depth"];
@@ -232,7 +242,7 @@ json Filesystem::unary(const FsCall& call, std::string_view method, const json& 
     return {{"entries", std::move(entries)}};
   }
   if (method == "MakeDir") {
-    std::string path = resolve_path(str(req, "path"), call.user);
+    std::string path = resolve_path(str(req, "path"), home(call));
     std::optional<json> existing;
     try {
       existing = engine.stat_file(id, path);
@@ -252,13 +262,13 @@ json Filesystem::unary(const FsCall& call, std::string_view method, const json& 
     return {{"entry", entry_info(engine_call([&] { return engine.stat_file(id, path); }))}};
   }
   if (method == "Move") {
-    std::string from = resolve_path(str(req, "source"), call.user);
-    std::string to = resolve_path(str(req, "destination"), call.user);
+    std::string from = resolve_path(str(req, "source"), home(call));
+    std::string to = resolve_path(str(req, "destination"), home(call));
     return {{"entry",
              entry_info(engine_call([&] { return engine.move_file(id, from, to, call.user); }))}};
   }
   if (method == "Remove") {
-    std::string path = resolve_path(str(req, "path"), call.user);
+    std::string path = resolve_path(str(req, "path"), home(call));
     try {
       engine.remove_file(id, path, /*recursive=*/true);
     } catch (const Error& e) {
@@ -282,7 +292,7 @@ void Filesystem::watch_dir(const FsCall& call, const json& req,
                            const std::function<bool(const json&)>& send,
                            std::chrono::milliseconds timeout, std::chrono::milliseconds keepalive) {
   if (!req.is_object()) throw FsError("invalid_argument", "the request must be a JSON object");
-  const std::string path = resolve_path(str(req, "path"), call.user);
+  const std::string path = resolve_path(str(req, "path"), home(call));
   const bool recursive = flag(req, "recursive");
   const auto start = Clock::now();
   auto last_sent = start;
@@ -341,7 +351,7 @@ struct Filesystem::Watcher {
 };
 
 json Filesystem::create_watcher(const FsCall& call, const json& req) {
-  const std::string path = resolve_path(str(req, "path"), call.user);
+  const std::string path = resolve_path(str(req, "path"), home(call));
   const bool recursive = flag(req, "recursive");
   {
     std::lock_guard lock(mu_);

@@ -48,12 +48,14 @@ class FsError : public std::runtime_error {
 // An engine error as envd reports the same failure.
 FsError fs_error(const Error& e);
 
-// The home directory envd resolves relative paths against: /root for root,
-// /home/NAME for anyone else (E2B templates' convention).
-std::string home_of(const std::string& user);
-// "~", "~/x" and relative paths against the user's home, "." and ".."
-// folded; absolute paths as they are (folded). "~other" is invalid_argument.
-std::string resolve_path(std::string_view path, const std::string& user);
+// "~", "~/x" and relative paths against the user's home (`home()`, asked
+// only for such a path), "." and ".." folded; absolute paths as they are.
+// "~other" is invalid_argument.
+std::string resolve_path(std::string_view path, const std::function<std::string()>& home);
+// The home directory of `user` in `sandbox`: the guest's answer
+// (Engine::guest_home, its passwd entry), so "~" here is the $HOME a process
+// of that user gets. FsError as envd reports the failure.
+std::string guest_home(engine::Engine& engine, const std::string& sandbox, const std::string& user);
 
 // Go's os.FileMode.String() of an entry ("-rw-r--r--", "drwxr-xr-x",
 // "Lrwxrwxrwx", "dtrwxrwxrwx"), which envd returns as "permissions".

@@ -396,6 +396,11 @@ class Engine {
   void make_dir(const std::string& id, const std::string& path, bool parents);
   void remove_file(const std::string& id, const std::string& path, bool recursive);
   nlohmann::json guest_info(const std::string& id);  // kernel, uptime, memory, disk
+  // The home directory of guest user `user` (name or uid; "" = root): the
+  // $HOME an exec as that user gets, from the guest's passwd (guest op
+  // "user"). not_found field "user" for an unknown user; guest_error if the
+  // guest answers something that is not an absolute path.
+  std::string guest_home(const std::string& id, const std::string& user);
   // File operations as E2B's filesystem service needs them (engine_files.cc).
   // Entries are checked and rebuilt by the host (file_entry.h) and carry
   // "path", "owner", "group" and a symlink's "target". `owner` (a guest user

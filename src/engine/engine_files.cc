@@ -66,6 +66,29 @@ json Engine::move_file(const std::string& id, const std::string& from, const std
   return owner_errors(owner, [&] { return file_entry_from_guest(impl_->json_op(id, req, true)); });
 }
 
+std::string Engine::guest_home(const std::string& id, const std::string& user) {
+  validate_owner(user);
+  json req = {{"op", "user"}};
+  if (!user.empty()) req["user"] = user;
+  json r;
+  try {
+    r = impl_->json_op(id, req, false);
+  } catch (const Error& e) {
+    if (e.code() == Errc::not_found)
+      throw Error(Errc::not_found, "no user " + user + " in the sandbox", "user");
+    throw;
+  }
+  // Guest-written: only an absolute, bounded path is taken.
+  auto it = r.find("home");
+  if (it == r.end() || !it->is_string() || it->get_ref<const std::string&>().empty() ||
+      it->get_ref<const std::string&>()[0] != '/' ||
+      it->get_ref<const std::string&>().size() > 4096 ||
+      it->get_ref<const std::string&>().find('\0') != std::string::npos)
+    throw Error(Errc::guest_error, "the guest named no usable home directory for " +
+                                       (user.empty() ? std::string("root") : user));
+  return it->get<std::string>();
+}
+
 void Engine::make_dir_as(const std::string& id, const std::string& path, const std::string& owner) {
   validate_owner(owner);
   json req = {{"op", "mkdir"}, {"path", path}, {"parents", true}};

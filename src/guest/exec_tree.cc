@@ -58,26 +58,6 @@ std::vector<std::string> parse_argv(const json& req) {
   return argv;
 }
 
-User parse_user(const json& req) {
-  auto it = req.find("user");
-  if (it == req.end() || it->is_null()) return *lookup_user("0");
-  std::string spec;
-  if (it->is_number_unsigned())
-    spec = std::to_string(it->get<uint64_t>());
-  else if (it->is_string())
-    spec = it->get<std::string>();
-  else
-    throw Error(Errc::invalid_argument, "user must be a name or a numeric uid", "user");
-  if (spec.empty()) throw Error(Errc::invalid_argument, "user is empty", "user");
-  auto u = lookup_user(spec);
-  if (!u) throw GuestError(code::not_found, "unknown user '" + spec + "' (not in /etc/passwd)");
-  if (spec == "0" || u->uid == 0) {
-    // A bare uid 0 without passwd entry still gets root's home.
-    if (u->home == "/" && access("/root", F_OK) == 0) u->home = "/root";
-  }
-  return *u;
-}
-
 std::vector<std::string> build_env(const json& req, const User& u, bool pty) {
   std::map<std::string, std::string> env = {
       {"PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
@@ -148,6 +128,26 @@ bool fs_full(const std::string& path) {
 }
 
 }  // namespace
+
+User parse_user(const nlohmann::json& req) {
+  auto it = req.find("user");
+  if (it == req.end() || it->is_null()) return *lookup_user("0");
+  std::string spec;
+  if (it->is_number_unsigned())
+    spec = std::to_string(it->get<uint64_t>());
+  else if (it->is_string())
+    spec = it->get<std::string>();
+  else
+    throw Error(Errc::invalid_argument, "user must be a name or a numeric uid", "user");
+  if (spec.empty()) throw Error(Errc::invalid_argument, "user is empty", "user");
+  auto u = lookup_user(spec);
+  if (!u) throw GuestError(code::not_found, "unknown user '" + spec + "' (not in /etc/passwd)");
+  if (spec == "0" || u->uid == 0) {
+    // A bare uid 0 without passwd entry still gets root's home.
+    if (u->home == "/" && access("/root", F_OK) == 0) u->home = "/root";
+  }
+  return *u;
+}
 
 void parse_winsize(const json& j, const std::string& what, uint16_t& cols, uint16_t& rows) {
   if (!j.is_object())

@@ -26,6 +26,13 @@
 
 namespace airlock::guest {
 
+// The user of a request's "user" field (a name or uid; absent: root) as an
+// exec runs as it: its passwd entry, uid 0 without one homed at /root. The
+// one answer to "whose home": an exec's $HOME and the host's "~" (op
+// "user", which envd resolves paths with) both come from here.
+// GuestError not_found for an unknown name.
+User parse_user(const nlohmann::json& req);
+
 // Per-stream output cap when the request gives none (64 MiB).
 inline constexpr uint64_t kDefaultOutputLimit = 64ull << 20;
 

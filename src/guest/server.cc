@@ -533,7 +533,11 @@ void Server::handle_request(Frame& f) {
         result = op_remove(req);
       else if (op == "info")
         result = op_info(req);
-      else if (op == "sync")
+      else if (op == "user") {
+        User u = parse_user(req);
+        result = {
+            {"name", u.name}, {"uid", u.uid}, {"gid", u.gid}, {"home", u.home}, {"shell", u.shell}};
+      } else if (op == "sync")
         result = op_sync(req);
       else if (op == "set_time")
         result = op_set_time(req);
