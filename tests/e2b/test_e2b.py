@@ -245,6 +245,30 @@ class EnvdProtocolTest(E2bTestCase):
                                     json.dumps({"watcherId": wid}).encode())
         self.assertEqual((status, json.loads(data)["code"]), (404, "not_found"))
 
+    def test_home_is_the_users_passwd_home(self):
+        # envd resolves "~" and relative paths against the home a process of
+        # that user gets as $HOME: the guest's passwd entry, not a guess of
+        # /home/NAME (which put alice's files where her programs never look).
+        sid, tok = self.sb["sandboxID"], self.sb["envdAccessToken"]
+        _, err, end = self.api.exec(sid, argv=["useradd", "-m", "-d", "/srv/alice", "alice"])
+        self.assertEqual(end["exit_code"], 0, err)
+        status, _, data = self.http("POST", "/e2b/envd/files?path=notes.txt&username=alice", b"hers",
+                                    {"E2b-Sandbox-Id": sid, "X-Access-Token": tok,
+                                     "Content-Type": "application/octet-stream"})
+        self.assertEqual(status, 200, data)
+        self.assertEqual([e["path"] for e in json.loads(data)], ["/srv/alice/notes.txt"])
+        out, err, _ = self.api.exec(sid, argv=["sh", "-c", "echo $HOME; cat ~/notes.txt"],
+                                    user="alice")
+        self.assertEqual(bytes(out), b"/srv/alice\nhers", err)
+        alice = "Basic " + base64.b64encode(b"alice:").decode()
+        status, _, data = self.envd("/filesystem.Filesystem/Stat", b'{"path": "~"}',
+                                    extra={"Authorization": alice})
+        self.assertEqual((status, json.loads(data)["entry"]["path"]), (200, "/srv/alice"), data)
+        # A user the guest does not know is refused, not guessed.
+        status, _, data = self.http("GET", "/e2b/envd/files?path=x&username=nosuchuser",
+                                    headers={"E2b-Sandbox-Id": sid, "X-Access-Token": tok})
+        self.assertIn(status, (401, 404), data)
+
 
 class SdkTest(E2bTestCase):
     """Both pinned SDK releases, end to end on template `base` (debian)."""
