@@ -120,6 +120,7 @@ struct detail::Conn {
 
   void connect_tcp(const Remote& r, const std::string& url) {
     if (const char* t = std::getenv("AIRLOCK_TOKEN")) token = t;
+    check_token_transport(r, token, url);  // before any byte is sent
     beast::error_code ec;
     tcp::resolver resolver(io);
     auto results = resolver.resolve(r.host, r.port, ec);
@@ -247,6 +248,22 @@ std::optional<Remote> parse_remote(const std::string& url) {
                 "AIRLOCK_URL must be http://HOST:PORT or https://HOST:PORT, got " + url,
                 "AIRLOCK_URL");
   return r;
+}
+
+void check_token_transport(const Remote& r, const std::string& token, const std::string& url) {
+  if (r.tls || token.empty()) return;
+  bool loopback = r.host == "localhost" || (r.host.size() > 10 && r.host.ends_with(".localhost"));
+  if (!loopback) {
+    boost::system::error_code ec;
+    auto addr = net::ip::make_address(r.host, ec);
+    loopback = !ec && addr.is_loopback();
+  }
+  if (!loopback)
+    throw Error(Errc::invalid_argument,
+                "refusing to send AIRLOCK_TOKEN over plain http to " + url +
+                    ": use https:// (airlockd --tls-cert/--tls-key) or a loopback address "
+                    "(127.0.0.1, ::1, localhost)",
+                "AIRLOCK_URL");
 }
 
 int errc_from_string(const std::string& code) { return static_cast<int>(errc_of(code)); }

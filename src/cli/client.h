@@ -130,6 +130,13 @@ struct Remote {
 };
 std::optional<Remote> parse_remote(const std::string& url);
 
+// Refuses (Error(invalid_argument), field AIRLOCK_URL) to send `token` over
+// plain http to a host that is not this machine's loopback: any hop could
+// read it there. Loopback is an address (127.0.0.0/8, ::1) or "localhost",
+// never resolved, so a name that merely points at 127.0.0.1 does not count.
+// The same rule as the Python SDK's.
+void check_token_transport(const Remote& r, const std::string& token, const std::string& url);
+
 // Maps the daemon's error code string back to an Errc ("not_found" -> not_found).
 int errc_from_string(const std::string& code);
 

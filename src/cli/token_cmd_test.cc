@@ -46,4 +46,27 @@ TEST(ParseRemote, Forms) {
   EXPECT_THROW(parse_remote("http://host:port"), Error);
 }
 
+TEST(TokenTransport, NoTokenOverPlainHttpBeyondLoopback) {
+  auto refused = [](const std::string& url, const std::string& token) {
+    try {
+      check_token_transport(*parse_remote(url), token, url);
+      return false;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.field(), "AIRLOCK_URL");
+      EXPECT_NE(std::string(e.what()).find(url), std::string::npos) << e.what();
+      return true;
+    }
+  };
+  for (const char* url :
+       {"http://airlock.internal:8080", "http://10.0.0.5:8080", "http://[fe80::1]:80",
+        "http://localhost.example.com:80", "http://127.0.0.1.example.com:80"})
+    EXPECT_TRUE(refused(url, "airlock_secret")) << url;
+  for (const char* url :
+       {"http://127.0.0.1:8080", "http://127.8.9.10:1", "http://[::1]:8080", "http://localhost:80",
+        "http://api.localhost:80", "https://airlock.internal:8443"})
+    EXPECT_FALSE(refused(url, "airlock_secret")) << url;
+  // Without a token nothing secret travels.
+  EXPECT_FALSE(refused("http://airlock.internal:8080", ""));
+}
+
 }  // namespace airlock::cli
