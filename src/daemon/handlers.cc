@@ -16,6 +16,7 @@
 #include "daemon/request.h"
 #include "daemon/router.h"
 #include "daemon/tenancy.h"
+#include "engine/api/limits.h"
 #include "engine/net/policy.h"
 
 namespace airlock::daemon {
@@ -363,6 +364,7 @@ void dispatch(engine::Engine& engine, Exchange& ex, const Caller& caller) {
       check_query_keys(q, {});
       expect_no_body(ex);
       json j = engine.info();
+      j["limits"] = engine::limits::to_json();  // not secret: every caller may pre-check
       if (!caller.who.is_operator()) {
         ex.send_json(200, tenant_info(engine, caller.who, j));
         return;

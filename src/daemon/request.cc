@@ -6,8 +6,10 @@
 
 #include "common/error.h"
 #include "daemon/base64.h"
+#include "engine/api/limits.h"
 
 namespace airlock::daemon {
+namespace L = engine::limits;
 namespace {
 
 using nlohmann::json;
@@ -34,6 +36,19 @@ int64_t get_int(const json& v, const std::string& field, int64_t min, int64_t ma
   if (n < min) bad(field + " must be at least " + std::to_string(min), field);
   if (n > max) bad(field + " must be at most " + std::to_string(max), field);
   return n;
+}
+
+// An integer within one of the API's ranges (engine/api/limits.h), named as
+// validation names it.
+int64_t get_int(const json& v, const std::string& field, engine::limits::Range r) {
+  if (!v.is_number_integer()) bad(field + " must be an integer", field);
+  bool big =
+      v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(std::numeric_limits<int64_t>::max());
+  if (big || !r.contains(v.get<int64_t>()))
+    bad(field + " must be between " + std::to_string(r.min) + " and " + std::to_string(r.max) +
+            ", got " + v.dump(),
+        field);
+  return v.get<int64_t>();
 }
 
 std::string get_string(const json& v, const std::string& field) {
@@ -125,14 +140,14 @@ engine::SandboxSpec parse_create(std::string_view body) {
       if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.'))
         bad("image name may contain only letters, digits, '-', '_' and '.'", "image");
   }
-  if (j.contains("cpus")) spec.cpus = int(get_int(j["cpus"], "cpus", 1, 16));
+  if (j.contains("cpus")) spec.cpus = int(get_int(j["cpus"], "cpus", L::kCpus));
   if (j.contains("memory_mb"))
-    spec.memory_mb = int(get_int(j["memory_mb"], "memory_mb", 64, 65536));
-  if (j.contains("disk_mb")) spec.disk_mb = int(get_int(j["disk_mb"], "disk_mb", 1, 1048576));
-  if (j.contains("timeout")) spec.timeout_s = int(get_int(j["timeout"], "timeout", 1, 604800));
+    spec.memory_mb = int(get_int(j["memory_mb"], "memory_mb", L::kMemoryMb));
+  if (j.contains("disk_mb")) spec.disk_mb = int(get_int(j["disk_mb"], "disk_mb", L::kDiskMb));
+  if (j.contains("timeout")) spec.timeout_s = int(get_int(j["timeout"], "timeout", L::kTimeoutS));
   // 0 = no idle timeout (the default).
   if (j.contains("idle_timeout"))
-    spec.idle_timeout_s = int(get_int(j["idle_timeout"], "idle_timeout", 0, 604800));
+    spec.idle_timeout_s = int(get_int(j["idle_timeout"], "idle_timeout", L::kIdleTimeoutS));
   if (j.contains("env")) spec.env = get_string_map(j["env"], "env", true);
   if (j.contains("metadata")) {
     spec.metadata = get_string_map(j["metadata"], "metadata", false);
@@ -196,7 +211,7 @@ int parse_timeout(std::string_view body) {
   json j = parse_object(body);
   reject_unknown(j, {"timeout"});
   if (!j.contains("timeout")) bad("timeout is required (seconds from now)", "timeout");
-  return int(get_int(j["timeout"], "timeout", 1, 604800));
+  return int(get_int(j["timeout"], "timeout", L::kTimeoutS));
 }
 
 PoolRequest parse_pool(std::string_view body) {
@@ -277,7 +292,10 @@ engine::ExecRequest parse_exec(std::string_view body) {
     if (!t.is_number()) bad("timeout must be a number of seconds", "timeout");
     double s = t.get<double>();
     if (!std::isfinite(s) || s < 0) bad("timeout must be at least 0", "timeout");
-    if (s > 604800) bad("timeout must be at most 604800", "timeout");
+    if (s > L::kExecTimeoutS.max)
+      bad("timeout must be between 0 (none) and " + std::to_string(L::kExecTimeoutS.max) +
+              " seconds",
+          "timeout");
     req.timeout_s = s;
   }
   if (j.contains("limits") && !j["limits"].is_null()) {
@@ -285,10 +303,10 @@ engine::ExecRequest parse_exec(std::string_view body) {
     if (!l.is_object()) bad("limits must be an object {pids, memory_mb, cpu_seconds}", "limits");
     reject_unknown(l, {"pids", "memory_mb", "cpu_seconds"});
     if (l.contains("pids") && !l["pids"].is_null())
-      req.limits.pids = static_cast<int>(get_int(l["pids"], "limits.pids", 1, 1048576));
+      req.limits.pids = static_cast<int>(get_int(l["pids"], "limits.pids", L::kExecPids));
     if (l.contains("memory_mb") && !l["memory_mb"].is_null())
       req.limits.memory_mb =
-          static_cast<int>(get_int(l["memory_mb"], "limits.memory_mb", 1, 1048576));
+          static_cast<int>(get_int(l["memory_mb"], "limits.memory_mb", L::kExecMemoryMb));
     if (l.contains("cpu_seconds") && !l["cpu_seconds"].is_null()) {
       const json& c = l["cpu_seconds"];
       if (!c.is_number())

@@ -71,15 +71,15 @@ TEST(ParseCreate, TypeErrorsNameTheField) {
 }
 
 TEST(ParseCreate, Bounds) {
-  expect_bad([] { parse_create(R"({"cpus":0})"); }, "cpus", "at least 1");
-  expect_bad([] { parse_create(R"({"cpus":-1})"); }, "cpus", "at least 1");
-  expect_bad([] { parse_create(R"({"cpus":17})"); }, "cpus", "at most 16");
-  expect_bad([] { parse_create(R"({"memory_mb":32})"); }, "memory_mb", "at least 64");
-  expect_bad([] { parse_create(R"({"memory_mb":99999999999})"); }, "memory_mb", "at most");
-  expect_bad([] { parse_create(R"({"memory_mb":18446744073709551615})"); }, "memory_mb", "at most");
-  expect_bad([] { parse_create(R"({"disk_mb":-5})"); }, "disk_mb", "at least");
-  expect_bad([] { parse_create(R"({"timeout":0})"); }, "timeout", "at least 1");
-  expect_bad([] { parse_create(R"({"timeout":604801})"); }, "timeout", "at most 604800");
+  expect_bad([] { parse_create(R"({"cpus":0})"); }, "cpus", "between 1 and 16, got");
+  expect_bad([] { parse_create(R"({"cpus":-1})"); }, "cpus", "between 1 and 16, got");
+  expect_bad([] { parse_create(R"({"cpus":17})"); }, "cpus", "between 1 and 16, got 17");
+  expect_bad([] { parse_create(R"({"memory_mb":32})"); }, "memory_mb", "between 64 and 65536, got 32");
+  expect_bad([] { parse_create(R"({"memory_mb":99999999999})"); }, "memory_mb", "between 64 and 65536");
+  expect_bad([] { parse_create(R"({"memory_mb":18446744073709551615})"); }, "memory_mb", "between 64 and 65536");
+  expect_bad([] { parse_create(R"({"disk_mb":-5})"); }, "disk_mb", "between 1 and 1048576, got -5");
+  expect_bad([] { parse_create(R"({"timeout":0})"); }, "timeout", "between 1 and 604800, got 0");
+  expect_bad([] { parse_create(R"({"timeout":604801})"); }, "timeout", "between 1 and 604800, got 604801");
   EXPECT_EQ(parse_create(R"({"cpus":16,"memory_mb":64,"timeout":604800})").cpus, 16);
 }
 
@@ -178,7 +178,7 @@ TEST(ParseExec, FieldErrors) {
              "not valid base64");
   expect_bad([] { parse_exec(R"({"argv":["x"],"timeout":-1})"); }, "timeout", "at least 0");
   expect_bad([] { parse_exec(R"({"argv":["x"],"timeout":"5"})"); }, "timeout", "number");
-  expect_bad([] { parse_exec(R"({"argv":["x"],"timeout":1e9})"); }, "timeout", "at most");
+  expect_bad([] { parse_exec(R"({"argv":["x"],"timeout":1e9})"); }, "timeout", "between 0 (none) and 604800");
   expect_bad([] { parse_exec(R"({"argv":["x"],"env":{"A=":"b"}})"); }, "env", "'='");
 }
 

@@ -152,7 +152,7 @@ nlohmann::json visible_snapshots(engine::Engine& engine, const Principal& who) {
 nlohmann::json tenant_info(engine::Engine& engine, const Principal& who,
                            const nlohmann::json& full) {
   nlohmann::json out = nlohmann::json::object();
-  for (const char* k : {"version", "accelerator", "accelerator_reason", "recipes"})
+  for (const char* k : {"version", "accelerator", "accelerator_reason", "recipes", "limits"})
     if (full.contains(k)) out[k] = full[k];
   out["images"] = nlohmann::json::array();
   for (const auto& img : engine.list_images()) {

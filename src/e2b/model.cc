@@ -7,6 +7,7 @@
 #include "common/error.h"
 #include "daemon/request.h"
 #include "e2b/version.h"
+#include "engine/api/limits.h"
 #include "engine/net/policy.h"
 
 namespace airlock::e2b {
@@ -18,18 +19,36 @@ using nlohmann::json;
   throw Error(Errc::invalid_argument, message, field);
 }
 
-std::map<std::string, std::string> string_map(const json& v, const std::string& field) {
+// A body's "timeout": whole seconds within the API's bounds (engine/api/limits.h).
+int timeout_of(const json& j) {
+  const auto& t = j["timeout"];
+  if (!t.is_number_integer() || !engine::limits::kTimeoutS.contains(t.get<int64_t>()))
+    bad("timeout must be whole seconds, " + std::to_string(engine::limits::kTimeoutS.min) + ".." +
+            std::to_string(engine::limits::kTimeoutS.max),
+        "timeout");
+  return t.get<int>();
+}
+
+// An object of strings within the API's bounds (engine/api/limits.h):
+// `max_value` is the table's for what the map becomes (env or metadata).
+std::map<std::string, std::string> string_map(const json& v, const std::string& field,
+                                              size_t max_value) {
+  namespace L = engine::limits;
   if (v.is_null()) return {};
   if (!v.is_object()) bad(field + " must be an object of strings", field);
-  if (v.size() > 256) bad(field + " has more than 256 entries", field);
+  if (v.size() > L::kMaxMapEntries)
+    bad(field + " has more than " + std::to_string(L::kMaxMapEntries) + " entries", field);
   std::map<std::string, std::string> out;
   for (const auto& [key, value] : v.items()) {
-    if (key.empty() || key.size() > 256 || key.find('\0') != std::string::npos)
-      bad(field + " keys must be 1..256 bytes without NUL", field);
+    if (key.empty() || key.size() > L::kMaxKeyBytes || key.find('\0') != std::string::npos)
+      bad(field + " keys must be 1.." + std::to_string(L::kMaxKeyBytes) + " bytes without NUL",
+          field);
     if (!value.is_string()) bad(field + "." + key + " must be a string", field + "." + key);
     const auto& s = value.get_ref<const std::string&>();
-    if (s.size() > 65536 || s.find('\0') != std::string::npos)
-      bad(field + "." + key + " must be at most 65536 bytes without NUL", field + "." + key);
+    if (s.size() > max_value || s.find('\0') != std::string::npos)
+      bad(field + "." + key + " must be at most " + std::to_string(max_value) +
+              " bytes without NUL",
+          field + "." + key);
     out[key] = s;
   }
   return out;
@@ -138,10 +157,7 @@ CreateRequest parse_create(std::string_view body, bool v2, bool allow_insecure) 
   out.spec.image = image_for_template(templ);
   out.spec.timeout_s = kDefaultTimeoutS;
   if (has(j, "timeout")) {
-    if (!j["timeout"].is_number_integer() || j["timeout"].get<int64_t>() < 1 ||
-        j["timeout"].get<int64_t>() > 604800)
-      bad("timeout must be whole seconds, 1..604800", "timeout");
-    out.spec.timeout_s = j["timeout"].get<int>();
+    out.spec.timeout_s = timeout_of(j);
   }
   for (const char* unsupported : {"mcp", "volumeMounts", "iam", "autoResume"})
     if (has(j, unsupported))
@@ -150,11 +166,13 @@ CreateRequest parse_create(std::string_view body, bool v2, bool allow_insecure) 
     bad("autoPause is not supported by airlock yet (no pause): the sandbox would be killed at "
         "its timeout, not paused",
         "autoPause");
-  out.spec.env = string_map(j.value("envVars", json()), "envVars");
+  out.spec.env =
+      string_map(j.value("envVars", json()), "envVars", engine::limits::kMaxEnvValueBytes);
   for (const auto& [key, value] : out.spec.env)
     if (key.find('=') != std::string::npos)
       bad("envVars key '" + key + "' must not contain '='", "envVars");
-  out.spec.metadata = string_map(j.value("metadata", json()), "metadata");
+  out.spec.metadata =
+      string_map(j.value("metadata", json()), "metadata", engine::limits::kMaxMetadataValueBytes);
   for (const auto& [key, value] : out.spec.metadata)
     if (key.rfind(kMetaPrefix, 0) == 0)
       bad("metadata key '" + key + "' is reserved (prefix e2b.)", "metadata." + key);
@@ -180,10 +198,7 @@ std::optional<int> parse_timeout(std::string_view body, bool optional) {
     if (optional) return std::nullopt;
     bad("timeout is required (seconds)", "timeout");
   }
-  if (!j["timeout"].is_number_integer() || j["timeout"].get<int64_t>() < 1 ||
-      j["timeout"].get<int64_t>() > 604800)
-    bad("timeout must be whole seconds, 1..604800", "timeout");
-  return j["timeout"].get<int>();
+  return timeout_of(j);
 }
 
 std::map<std::string, std::string> parse_metadata_query(std::string_view encoded) {

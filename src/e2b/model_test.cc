@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "common/error.h"
+#include "engine/api/limits.h"
 
 namespace airlock::e2b {
 namespace {
@@ -55,6 +56,27 @@ TEST(E2bModel, InsecureSandboxesOnlyWhereTheOperatorAllowsThem) {
   EXPECT_FALSE(r.spec.metadata.count(kMetaSecure));
   EXPECT_TRUE(parse_create(R"({"templateID":"base","secure":true})", false, true).secure);
   EXPECT_TRUE(parse_create(R"({"templateID":"base"})", false, true).secure);
+}
+
+TEST(E2bModel, BoundsAreTheApisLimitsTable) {
+  namespace L = engine::limits;
+  auto body = [](int64_t t) {
+    return R"({"templateID":"base","timeout":)" + std::to_string(t) + "}";
+  };
+  EXPECT_EQ(parse_create(body(L::kTimeoutS.max), true).spec.timeout_s, L::kTimeoutS.max);
+  EXPECT_EQ(parse_create(body(L::kTimeoutS.min), true).spec.timeout_s, L::kTimeoutS.min);
+  EXPECT_EQ(field_of([&] { parse_create(body(L::kTimeoutS.max + 1), true); }), "timeout");
+  EXPECT_EQ(parse_timeout(body(L::kTimeoutS.max), false), L::kTimeoutS.max);
+  EXPECT_EQ(field_of([&] { parse_timeout(body(L::kTimeoutS.max + 1), false); }), "timeout");
+  // Maps: the native API's entry count and value sizes, not looser ones.
+  std::string many = R"({"templateID":"b","envVars":{)";
+  for (size_t i = 0; i <= L::kMaxMapEntries; ++i)
+    many += (i ? "," : "") + ("\"K" + std::to_string(i) + "\":\"v\"");
+  many += "}}";
+  EXPECT_EQ(field_of([&] { parse_create(many, true); }), "envVars");
+  std::string big = R"({"templateID":"b","metadata":{"k":")" +
+                    std::string(L::kMaxMetadataValueBytes + 1, 'x') + R"("}})";
+  EXPECT_EQ(field_of([&] { parse_create(big, true); }), "metadata.k");
 }
 
 TEST(E2bModel, CreateRefusesWhatItCannotHonourNamingTheField) {

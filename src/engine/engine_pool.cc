@@ -27,7 +27,6 @@ namespace airlock::engine {
 
 namespace {
 
-constexpr int kMaxPoolSize = 64;
 // A learned slot starts with one member and grows by one per miss up to
 // this: enough for an agent's create-use-delete loop and a small burst,
 // small enough that guessing wrong costs little.
@@ -429,9 +428,10 @@ void Engine::Impl::drain_pool() {
 
 nlohmann::json Engine::set_pool(const std::string& image, int size, const nlohmann::json& shape) {
   auto& impl = *impl_;
-  if (size < 0 || size > kMaxPoolSize)
+  if (!limits::kPoolSize.contains(size))
     throw Error(Errc::invalid_argument,
-                "size must be 0.." + std::to_string(kMaxPoolSize) + ", got " + std::to_string(size),
+                "size must be " + std::to_string(limits::kPoolSize.min) + ".." +
+                    std::to_string(limits::kPoolSize.max) + ", got " + std::to_string(size),
                 "size");
   SandboxSpec spec;
   spec.image = image;

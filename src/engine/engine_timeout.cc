@@ -9,9 +9,10 @@ namespace airlock::engine {
 
 SandboxInfo Engine::set_timeout(const std::string& id, int seconds) {
   auto& impl = *impl_;
-  if (seconds < 1 || seconds > kMaxTimeoutS)
+  if (!limits::kTimeoutS.contains(seconds))
     throw Error(Errc::invalid_argument,
-                "timeout must be between 1 and " + std::to_string(kMaxTimeoutS) + " seconds",
+                "timeout must be between " + std::to_string(limits::kTimeoutS.min) + " and " +
+                    std::to_string(limits::kTimeoutS.max) + " seconds",
                 "timeout");
   auto sb = impl.running(id);  // not_found / conflict unless running
   int64_t expires_at = impl.wall_ms() + int64_t{seconds} * 1000;

@@ -6,11 +6,11 @@
 namespace airlock::engine {
 namespace {
 
-void check_range(int v, int lo, int hi, const char* field) {
-  if (v < lo || v > hi)
+void check_range(int64_t v, limits::Range r, const char* field) {
+  if (!r.contains(v))
     throw Error(Errc::invalid_argument,
-                std::string(field) + " must be between " + std::to_string(lo) + " and " +
-                    std::to_string(hi) + ", got " + std::to_string(v),
+                std::string(field) + " must be between " + std::to_string(r.min) + " and " +
+                    std::to_string(r.max) + ", got " + std::to_string(v),
                 field);
 }
 
@@ -49,12 +49,12 @@ void check_map(const std::map<std::string, std::string>& m, const char* field, s
 
 void validate_spec(const SandboxSpec& spec) {
   storage::check_image_name(spec.image, "image");
-  check_range(spec.cpus, 1, kMaxCpus, "cpus");
-  check_range(spec.memory_mb, kMinMemoryMb, kMaxMemoryMb, "memory_mb");
-  check_range(spec.disk_mb, 1, kMaxDiskMb, "disk_mb");
-  check_range(spec.timeout_s, 1, kMaxTimeoutS, "timeout");
+  check_range(spec.cpus, limits::kCpus, "cpus");
+  check_range(spec.memory_mb, limits::kMemoryMb, "memory_mb");
+  check_range(spec.disk_mb, limits::kDiskMb, "disk_mb");
+  check_range(spec.timeout_s, limits::kTimeoutS, "timeout");
   // 0 = no idle timeout.
-  if (spec.idle_timeout_s != 0) check_range(spec.idle_timeout_s, 1, kMaxTimeoutS, "idle_timeout");
+  check_range(spec.idle_timeout_s, limits::kIdleTimeoutS, "idle_timeout");
   if (spec.on_idle != "destroy" && spec.on_idle != "pause")
     throw Error(Errc::invalid_argument, "on_idle must be \"pause\" or \"destroy\"", "on_idle");
   check_map(spec.env, "env", kMaxEnvValueBytes, true);
@@ -75,10 +75,8 @@ void validate_disk_fits(const SandboxSpec& spec, uint64_t rootfs_bytes) {
 }
 
 void validate_pty_size(int cols, int rows) {
-  if (cols < 1 || cols > 4096)
-    throw Error(Errc::invalid_argument, "cols must be between 1 and 4096", "cols");
-  if (rows < 1 || rows > 4096)
-    throw Error(Errc::invalid_argument, "rows must be between 1 and 4096", "rows");
+  check_range(cols, limits::kPtyCells, "cols");
+  check_range(rows, limits::kPtyCells, "rows");
 }
 
 void validate_exec(const ExecRequest& r) {
@@ -113,9 +111,10 @@ void validate_exec(const ExecRequest& r) {
   if (!r.cwd.empty()) validate_guest_path(r.cwd, "cwd");
   if (r.user.size() > 64 || r.user.find('\0') != std::string::npos)
     throw Error(Errc::invalid_argument, "user must be a name or uid of at most 64 bytes", "user");
-  if (!(r.timeout_s >= 0) || r.timeout_s > kMaxTimeoutS)
+  if (!(r.timeout_s >= limits::kExecTimeoutS.min) || r.timeout_s > limits::kExecTimeoutS.max)
     throw Error(Errc::invalid_argument,
-                "timeout must be between 0 (none) and " + std::to_string(kMaxTimeoutS) + " seconds",
+                "timeout must be between 0 (none) and " +
+                    std::to_string(limits::kExecTimeoutS.max) + " seconds",
                 "timeout");
 }
 

@@ -10,21 +10,19 @@
 #include <cstdint>
 #include <string>
 
+#include "engine/api/limits.h"
 #include "engine/engine.h"
 
 namespace airlock::engine {
 
-// Limits (also the documentation of the API's bounds).
-inline constexpr int kMaxCpus = 16;
-inline constexpr int kMinMemoryMb = 64, kMaxMemoryMb = 65536;
-inline constexpr int kMaxDiskMb = 1048576;
-inline constexpr int kMaxTimeoutS = 604800;  // one week
-inline constexpr size_t kMaxMapEntries = 128;
-inline constexpr size_t kMaxKeyBytes = 256;
-inline constexpr size_t kMaxEnvValueBytes = 32 * 1024;
-inline constexpr size_t kMaxMetadataValueBytes = 1024;
-inline constexpr size_t kMaxArgvBytes = 256 * 1024;  // argv + env of one exec
-inline constexpr size_t kMaxPathBytes = 4096;
+// The bounds themselves are one table, api/limits.h; these names stay for
+// the code that checks them.
+using limits::kMaxArgvBytes;
+using limits::kMaxEnvValueBytes;
+using limits::kMaxKeyBytes;
+using limits::kMaxMapEntries;
+using limits::kMaxMetadataValueBytes;
+using limits::kMaxPathBytes;
 
 void validate_spec(const SandboxSpec& spec);
 // The smallest disk_mb that holds an image whose rootfs has `rootfs_bytes`.

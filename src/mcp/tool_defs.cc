@@ -1,5 +1,7 @@
 #include "mcp/tool_defs.h"
 
+#include "engine/api/limits.h"
+
 namespace airlock::mcp {
 
 using nlohmann::json;
@@ -14,6 +16,15 @@ json string_map(const std::string& description) {
   return {{"type", "object"},
           {"description", description},
           {"additionalProperties", {{"type", "string"}}}};
+}
+
+namespace L = engine::limits;
+
+// A number bounded as the API's limits table says (engine/api/limits.h).
+json bounded(const char* type, L::Range r, const std::string& description = {}) {
+  json j = {{"type", type}, {"minimum", r.min}, {"maximum", r.max}};
+  if (!description.empty()) j["description"] = description;
+  return j;
 }
 
 json sandbox_id() {
@@ -80,19 +91,13 @@ json build() {
         "session ends unless `keep` is true, and in any case after `timeout` seconds."},
        {"inputSchema",
         object({{"image", str("guest image: minimal (busybox) or debian; default minimal")},
-                {"cpus", {{"type", "integer"}, {"minimum", 1}, {"maximum", 16}}},
-                {"memory_mb", {{"type", "integer"}, {"minimum", 64}, {"maximum", 65536}}},
-                {"disk_mb", {{"type", "integer"}, {"minimum", 1}, {"maximum", 1048576}}},
-                {"timeout",
-                 {{"type", "integer"},
-                  {"minimum", 1},
-                  {"maximum", 604800},
-                  {"description", "seconds of life before the host destroys it (default 600)"}}},
-                {"idle_timeout",
-                 {{"type", "integer"},
-                  {"minimum", 0},
-                  {"maximum", 604800},
-                  {"description", "destroy it after this many idle seconds (0 = never)"}}},
+                {"cpus", bounded("integer", L::kCpus)},
+                {"memory_mb", bounded("integer", L::kMemoryMb)},
+                {"disk_mb", bounded("integer", L::kDiskMb)},
+                {"timeout", bounded("integer", L::kTimeoutS,
+                                    "seconds of life before the host destroys it (default 600)")},
+                {"idle_timeout", bounded("integer", L::kIdleTimeoutS,
+                                         "destroy it after this many idle seconds (0 = never)")},
                 {"env", string_map("default environment of every command")},
                 {"metadata", string_map("free-form labels (sandbox_list filters on them)")},
                 {"network", network_policy()},
@@ -115,30 +120,28 @@ json build() {
         "(a shell string run with /bin/sh -c), not both. Returns the exit code, why it ended, "
         "stdout and stderr (UTF-8, invalid bytes replaced) and whether output was truncated."},
        {"inputSchema",
-        object({{"sandbox_id", sandbox_id()},
-                {"argv",
-                 {{"type", "array"},
-                  {"minItems", 1},
-                  {"items", {{"type", "string"}}},
-                  {"description", "program and arguments, e.g. [\"ls\", \"-l\", \"/\"]"}}},
-                {"command", str("shell command line, run with /bin/sh -c")},
-                {"cwd", str("working directory (default /)")},
-                {"env", string_map("extra environment variables")},
-                {"user", str("user name or numeric uid (default root)")},
-                {"stdin", str("text fed to the command's stdin, then EOF")},
-                {"timeout",
-                 {{"type", "number"},
-                  {"minimum", 0},
-                  {"maximum", 604800},
-                  {"description", "seconds before the command is killed (default 300; 0 = none)"}}},
-                {"max_output_bytes",
-                 {{"type", "integer"},
-                  {"minimum", 0},
-                  {"maximum", kMaxOutputBytes},
-                  {"description",
-                   "bytes kept per stream (default 262144); the rest is dropped "
-                   "and counted"}}}},
-               {"sandbox_id"})},
+        object(
+            {{"sandbox_id", sandbox_id()},
+             {"argv",
+              {{"type", "array"},
+               {"minItems", 1},
+               {"items", {{"type", "string"}}},
+               {"description", "program and arguments, e.g. [\"ls\", \"-l\", \"/\"]"}}},
+             {"command", str("shell command line, run with /bin/sh -c")},
+             {"cwd", str("working directory (default /)")},
+             {"env", string_map("extra environment variables")},
+             {"user", str("user name or numeric uid (default root)")},
+             {"stdin", str("text fed to the command's stdin, then EOF")},
+             {"timeout", bounded("number", L::kExecTimeoutS,
+                                 "seconds before the command is killed (default 300; 0 = none)")},
+             {"max_output_bytes",
+              {{"type", "integer"},
+               {"minimum", 0},
+               {"maximum", kMaxOutputBytes},
+               {"description",
+                "bytes kept per stream (default 262144); the rest is dropped "
+                "and counted"}}}},
+            {"sandbox_id"})},
        {"outputSchema",
         out({{"exit_code", {{"type", {"integer", "null"}}}},
              {"signal", {{"type", {"integer", "null"}}}},

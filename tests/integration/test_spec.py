@@ -370,6 +370,85 @@ class SpecStatusesTest(DaemonTestCase):
         # name reaches the image rule, before the upload is stored.)
         refused("POST", "/v1/images/Foo_x/import", b"not a tar", "name")
 
+    def test_every_door_states_the_limits_table(self):
+        # One table (src/engine/api/limits.h), shown by GET /v1/info; the
+        # spec and the MCP tools' schemas must state exactly its bounds.
+        limits = self.api.call("GET", "/v1/info")["limits"]
+
+        def bounds(schema):
+            schema = openapi_check.resolve(schema)
+            return {"min": schema.get("minimum"), "max": schema.get("maximum")}
+
+        def body_props(operation_id):
+            op = next(o for _, _, o in openapi_check.operations() if o["operationId"] == operation_id)
+            schema = openapi_check.resolve(op["requestBody"]["content"]["application/json"]["schema"])
+            return schema["properties"]
+
+        spec_props = openapi_check.component("SandboxSpec")["properties"]
+        pool_props = body_props("setPool")
+        exec_props = openapi_check.component("ExecRequest")["properties"]
+        stated = {
+            "SandboxSpec.cpus": (spec_props["cpus"], "cpus"),
+            "SandboxSpec.memory_mb": (spec_props["memory_mb"], "memory_mb"),
+            "SandboxSpec.disk_mb": (spec_props["disk_mb"], "disk_mb"),
+            "SandboxSpec.timeout": (spec_props["timeout"], "timeout"),
+            "SandboxSpec.idle_timeout": (spec_props["idle_timeout"], "idle_timeout"),
+            "setPool.size": (pool_props["size"], "pool_size"),
+            "setPool.cpus": (pool_props["cpus"], "cpus"),
+            "setPool.memory_mb": (pool_props["memory_mb"], "memory_mb"),
+            "setPool.disk_mb": (pool_props["disk_mb"], "disk_mb"),
+            "setTimeout.timeout": (body_props("setTimeout")["timeout"], "timeout"),
+            "ExecRequest.timeout": (exec_props["timeout"], "exec_timeout"),
+            "ExecRequest.limits.pids": (exec_props["limits"]["properties"]["pids"], "exec_pids"),
+            "ExecRequest.limits.memory_mb": (exec_props["limits"]["properties"]["memory_mb"],
+                                             "exec_memory_mb"),
+        }
+        for where, (schema, name) in stated.items():
+            self.assertEqual(bounds(schema), limits[name], f"api/openapi.yaml {where}")
+        # A terminal's size, wherever the spec states one.
+        def sizes(node, path):
+            if isinstance(node, dict):
+                for k, v in node.items():
+                    if k in ("cols", "rows") and isinstance(v, dict) and "maximum" in v:
+                        yield f"{path}.{k}", v
+                    else:
+                        yield from sizes(v, f"{path}.{k}")
+            elif isinstance(node, list):
+                for i, v in enumerate(node):
+                    yield from sizes(v, f"{path}[{i}]")
+        found = list(sizes(openapi_check.spec(), ""))
+        self.assertGreaterEqual(len(found), 3)
+        for where, schema in found:
+            self.assertEqual(bounds(schema), limits["pty_cells"], f"api/openapi.yaml {where}")
+
+        # The MCP server's tools, as `airlock mcp` lists them.
+        env = dict(os.environ, AIRLOCK_SOCKET=self.sock)
+        msgs = [{"jsonrpc": "2.0", "id": 1, "method": "initialize",
+                 "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                            "clientInfo": {"name": "limits-check", "version": "1"}}},
+                {"jsonrpc": "2.0", "method": "notifications/initialized"},
+                {"jsonrpc": "2.0", "id": 2, "method": "tools/list"}]
+        r = subprocess.run([os.path.join(harness.BIN, "airlock"), "--socket", self.sock, "mcp"],
+                           input="".join(json.dumps(m) + "\n" for m in msgs), env=env,
+                           capture_output=True, text=True, timeout=60)
+        replies = [json.loads(l) for l in r.stdout.splitlines() if l.strip()]
+        tools = {t["name"]: t for t in next(m for m in replies if m.get("id") == 2)["result"]["tools"]}
+        create = tools["sandbox_create"]["inputSchema"]["properties"]
+        for name in ("cpus", "memory_mb", "disk_mb", "timeout", "idle_timeout"):
+            self.assertEqual(bounds(create[name]), limits[name], f"MCP sandbox_create.{name}")
+        self.assertEqual(bounds(tools["sandbox_exec"]["inputSchema"]["properties"]["timeout"]),
+                         limits["exec_timeout"], "MCP sandbox_exec.timeout")
+
+        # And validation refuses just past each bound, naming the table's numbers.
+        for field, value in (("cpus", limits["cpus"]["max"] + 1),
+                             ("memory_mb", limits["memory_mb"]["min"] - 1),
+                             ("timeout", limits["timeout"]["max"] + 1)):
+            with self.assertRaises(ApiError) as cm:
+                self.api.create(**{field: value})
+            self.assertEqual((cm.exception.status, cm.exception.field), (400, field))
+            self.assertIn(f"between {limits[field]['min']} and {limits[field]['max']}",
+                          cm.exception.message)
+
     def test_pool_reads_back_what_was_set(self):
         def shapes(slots):
             return [(s["image"], s["shape"]["network"], s["target"], s["learned"]) for s in slots]

@@ -251,7 +251,7 @@ class LifecycleTests:
         with self.assertRaises(InvalidArgument) as cm:
             Sandbox.create(image=IMAGE, memory_mb=1, client=self.client)
         self.assertEqual(cm.exception.field, "memory_mb")
-        self.assertIn("at least 64", cm.exception.message)
+        self.assertIn("between 64 and", cm.exception.message)
         with self.assertRaises(InvalidArgument) as cm:
             Sandbox.create(image=IMAGE, network={"mode": "allowlist", "allow": [5]},
                            client=self.client)
