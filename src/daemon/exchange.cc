@@ -73,6 +73,11 @@ std::optional<std::string> Exchange::read_body_bytes(size_t max, bool some) {
   return out;
 }
 
+void Exchange::discard_body() {
+  while (read_chunk(1 << 20)) {
+  }
+}
+
 std::string Exchange::read_body(uint64_t limit) {
   if (auto len = parser_.content_length(); len && *len > limit) {
     close_ = true;  // the unread body makes the connection unusable

@@ -37,6 +37,10 @@ class Exchange {
 
   // Whole body as a string; Error(payload_too_large) above `limit`.
   std::string read_body(uint64_t limit);
+  // Reads the rest of the body and drops it (the server caps uploads at
+  // kMaxUploadBody), so a refused upload's client reads the answer rather
+  // than a broken pipe.
+  void discard_body();
   // Next piece of the body (up to `max` bytes, fewer only at the end);
   // std::nullopt once the body is complete.
   std::optional<std::string> read_chunk(size_t max);

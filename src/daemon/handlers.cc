@@ -308,6 +308,28 @@ void dispatch(engine::Engine& engine, Exchange& ex, const Caller& caller) {
   }
   if (!m.id.empty()) check_id(m.id, "id");
   if (!m.exec_id.empty()) check_id(m.exec_id, "exec_id");
+  // Who may call it, from the route table, before anything is read.
+  if (!caller.who.is_operator()) switch (m.access) {
+      case Access::operator_only:
+        // The host's own business: a tenant sees these routes as absent.
+        // An upload is read first, so its client gets the answer rather
+        // than a broken pipe.
+        ex.discard_body();
+        ex.send_error(404, "not_found",
+                      "no route for " + std::string(ex.method()) + " " + std::string(ex.path()));
+        return;
+      case Access::own_sandbox:
+        // Another tenant's sandbox is answered exactly like one that does
+        // not exist (404).
+        visible_sandbox(engine, caller.who, m.id);
+        break;
+      case Access::own_snapshot:
+        visible_snapshot(engine, caller.who, m.id);
+        break;
+      case Access::anyone:
+      case Access::tenant:
+        break;
+    }
   switch (m.route) {
     case Route::create_token:
     case Route::list_tokens:
@@ -322,25 +344,10 @@ void dispatch(engine::Engine& engine, Exchange& ex, const Caller& caller) {
     case Route::import_image:
     case Route::disk_usage:
     case Route::prune:
-      handle_image_route(engine, ex, caller, m);
+      handle_image_route(engine, ex, m);
       return;
-    case Route::get_pool:
-    case Route::set_pool:
-    case Route::metrics:
-    case Route::build_image:
-      // The host's own business: a tenant sees these routes as absent.
-      if (!caller.who.is_operator()) {
-        ex.send_error(404, "not_found",
-                      "no route for " + std::string(ex.method()) + " " + std::string(ex.path()));
-        return;
-      }
-      break;
     default:
-      // Every route with a sandbox id: another tenant's sandbox is answered
-      // exactly like one that does not exist (404), before anything is read
-      // (a snapshot's name is checked alike by handle_snapshot_route).
-      if (!m.id.empty() && !caller.who.is_operator() && !names_a_snapshot(m.route))
-        visible_sandbox(engine, caller.who, m.id);
+      break;
   }
   if (is_snapshot_route(m.route)) {
     handle_snapshot_route(engine, ex, m, caller);

@@ -37,14 +37,13 @@ void answer_errors(Exchange& ex, const std::function<void()>& fn);
 // airlock::Error becomes its HTTP status, other exceptions 500.
 void handle(engine::Engine& engine, Exchange& ex, const Caller& caller);
 
-// The token and tenant routes (handlers_auth.cc): operator only; anyone
-// else gets the 404 of an unknown route.
+// The token and tenant routes (handlers_auth.cc). Operator only: dispatch
+// answers anyone else from the route table (Access) before calling.
 void handle_auth_route(engine::Engine& engine, Exchange& ex, const Caller& caller,
                        const RouteMatch& m);
 
 // The image routes (handlers_images.cc): operator only, like the above.
-void handle_image_route(engine::Engine& engine, Exchange& ex, const Caller& caller,
-                        const RouteMatch& m);
+void handle_image_route(engine::Engine& engine, Exchange& ex, const RouteMatch& m);
 
 // The journal and disk-diff routes (handlers_journal.cc): journal_verify,
 // events, changes. `query` is the request's parsed query string.
@@ -59,8 +58,6 @@ void handle_attach_exec(engine::Engine& engine, Exchange& ex, const std::string&
 // Pause, resume, snapshots, fork (handlers_snapshots.cc).
 enum class Route;
 bool is_snapshot_route(Route route);
-// The snapshot routes whose {id} is a snapshot's name, not a sandbox's.
-bool names_a_snapshot(Route route);
 // A tenant sees its own snapshots only (daemon/tenancy.h): another
 // tenant's name is answered like one that does not exist; its resumes and
 // forks hold its quota like creates.

@@ -25,18 +25,11 @@ void expect_no_body(Exchange& ex) {
     throw Error(Errc::invalid_argument, "this request takes no body", "body");
 }
 
-// Reads the whole body and drops it (the server caps uploads at
-// kMaxUploadBody).
-void drain(Exchange& ex) {
-  while (ex.read_chunk(1 << 20)) {
-  }
-}
-
 // Streams the upload into `file` (never held in memory).
 uint64_t receive_to_file(Exchange& ex, const fs::path& file) {
   int fd = ::open(file.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
   if (fd < 0) {
-    drain(ex);
+    ex.discard_body();
     throw_errno("create " + file.string());
   }
   uint64_t total = 0;
@@ -58,14 +51,8 @@ uint64_t receive_to_file(Exchange& ex, const fs::path& file) {
 
 }  // namespace
 
-void handle_image_route(engine::Engine& engine, Exchange& ex, const Caller& c,
-                        const RouteMatch& m) {
-  if (!c.who.is_operator()) {
-    drain(ex);
-    ex.send_error(404, "not_found",
-                  "no route for " + std::string(ex.method()) + " " + std::string(ex.path()));
-    return;
-  }
+// Operator only (the route table says so; dispatch checked).
+void handle_image_route(engine::Engine& engine, Exchange& ex, const RouteMatch& m) {
   Query q = parse_query(ex.query());
   switch (m.route) {
     case Route::list_images:
@@ -88,14 +75,14 @@ void handle_image_route(engine::Engine& engine, Exchange& ex, const Caller& c,
       // A name the store could never hold is refused before the upload
       // costs any disk.
       if (!storage::is_image_name(m.id)) {
-        drain(ex);
+        ex.discard_body();
         storage::check_image_name(m.id, "name");
       }
       fs::path dir = engine.images().dir();
       fs::create_directories(dir);
       std::string tmpl = (dir / ".tmp-import-upload-XXXXXX").string();
       if (!::mkdtemp(tmpl.data())) {
-        drain(ex);
+        ex.discard_body();
         throw_errno("mkdtemp in " + dir.string());
       }
       fs::path tmp = tmpl;

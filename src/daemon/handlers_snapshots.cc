@@ -35,16 +35,9 @@ bool is_snapshot_route(Route r) {
          r == Route::fork || r == Route::save_snapshot_image;
 }
 
-bool names_a_snapshot(Route r) {
-  return r == Route::get_snapshot || r == Route::delete_snapshot || r == Route::save_snapshot_image;
-}
-
 void handle_snapshot_route(engine::Engine& engine, Exchange& ex, const RouteMatch& m,
                            const Caller& caller) {
   const Principal& who = caller.who;
-  // Before anything is read: another tenant's snapshot is a 404 like a
-  // name that does not exist.
-  if (names_a_snapshot(m.route) && !who.is_operator()) visible_snapshot(engine, who, m.id);
   Query q = parse_query(ex.query());
   check_query_keys(q, {});
   switch (m.route) {

@@ -1,5 +1,5 @@
-// The route table of airlockd's HTTP API: (method, path template) -> Route.
-// Matching only; the handlers live in server.cc. The table is also the list
+// The route table of airlockd's HTTP API: (method, path template) -> Route
+// and who may call it. Matching only; the handlers live in handlers*.cc. The table is also the list
 // the OpenAPI test checks against api/openapi.yaml, so spec and code cannot
 // drift apart.
 //
@@ -73,13 +73,26 @@ enum class Route {
   disk_usage,     // GET /v1/df
   prune,          // POST /v1/prune
   sandbox_stats,  // GET /v1/sandboxes/{id}/stats
-  build_image,   // operator only: an image from a recipe, NDJSON progress (handlers_recipes.cc)
+  build_image,    // operator only: an image from a recipe, NDJSON progress (handlers_recipes.cc)
 };
+
+// Who may call a route: decided once, from the table, before its handler
+// reads anything (handlers.cc dispatch). api/openapi.yaml states the same
+// per operation as x-airlock-access (test_spec checks).
+enum class Access {
+  anyone,         // no credential needed (probes); what it says discloses nothing
+  operator_only,  // the unix socket's caller; to a tenant the route does not exist (404)
+  tenant,         // any authenticated caller; the handler scopes what it shows
+  own_sandbox,    // {id} is a sandbox: another tenant's is answered like a missing one
+  own_snapshot,   // {id} is a snapshot's name: likewise
+};
+const char* to_string(Access a);
 
 struct RouteSpec {
   const char* method;  // "GET", "POST", "PUT", "PATCH", "DELETE"
   const char* path;    // OpenAPI-style template: "/v1/sandboxes/{id}/exec/{exec_id}"
   Route route;
+  Access access;
 };
 
 // Every route airlockd serves.
@@ -94,6 +107,7 @@ enum class RouteStatus { ok, not_found, method_not_allowed };
 struct RouteMatch {
   RouteStatus status = RouteStatus::not_found;
   Route route = Route::info;
+  Access access = Access::operator_only;
   std::string id;         // {id}, if the template has one
   std::string exec_id;    // {exec_id}, if the template has one
   std::string host_port;  // {host_port}, if the template has one (not yet checked)

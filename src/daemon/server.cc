@@ -528,9 +528,10 @@ bool Server::Impl::claim(Exchange& ex, ConnSlot& slot, const Principal& who) {
 
 // Probes answer without a credential over TCP: a load balancer has none.
 // What they say to such a caller discloses nothing (handlers.cc, readyz).
+// The route table says which (Access::anyone).
 static bool probe(const Exchange& ex) {
-  if (ex.method() != "GET") return false;
-  return ex.path() == "/healthz" || ex.path() == "/readyz";
+  RouteMatch m = match_route(ex.method(), ex.path());
+  return m.status == RouteStatus::ok && m.access == Access::anyone;
 }
 
 bool Server::Impl::authenticate(Exchange& ex, const Stream& conn, bool extension, Principal& who) {

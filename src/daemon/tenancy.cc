@@ -154,6 +154,7 @@ nlohmann::json tenant_info(engine::Engine& engine, const Principal& who,
   nlohmann::json out = nlohmann::json::object();
   for (const char* k : {"version", "accelerator", "accelerator_reason", "recipes", "limits"})
     if (full.contains(k)) out[k] = full[k];
+  if (out.contains("limits")) out["limits"].erase("pool_size");  // the pool is the host's business
   out["images"] = nlohmann::json::array();
   for (const auto& img : engine.list_images()) {
     if (!who.can_see(img.value("tenant", "")) && !img.value("tenant", "").empty()) continue;

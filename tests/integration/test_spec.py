@@ -34,13 +34,19 @@ from harness import ROOT, ApiError, DaemonTestCase, NetnsDaemonTestCase, UnixHTT
 PENDING = set()
 PENDING_EXAMPLES = set()
 
-ROUTE_LINE = re.compile(r'\{"(GET|PUT|POST|DELETE|PATCH)", "(/[^"]*)", Route::\w+\}')
+ROUTE_LINE = re.compile(r'\{"(GET|PUT|POST|DELETE|PATCH)", "(/[^"]*)", Route::\w+, Access::(\w+)\}')
+
+
+def router_access():
+    """{(METHOD, template): access} of src/daemon/router.cc's route table, named as
+    the spec's x-airlock-access names them."""
+    with open(os.path.join(ROOT, "src", "daemon", "router.cc")) as f:
+        return {(m, t): {"operator_only": "operator"}.get(a, a) for m, t, a in ROUTE_LINE.findall(f.read())}
 
 
 def router_routes():
     """(METHOD, template) of every entry in src/daemon/router.cc's route table."""
-    with open(os.path.join(ROOT, "src", "daemon", "router.cc")) as f:
-        return set(ROUTE_LINE.findall(f.read()))
+    return set(router_access())
 
 
 def spec_routes():
@@ -120,6 +126,12 @@ class SpecRoutesTest(DaemonTestCase):
         for route in sorted(PENDING & served):
             self.fail(f"{route} is served now: delete it from PENDING in test_spec.py and openapi_test.cc")
         self.assertEqual(sorted(documented - served - PENDING), [], "documented but not served")
+
+    def test_who_may_call_is_the_spec(self):
+        table = router_access()
+        for method, template, op in openapi_check.operations():
+            self.assertEqual(op.get("x-airlock-access"), table.get((method, template)),
+                             f"{method} {template}: x-airlock-access vs the route table")
 
     def allowed(self, template):
         """The methods the running daemon serves on `template`: OPTIONS is

@@ -196,8 +196,21 @@ class TenantAttackTest(TcpDaemonTestCase):
             c = self.tenant("viewer")
             info = c.call("GET", "/v1/info")
             text = str(info)
-            for leak in ["data_dir", "templates", "pool", "pid", "connections",
-                         self.data_dir, self.tmp] + members:
+
+            def keys(node):
+                if isinstance(node, dict):
+                    for k, v in node.items():
+                        yield k
+                        yield from keys(v)
+                elif isinstance(node, list):
+                    for v in node:
+                        yield from keys(v)
+            # No field of the host's (the pool, its bounds, the daemon's pid...),
+            # and no host path or pool member id anywhere in the text.
+            for key in keys(info):
+                self.assertNotIn(key, {"data_dir", "templates", "pool", "pool_size", "pool_learn",
+                                       "pid", "connections"}, key)
+            for leak in [self.data_dir, self.tmp] + members:
                 self.assertNotIn(leak, text, leak)
             self.assertEqual(info["version"], op_info["version"])
             self.assertIn("minimal", [i["name"] for i in info["images"]])
