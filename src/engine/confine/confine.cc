@@ -5,13 +5,13 @@
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
-#include <sys/xattr.h>
 #include <unistd.h>
 
 #include <cstring>
 #include <functional>
 
 #include "common/error.h"
+#include "engine/confine/acl.h"
 #include "engine/vmm/jail_ids.h"
 
 namespace airlock::engine::confine {
@@ -202,41 +202,12 @@ Scratch::Scratch(const fs::path& parent) {
 }
 
 Scratch::~Scratch() {
-  // The ACL entry goes and the file's mode is what it was (an ACL's mask
-  // had replaced its group bits).
-  for (auto& g : grants_) {
-    ::fremovexattr(g.fd.fd, "system.posix_acl_access");
-    ::fchmod(g.fd.fd, g.mode);
-  }
+  for (auto& g : grants_) revoke_user(g.fd.fd, static_cast<uint32_t>(uid_));
   std::error_code ec;
   if (uid_ >= 0) reclaim();
   fs::remove_all(dir_, ec);
   if (uid_ >= 0) vmm::release_jail_leases(dir_);
 }
-
-namespace {
-
-// An access ACL of the file's mode plus `perm` for `uid` (the kernel's
-// posix_acl_xattr layout: a version, then {tag, perm, id} sorted by tag).
-std::string acl_with_user(mode_t mode, uint32_t uid, uint16_t perm) {
-  struct Entry {
-    uint16_t tag, perm;
-    uint32_t id;
-  };
-  const uint32_t kNone = ~0u;
-  Entry e[] = {{0x01, static_cast<uint16_t>((mode >> 6) & 7), kNone},           // USER_OBJ
-               {0x02, perm, uid},                                               // USER
-               {0x04, static_cast<uint16_t>((mode >> 3) & 7), kNone},           // GROUP_OBJ
-               {0x10, static_cast<uint16_t>(((mode >> 3) & 7) | perm), kNone},  // MASK
-               {0x20, static_cast<uint16_t>(mode & 7), kNone}};                 // OTHER
-  std::string out(4, '\0');
-  uint32_t version = 2;
-  std::memcpy(out.data(), &version, 4);
-  out.append(reinterpret_cast<const char*>(e), sizeof e);
-  return out;
-}
-
-}  // namespace
 
 std::string Scratch::give(const fs::path& file, bool writable) {
   UniqueFd fd(::open(file.c_str(), (writable ? O_RDWR : O_RDONLY) | O_NOFOLLOW | O_CLOEXEC));
@@ -250,17 +221,10 @@ std::string Scratch::give(const fs::path& file, bool writable) {
   bool usable = granted || uid_ < 0 || st.st_uid == static_cast<uid_t>(uid_) ||
                 (!writable && (st.st_mode & 0004));
   if (!usable) {
-    char probe[4];
-    if (::fgetxattr(fd.fd, "system.posix_acl_access", probe, 0) > 0)
-      throw Error(Errc::unavailable,
-                  file.string() + " already has an ACL: not widened for a confined tool");
-    UniqueFd keep(::dup(fd.fd));
-    std::string acl =
-        acl_with_user(st.st_mode & 07777, static_cast<uint32_t>(uid_), writable ? 6 : 4);
-    if (::fsetxattr(keep.fd, "system.posix_acl_access", acl.data(), acl.size(), 0) != 0)
-      throw_errno("grant the confined uid access to " + file.string());
-    ::fcntl(keep.fd, F_SETFD, FD_CLOEXEC);
-    grants_.push_back({std::move(keep), st.st_mode & 07777, st.st_dev, st.st_ino});
+    UniqueFd keep(::fcntl(fd.fd, F_DUPFD_CLOEXEC, 3));
+    if (keep.fd < 0) throw_errno("dup " + file.string());
+    grant_user(keep.fd, static_cast<uint32_t>(uid_), writable ? 6 : 4, file.c_str());
+    grants_.push_back({std::move(keep), st.st_dev, st.st_ino});
   }
   fds_.push_back(std::move(fd));
   return fd_name(2 + static_cast<int>(fds_.size()));

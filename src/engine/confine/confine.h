@@ -122,7 +122,6 @@ class Scratch {
  private:
   struct Grant {
     UniqueFd fd;
-    mode_t mode;
     dev_t dev;
     ino_t ino;
   };

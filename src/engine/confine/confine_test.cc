@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <memory>
 #include <sstream>
 #include <thread>
 
@@ -92,6 +93,25 @@ TEST_F(ConfineTest, AGivenFileIsReadableAndTheGrantIsUndoneAfter) {
   EXPECT_EQ(st.st_mode & 07777, 0600u);
   EXPECT_LT(::getxattr(secret.c_str(), "system.posix_acl_access", nullptr, 0), 0)
       << "the ACL entry outlived the Scratch";
+}
+
+TEST_F(ConfineTest, TwoJobsOnOneFileEachKeepAccessUntilTheirOwnEnd) {
+  // Two `changes` over clones of one template share its disk.
+  fs::path secret = root_only("hunter2");
+  auto first = std::make_unique<Scratch>(dir_);
+  std::string a = first->give(secret);
+  {
+    Scratch second(dir_);
+    std::string b = second.give(secret);
+    EXPECT_EQ(exec(second, {"cat", b}).out, "hunter2");
+    first.reset();  // the first job ends while the second still runs
+    EXPECT_EQ(exec(second, {"cat", b}).out, "hunter2")
+        << "the first job's end took the second's access";
+  }
+  struct stat st {};
+  ASSERT_EQ(::stat(secret.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0600u);
+  EXPECT_LT(::getxattr(secret.c_str(), "system.posix_acl_access", nullptr, 0), 0);
 }
 
 TEST_F(ConfineTest, ToolSeesNoDescriptorButTheGivenOnes) {
