@@ -163,7 +163,7 @@ Result run(const Spec& spec) {
   // the group id cannot be reused), the whole group goes: a tool's
   // children die with it, also on success.
   siginfo_t info{};
-  while (!r.timed_out) {
+  while (!r.timed_out && !r.out_truncated) {  // over its bound: no need to wait
     info.si_pid = 0;
     if (::waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOHANG | WNOWAIT) == 0 &&
         info.si_pid == pid)

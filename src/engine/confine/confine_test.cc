@@ -177,6 +177,19 @@ TEST_F(ConfineTest, ToolHitsItsMemoryLimitWithAnErrorNamingIt) {
   }
 }
 
+TEST_F(ConfineTest, OutputOverItsBoundIsAFailureNotAPrefix) {
+  Scratch s(dir_);
+  Limits lim;
+  lim.max_output = 4096;
+  auto t0 = std::chrono::steady_clock::now();
+  auto r = exec(s, {"yes"}, lim);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 10s);  // killed, not waited for
+  EXPECT_TRUE(r.out_truncated);
+  EXPECT_FALSE(r.ok());
+  EXPECT_NE(r.describe().find("yes sent more output than its bound"), std::string::npos)
+      << r.describe();
+}
+
 TEST_F(ConfineTest, ToolCannotExecuteAgain) {
   Scratch s(dir_);
   auto r = exec(s, {"sh", "-c", "/bin/true && echo ran || echo refused"});
