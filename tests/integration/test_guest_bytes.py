@@ -250,6 +250,11 @@ class ConfinedParsers(DaemonTestCase):
         self.assertConfined(seen, "walker", [0, 1, 2, 3, 4])
         self.assertConfined(seen, "qemu-img", None)
         self.assertConfined(seen, "diff", None)  # it opens its two inputs itself
+        # The helper's read access to the running disk (0600, QEMU's uid) and
+        # to the files under it was for the job only.
+        for layer in [os.path.join(self.data_dir, "sandboxes", sid, "disk.qcow2")] + glob.glob(
+                os.path.join(self.data_dir, "templates", "*", "disk.qcow2")):
+            self.assertNotIn("system.posix_acl_access", os.listxattr(layer), layer)
         self.api.delete(sid)
 
     def test_b_image_save_runs_qemu_img_and_e2fsck_confined(self):
