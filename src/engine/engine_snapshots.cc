@@ -18,6 +18,7 @@
 #include "common/error.h"
 #include "common/phases.h"
 #include "common/subprocess.h"
+#include "engine/confine/confine.h"
 #include "engine/engine_impl.h"
 #include "engine/storage/disk_chain.h"
 #include "engine/types_json.h"
@@ -282,13 +283,19 @@ snapshots::Snapshot Engine::Impl::take_snapshot(Live& sb, const std::string& nam
       std::error_code ec;
       fs::create_hard_link(chain[1].path, base, ec);
       if (ec) copy_or_throw(chain[1].path, base);
-      SubprocessOptions o;
-      o.timeout = std::chrono::seconds(60);
-      auto r = run_command({"qemu-img", "rebase", "-u", "-f", "qcow2", "-F", "qcow2", "-b",
-                            "base.qcow2", (st.dir / "layer.qcow2").string()},
-                           o);
+      // The layer's header is the sandbox QEMU's writing: qemu-img parses
+      // it confined (-u: the new backing name is written, never opened).
+      confine::Scratch scratch(st.dir);
+      std::string layer = scratch.give(st.dir / "layer.qcow2", true);
+      confine::Limits lim;
+      lim.timeout = std::chrono::seconds(60);
+      lim.file_bytes = 1 << 20;  // a header rewrite; the layer does not grow
+      auto r = confine::run(scratch.exec(
+          {"qemu-img", "rebase", "-u", "-f", "qcow2", "-F", "qcow2", "-b", "base.qcow2", layer},
+          "qemu-img", lim));
       if (!r.ok())
-        throw Error(Errc::internal, "qemu-img rebase of the snapshot layer failed: " + r.err);
+        throw Error(Errc::internal,
+                    "qemu-img rebase of the snapshot layer failed: " + r.describe());
     }
   } catch (...) {
     back();
@@ -414,16 +421,22 @@ nlohmann::json Engine::save_snapshot_image(const std::string& snapshot, const st
     std::error_code e;
     fs::remove_all(tmp, e);
   });
-  fs::path rootfs = tmp / "rootfs.ext4";
+  // qemu-img and e2fsck parse what the sandbox's QEMU and guest wrote: both
+  // run confined (confine.h), writing only into a scratch directory of
+  // their own uid, given the chain's files as descriptors.
+  confine::Scratch scratch(tmp);
+  fs::path rootfs = scratch.dir() / "rootfs.ext4";
   uint64_t virtual_size = chain[0].virtual_size;
   if (free_bytes(tmp) < virtual_size / 4)
     rethrow_if_disk_full(tmp, rootfs.string(), virtual_size / 4);
-  SubprocessOptions o;
-  o.timeout = std::chrono::minutes(10);
+  confine::Limits lim;
+  lim.timeout = std::chrono::minutes(10);
+  lim.file_bytes = std::max<uint64_t>(virtual_size, 1) + (1 << 20);
   // Sparse raw output: only the blocks the filesystem uses take space.
-  auto r = run_command(
-      {"qemu-img", "convert", "-O", "raw", "-S", "4k", storage::image_opts(chain), rootfs.string()},
-      o);
+  std::string source = scratch.give_image_opts(storage::image_opts(chain));
+  std::string out = scratch.give_dir() + "/rootfs.ext4";
+  auto r = confine::run(
+      scratch.exec({"qemu-img", "convert", "-O", "raw", "-S", "4k", source, out}, "qemu-img", lim));
   if (!r.ok()) {
     rethrow_if_disk_full(tmp, rootfs.string(), 0);
     throw Error(Errc::internal,
@@ -432,10 +445,13 @@ nlohmann::json Engine::save_snapshot_image(const std::string& snapshot, const st
   // A disk snapshot of a running guest is crash-consistent: its ext4 may
   // hold a journal to replay, as after a power cut. Preen our own staged
   // copy (what the guest's next mount would do) before install checks it.
-  auto fsck = run_command({"e2fsck", "-fp", rootfs.string()}, o);
-  if (fsck.exit_code != 0 && fsck.exit_code != 1)
+  scratch.forget();
+  auto fsck = confine::run(
+      scratch.exec({"e2fsck", "-fp", scratch.give_dir() + "/rootfs.ext4"}, "e2fsck", lim));
+  if (fsck.timed_out || (fsck.exit_code != 0 && fsck.exit_code != 1))
     throw Error(Errc::internal, "e2fsck -fp of snapshot '" + snapshot +
                                     "' found what it cannot repair: " + fsck.describe());
+  scratch.reclaim();  // root's again before install() opens what the tools left
   // The image is the snapshot owner's: a tenant's snapshot makes an image
   // only that tenant boots; the operator's makes a global one.
   auto img = impl.images.install(name, rootfs, config,

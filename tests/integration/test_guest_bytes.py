@@ -6,7 +6,9 @@ sandbox's disk (or of a snapshot's layer) the way an escaped QEMU could, to
 a host file outside airlock's directories, and check that every host path
 that reads the chain (changes, snapshot, fork, resume, create from a
 snapshot, image save) refuses it with an error naming the disk, instead of
-reading the host file.
+reading the host file. And the host's parsers of those bytes (qemu-img, the
+ext4 diff walker, e2fsck, diff) run in airlock-confine: an unprivileged uid,
+no_new_privs, seccomp and only the descriptors they were given.
 """
 
 import glob
@@ -16,6 +18,8 @@ import os
 import shutil
 import struct
 import subprocess
+import threading
+import time
 import unittest
 
 import harness
@@ -145,6 +149,136 @@ class ForgedBackingFiles(DaemonTestCase):
             self.api.call("POST", "/v1/snapshots/good/image", {"name": "good-img"})
         self.assertIn("good", ctx.exception.body["error"]["message"])
         self.api.call("DELETE", "/v1/snapshots/good")
+
+
+def confined_processes(daemon_pid):
+    """{pid: (status fields, fds, cmdline)} of the processes whose parent is
+    `daemon_pid` and that run airlock-confine or a tool it executed."""
+    out = {}
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        def cmdline():
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                return f.read().split(b"\0")
+        try:
+            # The same program before and after: the status is of that
+            # program, not of the fork that had not yet executed it.
+            cmd = cmdline()
+            with open(f"/proc/{pid}/status") as f:
+                status = dict(line.rstrip("\n").split(":\t", 1) for line in f if ":\t" in line)
+            fds = sorted(int(n) for n in os.listdir(f"/proc/{pid}/fd"))
+            if status.get("PPid") != str(daemon_pid) or cmdline() != cmd:
+                continue
+        except (OSError, ValueError):
+            continue
+        name = os.path.basename(cmd[0].decode(errors="replace"))
+        if name in ("airlock-confine", "qemu-img", "diff", "e2fsck"):
+            out[int(pid)] = (status, fds, cmd)
+    return out
+
+
+class ConfinedParsers(DaemonTestCase):
+    """changes and image save still work end to end, and every parser of the
+    guest's bytes they start runs confined (seen in /proc while it runs)."""
+
+    def watch(self):
+        """Samples the daemon's confined children until stop() is called;
+        keeps the last sample of each (after its lockdown, which comes
+        within a millisecond of its start)."""
+        seen, stop = {}, threading.Event()
+
+        def loop():
+            while not stop.is_set():
+                for pid, (st, fds, cmd) in confined_processes(self.daemon.pid).items():
+                    # Descriptors: every one it ever had (at exit they close one by one).
+                    old = seen.get(pid, (None, [], None))[1]
+                    seen[pid] = (st, sorted(set(old) | set(fds)), cmd)
+                time.sleep(0.001)
+
+        t = threading.Thread(target=loop, daemon=True)
+        t.start()
+
+        def done():
+            stop.set()
+            t.join()
+            return seen
+        return done
+
+    def delete_quietly(self, path):
+        for _ in range(2):
+            try:
+                self.api.call("DELETE", path)
+                return
+            except ApiError as e:
+                if e.status != 409:
+                    return
+                self.api.call("POST", "/v1/prune")  # a template of the image holds it
+
+    def assertConfined(self, seen, tool, fds):
+        procs = [(st, f, cmd) for st, f, cmd in seen.values()
+                 if os.path.basename(cmd[0].decode()) == tool or
+                 (tool == "walker" and b'"mode":"walk"' in b"".join(cmd))]
+        self.assertTrue(procs, f"no confined {tool} process was seen: {list(seen.values())}")
+        for st, f, cmd in procs:
+            uid = int(st["Uid"].split()[0])
+            self.assertGreaterEqual(uid, 2100000000, (tool, st["Uid"]))
+            self.assertEqual(st["Uid"].split(), [str(uid)] * 4)
+            self.assertEqual(st["Gid"].split(), [str(uid)] * 4)
+            self.assertEqual(st["NoNewPrivs"], "1", tool)
+            self.assertEqual(st["Seccomp"], "2", tool)
+            self.assertEqual(st["CapEff"], "0000000000000000", tool)
+            self.assertEqual(st["CapBnd"], "0000000000000000", tool)
+            if fds is not None:
+                self.assertEqual(f, fds, (tool, f))
+
+    def test_a_changes_runs_qemu_img_the_walker_and_diff_confined(self):
+        sid = self.api.create(timeout=600)["id"]
+        # Enough files that the walk lasts long enough to be seen.
+        self.api.exec(sid, cmd="mkdir -p /root/many && cd /root/many && "
+                               "for i in $(seq 1 3000); do echo $i > f$i; done; "
+                               "echo hello > /root/greeting; sync")
+        done = self.watch()
+        diff = self.api.call("GET", f"/v1/sandboxes/{sid}/changes?content=true")
+        seen = done()
+        by_path = {c["path"]: c for c in diff["changes"]}
+        self.assertEqual(by_path["/root/greeting"]["change"], "added")
+        self.assertIn("+hello", by_path["/root/greeting"]["diff"])
+        self.assertEqual(by_path["/root/many/f7"]["change"], "added")
+        # The walker has exactly its two raw views (3, 4), stdin and its two
+        # pipes.
+        self.assertConfined(seen, "walker", [0, 1, 2, 3, 4])
+        self.assertConfined(seen, "qemu-img", None)
+        self.assertConfined(seen, "diff", None)  # it opens its two inputs itself
+        # The helper's read access to the running disk (0600, QEMU's uid) and
+        # to the files under it was for the job only.
+        for layer in [os.path.join(self.data_dir, "sandboxes", sid, "disk.qcow2")] + glob.glob(
+                os.path.join(self.data_dir, "templates", "*", "disk.qcow2")):
+            self.assertNotIn("system.posix_acl_access", os.listxattr(layer), layer)
+        self.api.delete(sid)
+
+    def test_b_image_save_runs_qemu_img_and_e2fsck_confined(self):
+        self.delete_quietly("/v1/images/conf-img")  # a left-over of an interrupted run
+        sid = self.api.create(timeout=600)["id"]
+        self.api.put_file(sid, "/root/saved", b"kept\n")
+        self.api.call("POST", f"/v1/sandboxes/{sid}/snapshots", {"name": "conf-snap"})
+        self.api.delete(sid)
+        self.addCleanup(self.delete_quietly, "/v1/images/conf-img")
+        self.addCleanup(self.delete_quietly, "/v1/snapshots/conf-snap")
+        done = self.watch()
+        saved = self.api.call("POST", "/v1/snapshots/conf-snap/image", {"name": "conf-img"},
+                              timeout=600)
+        seen = done()
+        self.assertEqual(saved["name"], "conf-img")
+        self.assertConfined(seen, "qemu-img", None)
+        self.assertConfined(seen, "e2fsck", None)
+        # No ACL entry for a helper uid outlives the save.
+        layer = os.path.join(self.data_dir, "snapshots", "conf-snap", "layer.qcow2")
+        self.assertNotIn("system.posix_acl_access", os.listxattr(layer))
+        new = self.api.create(image="conf-img", timeout=600)["id"]
+        out, _, _ = self.api.exec(new, cmd="cat /root/saved")
+        self.assertEqual(out, b"kept\n")
+        self.api.delete(new)
 
 
 class HostileImportArchives(DaemonTestCase):

@@ -6,20 +6,22 @@
 // clang-format on
 #include <et/com_err.h>
 #include <fcntl.h>
-#include <signal.h>
-#include <sys/resource.h>
-#include <sys/wait.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <map>
+#include <memory>
 #include <set>
 #include <vector>
 
 #include "common/error.h"
-#include "common/subprocess.h"
+#include "common/unique_fd.h"
+#include "engine/confine/confine.h"
+#include "protocol/messages.h"
 
 namespace airlock::engine::fsdiff {
 namespace fs = std::filesystem;
@@ -62,8 +64,9 @@ std::string octal(uint32_t mode) {
 // Error(unavailable) naming `what` (before/after).
 class Fs {
  public:
-  Fs(const fs::path& path, std::string what) : what_(std::move(what)) {
-    errcode_t e = ext2fs_open(path.c_str(), EXT2_FLAG_64BITS, 0, 0, unix_io_manager, &fs_);
+  // `name`: a path for unix_io_manager, a descriptor number for unixfd_io_manager.
+  Fs(const std::string& name, io_manager io, std::string what) : what_(std::move(what)) {
+    errcode_t e = ext2fs_open(name.c_str(), EXT2_FLAG_64BITS, 0, 0, io, &fs_);
     if (e) {
       fs_ = nullptr;
       throw Error(Errc::unavailable,
@@ -214,39 +217,15 @@ bool same_content(Fs& a, ext2_ino_t ia, Fs& b, ext2_ino_t ib, uint64_t size) {
 
 bool is_text(const std::string& s) { return s.find('\0') == std::string::npos; }
 
-struct TempDir {
-  fs::path path;
-  explicit TempDir(const fs::path& parent) {
-    std::string tmpl = (parent / "fsdiff-XXXXXX").string();
-    if (!::mkdtemp(tmpl.data())) throw_errno("mkdtemp in " + parent.string());
-    path = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
-
-void write_all(const fs::path& p, const std::string& data) {
-  int fd = ::open(p.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
-  if (fd < 0) throw_errno("create " + p.string());
-  size_t off = 0;
-  while (off < data.size()) {
-    ssize_t n = ::write(fd, data.data() + off, data.size() - off);
-    if (n <= 0) {
-      ::close(fd);
-      throw_errno("write " + p.string());
-    }
-    off += static_cast<size_t>(n);
-  }
-  ::close(fd);
-}
+// Runs `diff -u <labels> A B` on the two texts; false if diff failed.
+using RunDiff = std::function<bool(const std::vector<std::string>& labels, const std::string& a,
+                                   const std::string& b, size_t max_output, std::string& out)>;
 
 // Adds "diff" (or "binary" / "diff_skipped") to change `c` of `path`.
 // `old`/`neu`: the two sides (absent = /dev/null).
 void add_content_diff(nlohmann::json& c, const std::string& path, const std::string* old,
-                      const std::string* neu, const Limits& lim, const fs::path& tmp,
-                      uint64_t& budget) {
+                      const std::string* neu, const Limits& lim, uint64_t& budget,
+                      const RunDiff& run) {
   if ((old && !is_text(*old)) || (neu && !is_text(*neu))) {
     c["binary"] = true;
     return;
@@ -255,25 +234,17 @@ void add_content_diff(nlohmann::json& c, const std::string& path, const std::str
     c["diff_skipped"] = "total diff size cap reached";
     return;
   }
-  TempDir d(tmp);
-  std::vector<std::string> argv{"diff", "-u"};
+  std::vector<std::string> labels;
   for (auto [s, label] : {std::pair{old, "a" + path}, std::pair{neu, "b" + path}}) {
-    argv.push_back("--label");
-    argv.push_back(s ? label : "/dev/null");
+    labels.push_back("--label");
+    labels.push_back(s ? label : "/dev/null");
   }
-  write_all(d.path / "a", old ? *old : "");
-  write_all(d.path / "b", neu ? *neu : "");
-  argv.push_back((d.path / "a").string());
-  argv.push_back((d.path / "b").string());
-  SubprocessOptions o;
-  o.timeout = std::chrono::seconds(30);
-  o.max_output = static_cast<size_t>(std::min(lim.max_diff_bytes, budget) + 1);
-  auto r = run_command(argv, o);
-  if (r.exit_code != 0 && r.exit_code != 1) {
+  std::string text;
+  if (!run(labels, old ? *old : "", neu ? *neu : "",
+           static_cast<size_t>(std::min(lim.max_diff_bytes, budget) + 1), text)) {
     c["diff_skipped"] = "diff failed";
     return;
   }
-  std::string text = r.out;
   if (text.size() > std::min(lim.max_diff_bytes, budget)) {
     text.resize(static_cast<size_t>(std::min(lim.max_diff_bytes, budget)));
     c["diff_truncated"] = true;
@@ -290,14 +261,14 @@ nlohmann::json describe(const std::string& path, const char* change, const Node&
   return j;
 }
 
-}  // namespace
+// How the walker handles a text change's two sides (stash_texts).
+using Differ =
+    std::function<void(nlohmann::json& c, const std::string& path, const std::string* old,
+                       const std::string* neu, uint64_t& budget)>;
 
-nlohmann::json diff_raw(const fs::path& before, const fs::path& after, const fs::path& tmp_dir,
-                        const Options& opt) {
+nlohmann::json diff_trees(Fs& a, Fs& b, const Options& opt, const Differ& add_content_diff) {
   const Limits& lim = opt.limits;
   auto t0 = Clock::now();
-  Fs a(before, "base");
-  Fs b(after, "sandbox's");
   uint64_t skipped = 0;
   auto ta = a.walk(lim, skipped);
   auto tb = b.walk(lim, skipped);
@@ -325,7 +296,7 @@ nlohmann::json diff_raw(const fs::path& before, const fs::path& after, const fs:
       if (opt.content && ia->second.type == 'f') {
         std::string old;
         if (content_of(a, ia->second, old))
-          add_content_diff(c, ia->first, &old, nullptr, lim, tmp_dir, budget);
+          add_content_diff(c, ia->first, &old, nullptr, budget);
         else
           c["diff_skipped"] = "too large";
       }
@@ -337,7 +308,7 @@ nlohmann::json diff_raw(const fs::path& before, const fs::path& after, const fs:
       if (opt.content && ib->second.type == 'f') {
         std::string neu;
         if (content_of(b, ib->second, neu))
-          add_content_diff(c, ib->first, nullptr, &neu, lim, tmp_dir, budget);
+          add_content_diff(c, ib->first, nullptr, &neu, budget);
         else
           c["diff_skipped"] = "too large";
       }
@@ -368,7 +339,7 @@ nlohmann::json diff_raw(const fs::path& before, const fs::path& after, const fs:
         if (opt.content && content) {
           std::string old, neu;
           if (content_of(a, x, old) && content_of(b, y, neu))
-            add_content_diff(c, ib->first, &old, &neu, lim, tmp_dir, budget);
+            add_content_diff(c, ib->first, &old, &neu, budget);
           else
             c["diff_skipped"] = "too large";
         }
@@ -386,125 +357,181 @@ nlohmann::json diff_raw(const fs::path& before, const fs::path& after, const fs:
           {"timing_ms", {{"walk", ms_since(t0)}}}};
 }
 
+// The walker's Differ: the two texts travel back (hex, so any byte does)
+// in "_old"/"_new" for the daemon to diff confined; bounded in all by
+// `budget` (four times the total diff cap).
+Differ stash_texts(const Limits& lim) {
+  auto left = std::make_shared<uint64_t>(lim.max_total_diff_bytes * 4);
+  return [lim, left](nlohmann::json& c, const std::string&, const std::string* old,
+                     const std::string* neu, uint64_t&) {
+    if ((old && !is_text(*old)) || (neu && !is_text(*neu))) {
+      c["binary"] = true;
+      return;
+    }
+    uint64_t size = (old ? old->size() : 0) + (neu ? neu->size() : 0);
+    if (size > *left) {
+      c["diff_skipped"] = "total diff size cap reached";
+      return;
+    }
+    *left -= size;
+    c["_old"] = old ? nlohmann::json(protocol::to_hex(*old)) : nlohmann::json(nullptr);
+    c["_new"] = neu ? nlohmann::json(protocol::to_hex(*neu)) : nlohmann::json(nullptr);
+  };
+}
+
+}  // namespace
+
+nlohmann::json walk_fds(int before_fd, int after_fd, const Options& opt) {
+  Fs a(std::to_string(before_fd), unixfd_io_manager, "base");
+  Fs b(std::to_string(after_fd), unixfd_io_manager, "sandbox's");
+  return diff_trees(a, b, opt, stash_texts(opt.limits));
+}
+
 namespace {
 
-// A raw view of a layer chain: the raw image itself, or a sparse raw copy
-// made by qemu-img (removed with this object).
+// A raw view of a layer chain, as a descriptor for the walker: the raw image
+// itself, or a sparse raw copy that a confined qemu-img makes in `scratch`
+// (qemu-img parses the qcow2 metadata, which a guest's QEMU wrote).
 struct RawView {
-  fs::path path;
-  bool temp = false;
-  RawView(const LayerChain& chain, const fs::path& tmp_dir, const std::string& what) {
+  UniqueFd fd;
+  RawView(const LayerChain& chain, confine::Scratch& scratch, const std::string& name,
+          const std::string& what) {
     if (chain.format == "raw") {
-      path = chain.top;
+      fd.reset(::open(chain.top.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
+      if (fd.fd < 0) throw_errno("open the " + what + " disk");
       return;
     }
     if (chain.format != "qcow2" || chain.qemu_source.empty())
       throw Error(Errc::internal, "unknown layer format '" + chain.format + "'");
-    std::string tmpl = (tmp_dir / "fsdiff-XXXXXX.raw").string();
-    int fd = ::mkstemps(tmpl.data(), 4);
-    if (fd < 0) throw_errno("temporary file in " + tmp_dir.string());
-    ::close(fd);
-    path = tmpl;
-    temp = true;
-    SubprocessOptions o;
-    o.timeout = std::chrono::minutes(10);
-    auto r = run_command({"qemu-img", "convert", "-O", "raw", chain.qemu_source, path.string()}, o);
-    if (!r.ok()) {
-      std::error_code ec;
-      fs::remove(path, ec);
+    std::string source = scratch.give_image_opts(chain.qemu_source);
+    std::string out = scratch.give_dir() + "/" + name;
+    confine::Limits lim;
+    lim.timeout = std::chrono::minutes(10);
+    auto r = confine::run(
+        scratch.exec({"qemu-img", "convert", "-O", "raw", source, out}, "qemu-img", lim));
+    if (!r.ok())
       throw Error(Errc::unavailable, "cannot read the " + what + " disk layers: " + r.describe());
-    }
-  }
-  ~RawView() {
-    std::error_code ec;
-    if (temp) fs::remove(path, ec);
+    fd.reset(::open((scratch.dir() / name).c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
+    if (fd.fd < 0) throw_errno("open the " + what + " disk's raw copy");
   }
 };
+
+// The walker's stashed texts become diffs, each by a confined diff reading
+// two memfds (the texts are the guest's; diff is one more parser of them).
+void diff_stashed(nlohmann::json& j, const Limits& lim, int64_t uid) {
+  uint64_t budget = lim.max_total_diff_bytes;
+  auto memfd = [](const std::string& data) {
+    UniqueFd fd(::memfd_create("airlock-diff", MFD_CLOEXEC));
+    if (fd.fd < 0) throw_errno("memfd_create");
+    size_t off = 0;
+    while (off < data.size()) {
+      ssize_t n = ::write(fd.fd, data.data() + off, data.size() - off);
+      if (n <= 0) throw_errno("write a memfd");
+      off += static_cast<size_t>(n);
+    }
+    return fd;
+  };
+  RunDiff run = [&](const std::vector<std::string>& labels, const std::string& a,
+                    const std::string& b, size_t max_output, std::string& out) {
+    UniqueFd fa = memfd(a), fb = memfd(b);
+    std::vector<std::string> argv{"diff", "-u"};
+    argv.insert(argv.end(), labels.begin(), labels.end());
+    argv.push_back("/proc/self/fd/3");
+    argv.push_back("/proc/self/fd/4");
+    confine::Spec s;
+    s.mode = "exec";
+    s.what = "diff";
+    s.argv = argv;
+    s.fds = {fa.fd, fb.fd};
+    s.uid = s.gid = uid;
+    s.limits.timeout = std::chrono::seconds(30);
+    s.limits.memory_bytes = 1ull << 30;
+    s.limits.file_bytes = 0;
+    s.limits.max_output = max_output;
+    auto r = confine::run(s);
+    if (r.out_truncated) {  // over its bound: what came is the diff's start
+      r.out_truncated = false;
+      r.exit_code = 1;
+    }
+    out = r.out;
+    return !r.timed_out && (r.exit_code == 0 || r.exit_code == 1);
+  };
+  for (auto& c : j["changes"]) {
+    if (!c.contains("_old") && !c.contains("_new")) continue;
+    std::string old, neu;
+    bool has_old = c["_old"].is_string(), has_new = c["_new"].is_string();
+    if (has_old) old = protocol::from_hex(c["_old"].get<std::string>());
+    if (has_new) neu = protocol::from_hex(c["_new"].get<std::string>());
+    c.erase("_old");
+    c.erase("_new");
+    add_content_diff(c, c.value("path", ""), has_old ? &old : nullptr, has_new ? &neu : nullptr,
+                     lim, budget, run);
+  }
+}
 
 }  // namespace
 
 nlohmann::json diff(const LayerChain& before, const LayerChain& after, const fs::path& tmp_dir,
                     const Options& opt) {
   auto t0 = Clock::now();
-  RawView a(before, tmp_dir, "base");
-  RawView b(after, tmp_dir, "sandbox's");
+  confine::Scratch scratch(tmp_dir);
+  RawView a(before, scratch, "base.raw", "base");
+  RawView b(after, scratch, "sandbox.raw", "sandbox's");
   int64_t materialize_ms = ms_since(t0);
 
-  // The walk runs in a child: libext2fs parsing a hostile filesystem must
-  // never take the daemon down with it (or its memory). The child gets
-  // RLIMIT_AS / RLIMIT_CPU and sends its JSON back through a pipe.
-  int p[2];
-  if (::pipe2(p, O_CLOEXEC) != 0) throw_errno("pipe");
-  pid_t pid = ::fork();
-  if (pid < 0) {
-    ::close(p[0]);
-    ::close(p[1]);
-    throw_errno("fork the filesystem reader");
-  }
-  if (pid == 0) {
-    ::close(p[0]);
-    // The limit is on top of what the daemon's image already maps (thread
-    // stacks, libraries), which the child inherits.
-    uint64_t mapped = 0;
-    if (FILE* f = std::fopen("/proc/self/statm", "re")) {
-      unsigned long pages = 0;
-      if (std::fscanf(f, "%lu", &pages) == 1)
-        mapped = static_cast<uint64_t>(pages) * static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
-      std::fclose(f);
-    }
-    rlim_t cap = static_cast<rlim_t>(mapped + opt.limits.child_memory_bytes);
-    rlimit as{cap, cap};
-    rlimit cpu{static_cast<rlim_t>(opt.limits.child_cpu_seconds),
-               static_cast<rlim_t>(opt.limits.child_cpu_seconds)};
-    ::setrlimit(RLIMIT_AS, &as);
-    ::setrlimit(RLIMIT_CPU, &cpu);
-    std::string out;
-    try {
-      out = diff_raw(a.path, b.path, tmp_dir, opt)
-                .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
-    } catch (const Error& e) {
-      out = nlohmann::json{{"error",
-                            {{"code", std::string(to_string(e.code()))}, {"message", e.what()}}}}
-                .dump();
-    } catch (const std::exception& e) {
-      out = nlohmann::json{{"error", {{"code", "internal"}, {"message", e.what()}}}}.dump();
-    }
-    size_t off = 0;
-    while (off < out.size()) {
-      ssize_t n = ::write(p[1], out.data() + off, out.size() - off);
-      if (n <= 0) break;
-      off += static_cast<size_t>(n);
-    }
-    ::_exit(0);
-  }
-  ::close(p[1]);
-  std::string buf;
-  char chunk[65536];
-  while (true) {
-    ssize_t n = ::read(p[0], chunk, sizeof chunk);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    buf.append(chunk, static_cast<size_t>(n));
-  }
-  ::close(p[0]);
-  int status = 0;
-  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-  }
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
-    throw Error(Errc::unavailable,
-                "the filesystem reader died" +
-                    (WIFSIGNALED(status) ? " (signal " + std::to_string(WTERMSIG(status)) + ")"
-                                         : std::string()) +
-                    ": the sandbox's filesystem is corrupt or over the reader's limits");
-  auto j = nlohmann::json::parse(buf, nullptr, false);
+  // The walk runs in airlock-confine (confine.h): libext2fs parsing a
+  // hostile filesystem must never take the daemon down with it (or its
+  // memory), nor run with the daemon's privileges. The raw views are its
+  // descriptors 3 and 4; it opens nothing itself.
+  confine::Spec s;
+  s.mode = "walk";
+  s.what = "the filesystem diff walker";
+  s.fds = {a.fd.fd, b.fd.fd};
+  s.uid = s.gid = scratch.uid();
+  const Limits& lim = opt.limits;
+  s.args = {{"content", opt.content},
+            {"limits",
+             {{"max_entries", lim.max_entries},
+              {"max_depth", lim.max_depth},
+              {"max_changes", lim.max_changes},
+              {"max_content_bytes", lim.max_content_bytes},
+              {"max_diff_bytes", lim.max_diff_bytes},
+              {"max_total_diff_bytes", lim.max_total_diff_bytes}}}};
+  s.limits.memory_bytes = lim.child_memory_bytes;
+  s.limits.cpu_seconds = lim.child_cpu_seconds;
+  s.limits.file_bytes = 0;  // it writes only to its pipe
+  s.limits.open_files = 16;
+  s.limits.processes = 1;
+  s.limits.timeout = std::chrono::seconds(lim.child_cpu_seconds * 2);
+  s.limits.max_output = 256u << 20;
+  auto r = confine::run(s);
+  if (!r.ok())
+    throw Error(Errc::unavailable, "the filesystem reader failed (" + r.describe() +
+                                       "): the sandbox's filesystem is corrupt or over the "
+                                       "reader's limits");
+  auto j = nlohmann::json::parse(r.out, nullptr, false);
   if (!j.is_object()) throw Error(Errc::internal, "the filesystem reader sent no result");
   if (j.contains("error")) {
     std::string code = j["error"].value("code", "internal");
     std::string msg = j["error"].value("message", "filesystem reader failed");
     throw Error(code == "unavailable" ? Errc::unavailable : Errc::internal, msg);
   }
+  if (opt.content) diff_stashed(j, lim, scratch.uid());
   j["timing_ms"]["materialize"] = materialize_ms;
   return j;
+}
+
+Options options_from_json(const nlohmann::json& args) {
+  Options o;
+  o.content = args.value("content", false);
+  const auto& l = args.at("limits");
+  o.limits.max_entries = l.at("max_entries").get<uint64_t>();
+  o.limits.max_depth = l.at("max_depth").get<int>();
+  o.limits.max_changes = l.at("max_changes").get<uint64_t>();
+  o.limits.max_content_bytes = l.at("max_content_bytes").get<uint64_t>();
+  o.limits.max_diff_bytes = l.at("max_diff_bytes").get<uint64_t>();
+  o.limits.max_total_diff_bytes = l.at("max_total_diff_bytes").get<uint64_t>();
+  return o;
 }
 
 }  // namespace airlock::engine::fsdiff

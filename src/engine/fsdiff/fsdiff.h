@@ -16,8 +16,10 @@
 // The filesystem is hostile input (the guest wrote every byte of it): the
 // work is bounded (Limits), symlinks are data (never followed, never
 // resolved on the host), names with '/' or NUL are skipped and counted, and
-// the walk runs in a forked child with memory and CPU limits, so a
-// corrupt filesystem that trips libext2fs costs an error, never the daemon.
+// qemu-img, the walk and each content diff run in airlock-confine
+// (engine/confine/confine.h: a fresh process under an unprivileged uid,
+// seccomp, memory/CPU limits and a deadline), so a corrupt filesystem that
+// trips libext2fs costs an error, never the daemon.
 #pragma once
 
 #include <cstdint>
@@ -42,7 +44,7 @@ struct Limits {
   uint64_t max_content_bytes = 256 * 1024;     // a file larger is not diffed
   uint64_t max_diff_bytes = 64 * 1024;         // one file's diff text
   uint64_t max_total_diff_bytes = 4ull << 20;  // all diffs together
-  uint64_t child_memory_bytes = 2ull << 30;    // RLIMIT_AS of the walker, above what it inherits
+  uint64_t child_memory_bytes = 2ull << 30;    // RLIMIT_AS of the walker
   int child_cpu_seconds = 300;
 };
 
@@ -65,10 +67,12 @@ struct Options {
 nlohmann::json diff(const LayerChain& before, const LayerChain& after,
                     const std::filesystem::path& tmp_dir, const Options& options);
 
-// The same on two raw ext4 images, in this process (the walker itself; for
-// tests and the forked child). Throws Error(unavailable) for an unreadable
-// filesystem.
-nlohmann::json diff_raw(const std::filesystem::path& before, const std::filesystem::path& after,
-                        const std::filesystem::path& tmp_dir, const Options& options);
+// The walker as airlock-confine runs it: two raw ext4 images open on
+// `before_fd`/`after_fd` (nothing is opened by name); text changes carry
+// their two sides hex-encoded in "_old"/"_new" for diff() to diff.
+nlohmann::json walk_fds(int before_fd, int after_fd, const Options& options);
+
+// Options as diff() sends them to the walker ({"content", "limits": {...}}).
+Options options_from_json(const nlohmann::json& args);
 
 }  // namespace airlock::engine::fsdiff

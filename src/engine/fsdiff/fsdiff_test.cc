@@ -71,7 +71,7 @@ TEST_F(FsdiffTest, NamesEachKindOfChange) {
   fs::create_symlink("/etc/shadow", b / "root/link");
   Options o;
   o.content = true;
-  auto r = diff_raw(mkfs(a, "a.img"), mkfs(b, "b.img"), dir_, o);
+  auto r = diff({mkfs(a, "a.img"), "raw"}, {mkfs(b, "b.img"), "raw"}, dir_, o);
 
   EXPECT_TRUE(find(r, "/etc/same").is_null());
   auto cfg = find(r, "/etc/config");

@@ -2,8 +2,11 @@
 
 #include <unistd.h>
 
+#include <optional>
+
 #include "common/error.h"
 #include "common/subprocess.h"
+#include "engine/confine/confine.h"
 #include "engine/engine.h"
 #include "engine/recipes/builder.h"
 #include "engine/sandbox.h"
@@ -12,6 +15,7 @@
 namespace airlock::recipes {
 namespace fs = std::filesystem;
 using engine::ScopeGuard;
+namespace confine = engine::confine;
 
 SubprocessOptions minutes_timeout(int m) {
   SubprocessOptions o;
@@ -47,6 +51,7 @@ storage::Image install_image(engine::Engine& engine, const fs::path& image_dir,
     fs::remove_all(tmp, e2);
   });
   fs::path raw = tmp / "rootfs.ext4";
+  std::optional<confine::Scratch> scratch;  // after `drop`: gone before tmp is
   if (top == base.rootfs) {
     run_checked({"cp", "--sparse=always", top.string(), raw.string()}, minutes_timeout(10));
   } else {
@@ -54,11 +59,20 @@ storage::Image install_image(engine::Engine& engine, const fs::path& image_dir,
     // by airlock and must stay in airlock's own directories (the base and
     // the layer cache in the image directory; the template a first step's
     // sandbox was cloned from); qemu-img gets exactly those files.
-    auto chain = storage::disk_chain(top, engine.disk_roots(),
-                                     "recipe layer " + top.filename().string());
-    run_checked(
-        {"qemu-img", "convert", "-q", "-O", "raw", storage::image_opts(chain), raw.string()},
-        minutes_timeout(20));
+    // qemu-img parses those layers' qcow2 metadata (a sandbox's QEMU wrote
+    // it): confined (confine.h), given the chain's files as descriptors.
+    auto chain =
+        storage::disk_chain(top, engine.disk_roots(), "recipe layer " + top.filename().string());
+    scratch.emplace(tmp);
+    confine::Limits lim;
+    lim.timeout = std::chrono::minutes(20);
+    auto r = confine::run(scratch->exec({"qemu-img", "convert", "-q", "-O", "raw",
+                                         scratch->give_image_opts(storage::image_opts(chain)),
+                                         scratch->give_dir() + "/rootfs.ext4"},
+                                        "qemu-img", lim));
+    if (!r.ok()) throw Error(Errc::internal, r.describe());
+    scratch->reclaim();
+    raw = scratch->dir() / "rootfs.ext4";
   }
   if (progress) progress(fs::file_size(raw));
   // The base's config is inherited (an imported OCI base keeps its PATH,

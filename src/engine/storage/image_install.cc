@@ -14,6 +14,7 @@
 
 #include "common/error.h"
 #include "common/subprocess.h"
+#include "engine/confine/confine.h"
 #include "engine/storage/fs_util.h"
 #include "engine/storage/image_name.h"
 #include "engine/storage/image_store.h"
@@ -116,10 +117,15 @@ void mkfs_from_dir(const fs::path& dir, const fs::path& img) {
   if (!r.ok()) throw Error(Errc::internal, "mkfs.ext4 -d " + dir.string() + ": " + r.describe());
 }
 
-void check_ext4(const fs::path& img) {
-  SubprocessOptions o;
-  o.timeout = 10min;
-  auto r = run_command({"e2fsck", "-fn", img.string()}, o);
+// e2fsck parses a filesystem someone else wrote (an upload, a guest's
+// snapshot): it runs confined (confine.h), given the file read-only, with
+// a scratch directory under `scratch_parent`.
+void check_ext4(const fs::path& img, const fs::path& scratch_parent) {
+  engine::confine::Scratch scratch(scratch_parent);
+  engine::confine::Limits lim;
+  lim.timeout = 10min;
+  lim.file_bytes = 0;  // -n: it writes nothing
+  auto r = engine::confine::run(scratch.exec({"e2fsck", "-fn", scratch.give(img)}, "e2fsck", lim));
   if (!r.ok())
     throw Error(Errc::invalid_argument,
                 "rootfs " + img.string() + " is not a clean ext4 file system: " + r.describe(),
@@ -261,7 +267,7 @@ Image ImageStore::install(const std::string& name, const fs::path& rootfs,
     mkfs_from_dir(rootfs, tmp.path() / "rootfs.ext4");
   } else {
     if (progress) progress(BuildProgress{"rootfs", 0});
-    check_ext4(rootfs);
+    check_ext4(rootfs, tmp.path());
     link_or_copy(rootfs, tmp.path() / "rootfs.ext4");
   }
   pack_initramfs(name, tmp.path(), kdir, progress);

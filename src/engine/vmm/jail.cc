@@ -45,7 +45,6 @@ struct Jail::Op {
 
 namespace {
 
-const fs::path kLeaseDir = "/run/airlock/jail-leases";
 constexpr const char* kRootName = ".jail";    // the new root's mount point, in run_dir
 constexpr const char* kKvmNode = "kvm.node";  // the jail's own KVM node, in run_dir
 constexpr rlim_t kNofile = 4096;
@@ -244,51 +243,6 @@ bool userns_works() {
   return WIFEXITED(status) && WEXITSTATUS(status) == 0;
 }
 
-std::vector<std::string> read_lines(const fs::path& p) {
-  std::vector<std::string> out;
-  std::ifstream in(p);
-  std::string line;
-  while (std::getline(in, line))
-    if (!line.empty()) out.push_back(line);
-  return out;
-}
-
-// Leases uid kUidBase + N for `run_dir`: O_EXCL file creation makes it
-// exclusive across daemons; a lease whose run_dir is gone is stale (its
-// sandbox was torn down without release) and is reclaimed.
-uint32_t lease_uid(const fs::path& run_dir) {
-  const uint32_t kUidRange = jail_ids().count;
-  std::error_code ec;
-  fs::create_directories(kLeaseDir, ec);
-  ::chmod(kLeaseDir.c_str(), 0700);
-  uint32_t start = static_cast<uint32_t>(std::hash<std::string>{}(run_dir.string()) % kUidRange);
-  for (uint32_t i = 0; i < kUidRange; ++i) {
-    uint32_t n = (start + i) % kUidRange;
-    fs::path lease = kLeaseDir / std::to_string(n);
-    for (int attempt = 0; attempt < 2; ++attempt) {
-      int fd = ::open(lease.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-      if (fd >= 0) {
-        std::string line = run_dir.string() + "\n";
-        bool ok = ::write(fd, line.data(), line.size()) == static_cast<ssize_t>(line.size());
-        ::close(fd);
-        if (!ok) {
-          fs::remove(lease, ec);
-          throw_errno("write " + lease.string());
-        }
-        return n;
-      }
-      if (errno != EEXIST) throw_errno("create " + lease.string());
-      auto lines = read_lines(lease);
-      if (lines.empty() || fs::exists(lines[0], ec)) break;  // in use (or being written)
-      std::vector<fs::path> cgs(lines.begin() + 1, lines.end());
-      if (!remove_cgroup_dirs(cgs).empty()) break;
-      fs::remove(lease, ec);  // stale: retry this n once
-    }
-  }
-  throw Error(Errc::unavailable, "jail: no free uid in " + std::to_string(jail_ids().base) + "..+" +
-                                     std::to_string(kUidRange));
-}
-
 // A character device node of `device`'s major/minor at `node` (replacing
 // whatever is there: run_dir is the jail's to write, so never followed),
 // owned by uid:gid, mode 0600.
@@ -302,13 +256,6 @@ void make_kvm_node(const fs::path& device, const fs::path& node, uid_t uid, gid_
   if (::mknod(node.c_str(), S_IFCHR | 0600, st.st_rdev) != 0) throw_errno("mknod " + node.string());
   // lchown: the node was just made by us, but never follow a name in run_dir.
   if (::lchown(node.c_str(), uid, gid) != 0) throw_errno("chown " + node.string());
-}
-
-void write_lease(uint32_t n, const fs::path& run_dir, const std::vector<fs::path>& cgroups) {
-  std::string body = run_dir.string() + "\n";
-  for (const auto& c : cgroups) body += c.string() + "\n";
-  fs::path lease = kLeaseDir / std::to_string(n);
-  std::ofstream(lease, std::ios::trunc) << body;
 }
 
 // Async-signal-safe write of a whole buffer.
@@ -434,7 +381,7 @@ Jail Jail::prepare(const JailSpec& spec) {
   }
 
   if (j.mode_ == JailMode::full) {
-    uint32_t n = lease_uid(run_dir);
+    uint32_t n = lease_jail_uid(run_dir);
     j.uid_ = jail_ids().base + n;
     j.gid_ = jail_ids().base + n;
     try {
@@ -447,7 +394,7 @@ Jail Jail::prepare(const JailSpec& spec) {
       if (spec.kvm) make_kvm_node(spec.kvm_device, run_dir / kKvmNode, j.uid_, j.gid_);
       if (!cgroup_controllers_available().empty()) {
         j.cgroups_ = create_sandbox_cgroup(spec.id, spec.limits);
-        write_lease(n, run_dir, j.cgroups_);
+        write_jail_lease(n, run_dir, j.cgroups_);
       }
     } catch (...) {
       release_jail(run_dir);
@@ -671,14 +618,7 @@ std::vector<std::string> release_jail(const fs::path& run_dir_in) {
   fs::path run_dir = fs::absolute(run_dir_in, ec).lexically_normal();
   ::rmdir((run_dir / kRootName).c_str());  // the host side is an empty directory
   ::unlink((run_dir / kKvmNode).c_str());  // a device node outlives nothing of ours
-  for (const auto& e : fs::directory_iterator(kLeaseDir, ec)) {
-    auto lines = read_lines(e.path());
-    if (lines.empty() || lines[0] != run_dir.string()) continue;
-    std::vector<fs::path> cgs(lines.begin() + 1, lines.end());
-    auto stuck = remove_cgroup_dirs(cgs);
-    for (const auto& c : stuck) left.push_back(c.string());
-    if (stuck.empty()) fs::remove(e.path(), ec);  // keep the lease while its cgroup lives
-  }
+  for (auto& c : release_jail_leases(run_dir)) left.push_back(std::move(c));
   return left;
 }
 

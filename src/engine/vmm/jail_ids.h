@@ -19,6 +19,8 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <string>
+#include <vector>
 
 namespace airlock::vmm {
 
@@ -51,5 +53,17 @@ void set_jail_ids(const JailIdRange& range, const IdSources& sources = {});
 
 // The range in force (the default until set_jail_ids).
 JailIdRange jail_ids();
+
+// Leases one uid offset N of the range (uid = gid = jail_ids().base + N) for
+// `run_dir` (absolute, existing): a QEMU jail's (jail.h) or the confinement
+// helper's scratch directory (engine/confine), so no two share a uid. It is
+// held until release_jail_leases(run_dir), or until run_dir is gone.
+uint32_t lease_jail_uid(const std::filesystem::path& run_dir);
+// Records the cgroups of lease N (removed before the lease is reused).
+void write_jail_lease(uint32_t n, const std::filesystem::path& run_dir,
+                      const std::vector<std::filesystem::path>& cgroups);
+// Removes the leases of `run_dir` and their cgroups; returns the cgroups that
+// could not be removed (their lease is kept). Never throws.
+std::vector<std::string> release_jail_leases(const std::filesystem::path& run_dir);
 
 }  // namespace airlock::vmm
