@@ -400,7 +400,9 @@ void Engine::Impl::recover_one(SandboxRecord rec) {
   std::map<std::string, nlohmann::json> in_flight = open_execs(id);
   auto img = images.find(rec.info.spec.image);
   vmm::VmConfig vc;
-  vc.id = id;
+  // The QEMU's name: its run dir's (a handed-out pool member keeps its
+  // internal name there).
+  vc.id = rec.run_dir.filename().string();
   vc.run_dir = rec.run_dir;
   if (img) {
     vc.kernel = img->kernel;
@@ -458,7 +460,7 @@ void Engine::Impl::recover_one(SandboxRecord rec) {
       auto deadline = channel::Clock::now() + std::chrono::seconds(cfg.boot_timeout_s);
       sb->channel = channel::GuestChannel::connect(vm->agent_socket(), deadline);
       // resync: the previous daemon may have died in the middle of a frame.
-      sb->channel->hello({.hostname = id, .resync = true, .network = nullptr}, deadline);
+      sb->channel->hello({.hostname = vc.id, .resync = true, .network = nullptr}, deadline);
       sb->vm = std::move(vm);
       nlohmann::json adopted{{"pid", sb->vm->pid()}};
       if (sb->networked) {

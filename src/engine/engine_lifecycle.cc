@@ -365,7 +365,10 @@ std::shared_ptr<Live> Engine::Impl::launch(const SandboxSpec& checked, const sto
   // Reserved under the id before the row exists.
   auto unreserve = [&](const std::string& id) { release_disk(id); };
   for (int tries = 0;; ++tries) {
-    info.id = random_id("sb-");
+    // A pool member has an internal name until its hand-out mints the id
+    // its caller receives (take_pooled): no id a caller will get exists
+    // before it gets it.
+    info.id = random_id(pooled ? "pool-" : "sb-");
     rec.run_dir = impl.sandbox_dir(info.id);
     reserve_disk(info.id, spec.disk_mb, "disk_mb=" + std::to_string(spec.disk_mb), "disk_mb");
     try {
