@@ -460,7 +460,7 @@ void Engine::Impl::recover_one(SandboxRecord rec) {
       auto deadline = channel::Clock::now() + std::chrono::seconds(cfg.boot_timeout_s);
       sb->channel = channel::GuestChannel::connect(vm->agent_socket(), deadline);
       // resync: the previous daemon may have died in the middle of a frame.
-      sb->channel->hello({.hostname = vc.id, .resync = true, .network = nullptr}, deadline);
+      sb->channel->hello({.hostname = id, .resync = true, .network = nullptr}, deadline);
       sb->vm = std::move(vm);
       nlohmann::json adopted{{"pid", sb->vm->pid()}};
       if (sb->networked) {

@@ -286,7 +286,17 @@ std::optional<SandboxInfo> Engine::Impl::take_pooled(const SandboxSpec& checked,
   }
   // If the hand-out cannot be recorded, the member goes (never a half-made
   // sandbox); the caller then boots a fresh one.
-  ScopeGuard undo([&] { teardown(*sb, State::deleted, "pool hand-out failed", "deleted"); });
+  bool renamed = false;
+  ScopeGuard undo([&] {
+    if (!renamed) {
+      // The write failed: the row is still the member's, and so is the end.
+      sb->hand_out(member);
+      std::lock_guard lock(admit_mu);
+      admitted_disk_mb.erase(public_id);
+      admitted_disk_mb[member] = info.spec.disk_mb;
+    }
+    teardown(*sb, State::deleted, "pool hand-out failed", "deleted");
+  });
   // One write: spec, state, times (compare-and-set from starting). What is
   // durable when (docs/design.md, "Warm pool"): the registry row is
   // committed in WAL mode with synchronous=NORMAL (no fsync per commit) and
@@ -305,6 +315,7 @@ std::optional<SandboxInfo> Engine::Impl::take_pooled(const SandboxSpec& checked,
                   .durability = Durability::buffered,
                   .journal_required = true,
                   .write_record = true});
+  renamed = true;
   mark("record");
   try {
     journal.append(member, "handed_out", {{"id", info.id}});

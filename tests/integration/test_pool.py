@@ -92,8 +92,8 @@ class PoolHandOut(harness.DaemonTestCase):
         got = self.api.call("GET", f"/v1/sandboxes/{sb['id']}")
         self.assertEqual((got["state"], got["start"]), ("running", "pool"), got)
         self.assertIn(sb["id"], [s["id"] for s in self.api.call("GET", "/v1/sandboxes")])
-        out, _, res = self.api.exec(sb["id"], argv=["echo", "adopted"])
-        self.assertEqual((res["exit_code"], out), (0, b"adopted\n"))
+        out, _, res = self.api.exec(sb["id"], argv=["cat", "/proc/sys/kernel/hostname"])
+        self.assertEqual((res["exit_code"], out), (0, sb["id"].encode() + b"\n"))
         self.assertIn("adopted", [r["event"] for r in journal(self.data_dir, sb["id"])])
         self.api.delete(sb["id"])
         self.assertNothingLeft(sb["id"])
@@ -279,6 +279,16 @@ class NetworkedPool(harness.DaemonTestCase):
         at = kinds.index("net_policy")
         self.assertEqual(events[at]["policy"]["allow"], ["198.51.100.10/32"])
         self.assertLess(at, kinds.index("handed_out"))
+        # The helper's reports after the hand-out are the sandbox's, under
+        # its public id (its reader was re-attached at hand-out).
+        deadline = time.time() + 30
+        while time.time() < deadline and not any(
+                r["event"] == "net_flow_end" and r.get("dst") == "198.51.100.10"
+                for r in journal(self.data_dir, sb["id"])):
+            time.sleep(0.2)
+        flows = [r for r in journal(self.data_dir, sb["id"]) if r["event"].startswith("net_flow")]
+        self.assertTrue(any(r.get("dst") == "198.51.100.10" for r in flows),
+                        journal(self.data_dir, sb["id"]))
         self.assertEqual(self.api.call("GET", f"/v1/sandboxes/{sb['id']}")["network"]["allow"],
                          ["198.51.100.10/32"])
         # A create without network gets the plain slot's member: no NIC.
