@@ -400,7 +400,9 @@ void Engine::Impl::recover_one(SandboxRecord rec) {
   std::map<std::string, nlohmann::json> in_flight = open_execs(id);
   auto img = images.find(rec.info.spec.image);
   vmm::VmConfig vc;
-  vc.id = id;
+  // The QEMU's name: its run dir's (a handed-out pool member keeps its
+  // internal name there).
+  vc.id = rec.run_dir.filename().string();
   vc.run_dir = rec.run_dir;
   if (img) {
     vc.kernel = img->kernel;

@@ -96,6 +96,9 @@ struct Config {
   // expires_at_ms, ms since the epoch); null = system_clock. Deadlines
   // never use it (steady clock). Tests step it.
   std::function<int64_t()> wall_clock_ms;
+  // Free MiB of the data dir's filesystem for disk admission; null =
+  // statvfs. Tests fix it (and may block in it to hold a call there).
+  std::function<int64_t()> disk_free_mb;
   // Audit journal cap per sandbox (audit/journal.h, JournalLimits): past
   // journal_max_bytes - journal_reserve_bytes ordinary records are dropped
   // and counted; the reserve is for lifecycle records. 0 = no cap.

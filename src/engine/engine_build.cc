@@ -20,8 +20,8 @@ SandboxInfo Engine::create_on_image(const SandboxSpec& spec, const storage::Imag
 }
 
 std::filesystem::path Engine::disk_path(const std::string& id) {
-  impl_->running(id);  // not_found / conflict unless running
-  return impl_->sandbox_dir(id) / "disk.qcow2";
+  // not_found / conflict unless running
+  return impl_->running(id)->run_dir() / "disk.qcow2";
 }
 
 nlohmann::json Engine::build_recipe(const recipes::BuildRequest& request,

@@ -15,6 +15,44 @@
 namespace airlock::engine {
 namespace fs = std::filesystem;
 
+namespace {
+
+// One `changes` call per sandbox at a time. A second one is refused at once
+// (409) rather than queued: each call may convert both disks to raw
+// scratch files and walk them for minutes, so a queue would hold request
+// threads and the caller learns nothing a retry would not tell it.
+template <typename Impl>
+class ChangesSlot {
+ public:
+  ChangesSlot(Impl& impl, const std::string& id) : impl_(impl), id_(id) {
+    std::lock_guard lock(impl_.changes_mu);
+    if (!impl_.changes_running.insert(id_).second)
+      throw Error(Errc::conflict, "a changes call on sandbox " + id_ +
+                                      " is already running; one runs per sandbox at a time: "
+                                      "retry when it has finished");
+  }
+  ~ChangesSlot() {
+    std::lock_guard lock(impl_.changes_mu);
+    impl_.changes_running.erase(id_);
+  }
+  ChangesSlot(const ChangesSlot&) = delete;
+  ChangesSlot& operator=(const ChangesSlot&) = delete;
+
+ private:
+  Impl& impl_;
+  std::string id_;
+};
+
+// MiB that materializing `chain` may write: its top's virtual size (qemu-img
+// convert -O raw into a sparse file writes at most that), or nothing for a
+// lone raw file (opened as is).
+int64_t scratch_mb(const std::vector<storage::ChainLink>& chain) {
+  if (chain.empty() || (chain.size() == 1 && chain[0].format == "raw")) return 0;
+  return static_cast<int64_t>((chain[0].virtual_size + (1 << 20) - 1) >> 20);
+}
+
+}  // namespace
+
 nlohmann::json Engine::changes(const std::string& id, const std::string& since, bool content) {
   // "start", or a snapshot's name: its disk (a read-only layer the host
   // wrote, engine_snapshots.cc) is the "before".
@@ -35,6 +73,7 @@ nlohmann::json Engine::changes(const std::string& id, const std::string& since, 
           "since");
   }
   auto sb = impl_->running(id);
+  ChangesSlot one_at_a_time(*impl_, id);
   ActivityGuard active(*sb);
   auto t0 = std::chrono::steady_clock::now();
   // Ask the guest to flush what it wrote, so the layers hold it. Only a
@@ -70,6 +109,16 @@ nlohmann::json Engine::changes(const std::string& id, const std::string& since, 
     if (c.size() == 1 && c[0].format == "raw") return fsdiff::LayerChain{c[0].path, "raw", ""};
     return fsdiff::LayerChain{c[0].path, "qcow2", storage::image_opts(c, true)};
   };
+  // The scratch files count against disk admission like sandboxes' disks,
+  // so parallel calls on full disks cannot fill the host: reserved before
+  // any conversion starts, released when the call ends however it ends.
+  const int64_t scratch = scratch_mb(before) + scratch_mb(after);
+  const std::string key = "changes/" + id;
+  impl_->reserve_disk(key, scratch,
+                      "this changes call's scratch space (" + std::to_string(scratch) +
+                          " MiB: raw copies of the disk layers it compares)",
+                      "");
+  ScopeGuard release([&] { impl_->release_disk(key); });
   fs::path tmp = impl_->cfg.data_dir / "tmp";
   std::error_code ec;
   fs::create_directories(tmp, ec);

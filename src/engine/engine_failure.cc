@@ -159,7 +159,7 @@ std::optional<Verdict> Engine::Impl::check_health(const std::shared_ptr<Live>& s
   if (sb.memory_cgroup.empty()) {
     try {
       std::string p = vmm::read_cgroup_limits(sb.vm->pid())["paths"].value("memory", "");
-      sb.memory_cgroup = p.find("/airlock/" + info.id) != std::string::npos ? p : "-";
+      sb.memory_cgroup = p.find("/airlock/" + sb.run_name()) != std::string::npos ? p : "-";
     } catch (const std::exception&) {
       sb.memory_cgroup = "-";
     }

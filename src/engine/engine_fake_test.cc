@@ -409,8 +409,9 @@ void install_warm_image(Config& cfg, const fs::path& data, const std::vector<std
 
 // Warm-up (ImageConfig::warmup): a member runs its image's declared
 // commands, in order, before it is ready; each is journaled as
-// `pool_warmup`, and between the member's `pooled` and the hand-out's
-// `created` nothing else ran in it. An exec by a member's id before its
+// `pool_warmup`, and between the member's `pooled` and its `handed_out`
+// nothing else ran in it; the public id's journal starts at the hand-out's
+// `created`, naming the member. An exec by a member's name before its
 // hand-out is refused (members are not in `live`).
 TEST_F(EngineFake, PoolMemberRunsTheImageWarmupInOrderBeforeItIsReady) {
   const std::vector<std::string> warmup = {"test ! -e /nonexistent-a", "echo warm > /dev/null"};
@@ -428,18 +429,24 @@ TEST_F(EngineFake, PoolMemberRunsTheImageWarmupInOrderBeforeItIsReady) {
   }
   SandboxInfo sb = engine.create({.image = "warm"});
   ASSERT_EQ(sb.start, "pool");
-  ASSERT_EQ(sb.id, member);
+  ASSERT_NE(sb.id, member);
+  auto mine = engine.audit(sb.id);
+  ASSERT_FALSE(mine.empty());
+  EXPECT_EQ(mine[0]["event"], "created");
+  EXPECT_EQ(mine[0]["pool_member"], member);
   std::vector<std::string> kinds;
   std::vector<nlohmann::json> warm;
-  for (auto& r : engine.audit(sb.id)) {
+  for (auto& r : engine.audit(member)) {
     kinds.push_back(r["event"]);
     if (r["event"] == "pool_warmup") warm.push_back(r);
   }
   auto pooled = std::find(kinds.begin(), kinds.end(), "pooled");
-  auto created = std::find(kinds.begin(), kinds.end(), "created");
+  auto handed = std::find(kinds.begin(), kinds.end(), "handed_out");
   ASSERT_NE(pooled, kinds.end());
-  ASSERT_NE(created, kinds.end());
-  for (auto it = pooled + 1; it != created; ++it) EXPECT_EQ(*it, "pool_warmup");
+  ASSERT_NE(handed, kinds.end());
+  EXPECT_EQ(handed + 1, kinds.end());
+  EXPECT_EQ(engine.audit(member).back()["id"], sb.id);
+  for (auto it = pooled + 1; it != handed; ++it) EXPECT_EQ(*it, "pool_warmup");
   ASSERT_EQ(warm.size(), warmup.size());
   for (size_t i = 0; i < warmup.size(); ++i) {
     EXPECT_EQ(warm[i]["argv"], nlohmann::json({"sh", "-c", warmup[i]})) << i;

@@ -149,8 +149,7 @@ nlohmann::json Engine::prune(bool dry_run) {
     std::string b = qcow2_backing(disk);
     if (!b.empty()) in_use.push_back(fs::path(b).parent_path());
   };
-  for (const auto& sb : list({}, true))
-    if (!is_terminal(sb.state)) note(impl.sandbox_dir(sb.id) / "disk.qcow2");
+  for (const auto& rec : impl.registry.list(/*all=*/false)) note(rec.run_dir / "disk.qcow2");
   // A snapshot's layer is backed by its parent's layer, its own base.qcow2
   // (a clone's frozen template disk) or an image version: that version stays.
   if (impl.snaps)

@@ -158,10 +158,11 @@ Verdict classify_death(const std::filesystem::path& run_dir, int pid,
 bool memory_pressure(const std::filesystem::path& meminfo = "/proc/meminfo",
                      const std::filesystem::path& psi = "/proc/pressure/memory");
 
-// The sum of disk_mb that fits: Error(unavailable, field disk_mb, with the
-// numbers) if `admitted_mb` + `want_mb` exceeds the free space of the
-// filesystem holding `dir` (engine_lifecycle.cc).
-void check_disk_space(const std::filesystem::path& dir, int64_t admitted_mb, int64_t want_mb);
+// Disk admission: Error(unavailable, `field`, naming `what` and the
+// numbers) if `admitted_mb` + `want_mb` exceeds `free_mb` (< 0: unknown,
+// never refused). The message never names a host path: tenants read it.
+void check_disk_space(int64_t free_mb, int64_t admitted_mb, int64_t want_mb,
+                      const std::string& what, const std::string& field);
 
 // Warm pool (engine_pool.cc): one slot per shape (image, cpus, memory_mb,
 // disk_mb, NIC or not); several shapes of one image coexist.
@@ -195,8 +196,20 @@ struct Engine::Impl {
   int64_t wall_ms() const { return cfg.wall_clock_ms ? cfg.wall_clock_ms() : now_ms(); }
   // Sandboxes admitted (starting or running, pool members included) and
   // their disk_mb, for the free-space check.
+  // Also the scratch space of running `changes` calls, under "changes/<id>"
+  // (engine_changes.cc).
   std::mutex admit_mu;
   std::map<std::string, int64_t> admitted_disk_mb;
+  // Free MiB of the data dir's filesystem (cfg.disk_free_mb), -1 if unknown.
+  int64_t disk_free_mb() const;
+  // Reserves `mb` under `key` (admit_mu taken here) if it fits beside every
+  // reservation already made; else check_disk_space's Error.
+  void reserve_disk(const std::string& key, int64_t mb, const std::string& what,
+                    const std::string& field);
+  void release_disk(const std::string& key);
+  // Sandboxes with a `changes` call running: one at a time per sandbox.
+  std::mutex changes_mu;
+  std::set<std::string> changes_running;
 
   std::mutex mu;                 // live, stopping (never held while checking a sandbox)
   std::condition_variable wake;  // the reaper's

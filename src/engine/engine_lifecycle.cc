@@ -311,18 +311,36 @@ SandboxInfo Engine::create_counted(const SandboxSpec& spec) {
   return impl.launch(checked, *img, accel, false)->info();
 }
 
-void check_disk_space(const fs::path& dir, int64_t admitted_mb, int64_t want_mb) {
-  struct statvfs st {};
-  if (::statvfs(dir.c_str(), &st) != 0) return;  // unknown: do not refuse on it
-  int64_t free_mb =
-      static_cast<int64_t>(st.f_bavail) * static_cast<int64_t>(st.f_frsize) / (1024 * 1024);
-  if (admitted_mb + want_mb <= free_mb) return;
+void check_disk_space(int64_t free_mb, int64_t admitted_mb, int64_t want_mb,
+                      const std::string& what, const std::string& field) {
+  if (free_mb < 0 || admitted_mb + want_mb <= free_mb) return;
   throw Error(Errc::unavailable,
-              "not enough disk for disk_mb=" + std::to_string(want_mb) +
-                  ": the sandboxes already " +
-                  "admitted hold disk_mb=" + std::to_string(admitted_mb) + " in total and " +
-                  dir.string() + " has " + std::to_string(free_mb) + " MiB free",
-              "disk_mb");
+              "not enough disk for " + what + ": the sandboxes and changes calls already " +
+                  "admitted hold " + std::to_string(admitted_mb) +
+                  " MiB in total and the host's data filesystem has " + std::to_string(free_mb) +
+                  " MiB free",
+              field);
+}
+
+int64_t Engine::Impl::disk_free_mb() const {
+  if (cfg.disk_free_mb) return cfg.disk_free_mb();
+  struct statvfs st {};
+  if (::statvfs(cfg.data_dir.c_str(), &st) != 0) return -1;  // unknown: do not refuse on it
+  return static_cast<int64_t>(st.f_bavail) * static_cast<int64_t>(st.f_frsize) / (1024 * 1024);
+}
+
+void Engine::Impl::reserve_disk(const std::string& key, int64_t mb, const std::string& what,
+                                const std::string& field) {
+  std::lock_guard lock(admit_mu);
+  int64_t sum = 0;
+  for (const auto& [k, held] : admitted_disk_mb) sum += held;
+  check_disk_space(disk_free_mb(), sum, mb, what, field);
+  admitted_disk_mb[key] = mb;
+}
+
+void Engine::Impl::release_disk(const std::string& key) {
+  std::lock_guard lock(admit_mu);
+  admitted_disk_mb.erase(key);
 }
 
 std::shared_ptr<Live> Engine::Impl::launch(const SandboxSpec& checked, const storage::Image& image,
@@ -345,20 +363,14 @@ std::shared_ptr<Live> Engine::Impl::launch(const SandboxSpec& checked, const sto
   // Admission: the disk every admitted sandbox may fill must fit the data
   // dir's filesystem (overlays are sparse; their disk_mb is the promise).
   // Reserved under the id before the row exists.
-  auto unreserve = [&](const std::string& id) {
-    std::lock_guard lock(admit_mu);
-    admitted_disk_mb.erase(id);
-  };
+  auto unreserve = [&](const std::string& id) { release_disk(id); };
   for (int tries = 0;; ++tries) {
-    info.id = random_id("sb-");
+    // A pool member has an internal name until its hand-out mints the id
+    // its caller receives (take_pooled): no id a caller will get exists
+    // before it gets it.
+    info.id = random_id(pooled ? "pool-" : "sb-");
     rec.run_dir = impl.sandbox_dir(info.id);
-    {
-      std::lock_guard lock(admit_mu);
-      int64_t sum = 0;
-      for (const auto& [id, mb] : admitted_disk_mb) sum += mb;
-      check_disk_space(cfg.data_dir, sum, spec.disk_mb);
-      admitted_disk_mb[info.id] = spec.disk_mb;
-    }
+    reserve_disk(info.id, spec.disk_mb, "disk_mb=" + std::to_string(spec.disk_mb), "disk_mb");
     try {
       impl.registry.insert(rec);
       break;

@@ -201,7 +201,7 @@ SandboxInfo Engine::resume(const std::string& id) {
   if (!img)
     throw Error(Errc::unavailable, "sandbox " + id + ": image " + info.spec.image + " is gone");
   vmm::VmConfig vc;
-  vc.id = id;
+  vc.id = sb->run_name();  // a handed-out pool member's QEMU keeps its internal name
   vc.run_dir = sb->run_dir();
   vc.kernel = img->kernel;
   vc.initrd = img->initrd;

@@ -210,7 +210,6 @@ std::optional<SandboxInfo> Engine::Impl::take_pooled(const SandboxSpec& checked,
   // the new QEMU does not compete for the CPU with the caller's first exec.
   for (auto& d : dead) teardown_async(d, "pool member died while idle");
   if (!sb) return std::nullopt;
-  if (trace) trace->set_id(sb->id());
   mark("take");
 
   auto t0 = std::chrono::steady_clock::now();
@@ -227,9 +226,12 @@ std::optional<SandboxInfo> Engine::Impl::take_pooled(const SandboxSpec& checked,
   // warm-up may have moved it: the host's time now. Posted, not awaited: the
   // agent applies it before it reads anything sent after it, and every exec
   // comes after (the member is not in `live` yet). A closed channel ends the
-  // member; the caller then boots a fresh sandbox.
+  // member; the caller then boots a fresh sandbox. The public id is minted
+  // here and the guest named after it with the clock; the sandbox takes it
+  // (hand_out) below, once nothing but the record can fail.
+  const std::string public_id = random_id("sb-");
   try {
-    sb->channel->post_host_time();
+    sb->channel->post_host_time(public_id);
   } catch (const std::exception& e) {
     spdlog::warn("pool member {}: clock at hand-out not sent: {}", sb->id(), e.what());
     teardown_async(sb, "pool hand-out failed: the clock was not set");
@@ -269,9 +271,31 @@ std::optional<SandboxInfo> Engine::Impl::take_pooled(const SandboxSpec& checked,
   }
   sb->set_network(checked.network);
   sb->expires_steady_ms = steady_ms() + int64_t{checked.timeout_s} * 1000;
+  // Until here the member had only its internal name (its run dir, jail,
+  // cgroup and QEMU keep it), so no id a caller receives was ever shown
+  // anywhere before. The row is renamed by the transition below; the
+  // member's own journal ends with the id it became.
+  const std::string member = sb->id();
+  sb->hand_out(public_id);
+  if (trace) trace->set_id(info.id);
+  {
+    std::lock_guard lock(admit_mu);
+    admitted_disk_mb.erase(member);
+    admitted_disk_mb[info.id] = info.spec.disk_mb;
+  }
   // If the hand-out cannot be recorded, the member goes (never a half-made
   // sandbox); the caller then boots a fresh one.
-  ScopeGuard undo([&] { teardown(*sb, State::deleted, "pool hand-out failed", "deleted"); });
+  bool renamed = false;
+  ScopeGuard undo([&] {
+    if (!renamed) {
+      // The write failed: the row is still the member's, and so is the end.
+      sb->hand_out(member);
+      std::lock_guard lock(admit_mu);
+      admitted_disk_mb.erase(public_id);
+      admitted_disk_mb[member] = info.spec.disk_mb;
+    }
+    teardown(*sb, State::deleted, "pool hand-out failed", "deleted");
+  });
   // One write: spec, state, times (compare-and-set from starting). What is
   // durable when (docs/design.md, "Warm pool"): the registry row is
   // committed in WAL mode with synchronous=NORMAL (no fsync per commit) and
@@ -285,11 +309,24 @@ std::optional<SandboxInfo> Engine::Impl::take_pooled(const SandboxSpec& checked,
                               {"accel", info.accel},
                               {"boot_ms", info.boot_ms},
                               {"start", info.start},
+                              {"pool_member", member},
                               {"pid", info.pid}},
                   .durability = Durability::buffered,
                   .journal_required = true,
                   .write_record = true});
+  renamed = true;
   mark("record");
+  try {
+    journal.append(member, "handed_out", {{"id", info.id}});
+  } catch (const std::exception& e) {
+    spdlog::warn("pool member {}: audit: {}", member, e.what());
+  }
+  // The helper's events are the public id's from here (drained under the
+  // member's name first).
+  if (sb->net_events) {
+    sb->net_events.reset();
+    sb->net_events = attach_net_events(journal, info.id, sb->run_dir(), sb->net_pid, &metrics);
+  }
   {
     std::lock_guard lock(mu);
     live[info.id] = sb;

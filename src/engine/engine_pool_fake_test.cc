@@ -17,6 +17,13 @@ namespace {
 
 using namespace std::chrono_literals;
 
+// The pool member a handed-out sandbox was (its `created` record says).
+std::string pool_member_of(Engine& e, const std::string& id) {
+  for (auto& r : e.audit(id))
+    if (r["event"] == "created") return r.value("pool_member", "");
+  return "";
+}
+
 class PoolFake : public testing::FakeVmTest {
  protected:
   // The slot of `image` with that memory_mb (and no NIC), or null.
@@ -73,7 +80,8 @@ TEST_F(PoolFake, AMemberYieldsTheCpuUntilItsHandOut) {
   std::string member = slot(engine, 256)["members"][0];
   EXPECT_EQ(fake_->cpu_weight(member), 10);
   SandboxInfo got = engine.create({.image = "minimal"});
-  ASSERT_EQ(got.id, member);
+  ASSERT_EQ(got.start, "pool");
+  // The VM keeps the member's name; the sandbox has its public id.
   EXPECT_EQ(fake_->cpu_weight(member), vmm::kDefaultCpuWeight);
   // Its replacement waits at the low weight again; a create of a shape with
   // no slot boots at the default.
@@ -84,6 +92,48 @@ TEST_F(PoolFake, AMemberYieldsTheCpuUntilItsHandOut) {
   EXPECT_EQ(fake_->cpu_weight(other.id), vmm::kDefaultCpuWeight);
   engine.destroy(got.id);
   engine.destroy(other.id);
+}
+
+// A member has only an internal name until its hand-out mints the public
+// id: nothing the operator could list before (pool, sandboxes, their
+// journals) names the id a create then returns. The row is renamed, not
+// copied, and the sandbox survives a restart under its public id.
+TEST_F(PoolFake, TheIdOfAPoolHitExistedNowhereBefore) {
+  std::string id, member;
+  {
+    Engine engine(cfg_);
+    engine.set_pool("minimal", 2);
+    ASSERT_TRUE(eventually([&] { return slot(engine, 256)["ready"] == 2; }));
+    std::string seen = engine.pool_info().dump();
+    for (const auto& sb : engine.list({}, true)) seen += " " + sb.id;
+    for (const auto& m : slot(engine, 256)["members"]) {
+      EXPECT_EQ(m.get<std::string>().rfind("pool-", 0), 0u) << m;
+      for (const auto& r : engine.audit(m.get<std::string>())) seen += r.dump();
+    }
+    std::error_code ec;
+    for (const auto& f : std::filesystem::recursive_directory_iterator(data_, ec))
+      seen += " " + f.path().string();
+    SandboxInfo got = engine.create({.image = "minimal"});
+    ASSERT_EQ(got.start, "pool");
+    id = got.id;
+    member = pool_member_of(engine, id);
+    EXPECT_EQ(id.rfind("sb-", 0), 0u) << id;
+    EXPECT_EQ(seen.find(id), std::string::npos) << id << " was visible before its hand-out";
+    // Renamed: the member's name is no sandbox any more.
+    EXPECT_THROW(engine.get(member), Error);
+    EXPECT_EQ(engine.get(id).state, State::running);
+    EXPECT_EQ(sh(engine, id, "echo mine"), "mine\n");
+    engine.set_pool("minimal", 0);
+  }  // the daemon stops: the member left in the pool goes, the handed-out one runs on
+  Engine engine(cfg_);
+  SandboxInfo again = engine.get(id);
+  EXPECT_EQ(again.state, State::running) << again.reason;
+  EXPECT_EQ(again.start, "pool");
+  EXPECT_EQ(sh(engine, id, "echo back"), "back\n");
+  for (const auto& sb : engine.list()) EXPECT_EQ(sb.id, id);  // no pool member re-adopted
+  testing::destroy_wait(engine, id);
+  EXPECT_EQ(fake_vms(), 0u);
+  EXPECT_EQ(run_dirs(), 0u);
 }
 
 TEST_F(PoolFake, ACpuWeightOutOfRangeIsRefusedByName) {
@@ -115,11 +165,11 @@ TEST_F(PoolFake, ShapesOfOneImageCoexistAndServeOnlyTheirOwn) {
   std::string plain_member = slot(engine, 256)["members"][0];
   SandboxInfo small = engine.create({.image = "minimal", .memory_mb = 128});
   EXPECT_EQ(small.start, "pool");
-  EXPECT_EQ(small.id, small_member);
+  EXPECT_EQ(pool_member_of(engine, small.id), small_member);
   EXPECT_EQ(small.spec.memory_mb, 128);
   SandboxInfo plain = engine.create({.image = "minimal"});
   EXPECT_EQ(plain.start, "pool");
-  EXPECT_EQ(plain.id, plain_member);
+  EXPECT_EQ(pool_member_of(engine, plain.id), plain_member);
   // A shape with no slot is not served by another's members.
   ASSERT_TRUE(eventually([&] { return slot(engine, 256)["ready"] == 1; }));
   SandboxInfo other = engine.create({.image = "minimal", .cpus = 2});

@@ -62,7 +62,8 @@ nlohmann::json Engine::stats(const std::string& id) {
       {"net_tx_bytes", 0},
       {"age_s", std::max<int64_t>(0, (impl.wall_ms() - info.created_at_ms) / 1000)}};
   struct stat st;
-  fs::path disk = impl.sandbox_dir(id) / "disk.qcow2";
+  auto row = impl.registry.get(id);
+  fs::path disk = (row ? row->run_dir : impl.sandbox_dir(id)) / "disk.qcow2";
   if (::stat(disk.c_str(), &st) == 0) j["disk_bytes"] = static_cast<uint64_t>(st.st_blocks) * 512;
   if (!sb) return j;
   int pid = sb->state() == State::running ? info.pid : 0;

@@ -177,7 +177,7 @@ TEST_F(PoolTest, MembersAreHandedOutOnceAndNeverRunAnythingBefore) {
   }
   for (const auto& sb : e.list()) EXPECT_NE(sb.id, before[0]);
 
-  std::set<std::string> handed;
+  std::set<std::string> handed, handed_members;
   for (int i = 0; i < 4; ++i) {
     if (i >= 2) ASSERT_TRUE(wait_ready(e, 1)) << "the pool did not refill";
     SandboxInfo sb = e.create({.image = "minimal", .metadata = {{"who", "me"}}});
@@ -188,9 +188,13 @@ TEST_F(PoolTest, MembersAreHandedOutOnceAndNeverRunAnythingBefore) {
     EXPECT_EQ(sh(e, sb.id, "echo hi"), "hi\n");
     auto now = members(e);
     EXPECT_EQ(std::count(now.begin(), now.end(), sb.id), 0);
+    // The public id is minted at hand-out: it was never a member's name.
+    EXPECT_EQ(std::count(before.begin(), before.end(), sb.id), 0);
+    for (auto& r : e.audit(sb.id))
+      if (r["event"] == "created") handed_members.insert(r.value("pool_member", ""));
     testing::destroy_wait(e, sb.id);
   }
-  EXPECT_TRUE(handed.count(before[0]) && handed.count(before[1]));
+  EXPECT_TRUE(handed_members.count(before[0]) && handed_members.count(before[1]));
   EXPECT_GE(e.pool_info()[0]["hits"].get<int>(), 4);
   // Another shape is not served from the pool.
   SandboxInfo other = e.create({.image = "minimal", .memory_mb = 128});

@@ -49,6 +49,7 @@ bool transition_allowed(State from, State to) {
 Sandbox::Sandbox(SandboxRecord r, Registry& registry, AuditJournal& journal)
     : rec(std::move(r)),
       id_(rec.info.id),
+      row_id_(rec.info.id),
       run_dir_(rec.run_dir),
       registry_(registry),
       journal_(journal),
@@ -58,6 +59,11 @@ Sandbox::Sandbox(SandboxRecord r, Registry& registry, AuditJournal& journal)
       network_(rec.info.spec.network) {
   networked =
       rec.info.spec.network.is_object() && rec.info.spec.network.value("mode", "none") != "none";
+}
+
+void Sandbox::hand_out(const std::string& public_id) {
+  id_ = public_id;
+  rec.info.id = public_id;
 }
 
 State Sandbox::state() const {
@@ -73,12 +79,13 @@ void Sandbox::apply(State from, State to, const Change& c) {
     full.info.spec.network = network_;
     w.record = &full;
   }
-  if (!registry_.compare_and_set_state(id_, w)) {
-    auto now = registry_.get(id_);
+  if (!registry_.compare_and_set_state(row_id_, w)) {
+    auto now = registry_.get(row_id_);
     throw Error(Errc::conflict, "sandbox " + id_ + " is " +
                                     (now ? to_string(now->info.state) : "gone") +
                                     " in the registry, not " + to_string(from));
   }
+  if (w.record) row_id_ = w.record->info.id;  // renamed with it (hand_out)
   state_ = to;
   reason_ = c.reason;
   failure_ = to == State::failed ? c.failure : std::string();

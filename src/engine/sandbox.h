@@ -100,6 +100,13 @@ class Sandbox {
   Sandbox& operator=(const Sandbox&) = delete;
 
   const std::string& id() const { return id_; }
+  // The name of its run dir, jail, cgroup and QEMU: the id it was launched
+  // under (a pool member's internal name stays its run name after hand-out).
+  std::string run_name() const { return run_dir_.filename().string(); }
+  // Pool hand-out, only before the sandbox is shared: from now on it is
+  // `public_id` (rec.info.id too, and every journal record); the next
+  // transition that writes the record renames its registry row.
+  void hand_out(const std::string& public_id);
   const std::filesystem::path& run_dir() const { return run_dir_; }
   State state() const;
   // Moves `expected` -> `to`. Error(conflict) naming the actual state if the
@@ -178,7 +185,8 @@ class Sandbox {
  private:
   void apply(State from, State to, const Change& change);  // under state_mu_
 
-  const std::string id_;
+  std::string id_;
+  std::string row_id_;  // the registry row's id: id_ but between hand_out and its write
   const std::filesystem::path run_dir_;
   Registry& registry_;
   AuditJournal& journal_;

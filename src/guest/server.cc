@@ -574,6 +574,9 @@ nlohmann::json Server::op_set_time(const json& req) {
   // host's own, never ours to set.
   if (opts_.system && !set_clock_ns(ns))
     throw GuestError(protocol::code::internal, std::string("clock_settime: ") + strerror(errno));
+  // A pool member's hand-out names the guest after its public id (checked
+  // and applied as a hello's hostname is).
+  if (opts_.system && req.contains("hostname")) apply_hello({{"hostname", req["hostname"]}});
   return json::object();
 }
 

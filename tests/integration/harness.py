@@ -373,10 +373,31 @@ class NetnsDaemonTestCase(DaemonTestCase):
             subprocess.run(["ip", "netns", "del", cls.NS], capture_output=True)
 
 
+def pool_member_of(data_dir, sid):
+    """The internal name of the pool member that became sandbox `sid` (its journal's
+    `created` record says), or None."""
+    try:
+        with open(os.path.join(data_dir, "audit", sid + ".jsonl")) as f:
+            for line in f:
+                if '"created"' in line and json.loads(line).get("event") == "created":
+                    return json.loads(line).get("pool_member")
+    except (OSError, ValueError):
+        pass
+    return None
+
+
 def leftovers_of(data_dir, sid, wait=10):
     """What remains of deleted sandbox `sid` (QEMU, helper processes, run dir, cgroups,
     files other than its journal), as a list of descriptions; [] when nothing.
-    Waits up to `wait` seconds for teardown to finish first."""
+    Waits up to `wait` seconds for teardown to finish first. A pool hit's run
+    dir, jail and QEMU keep the member's name: those are checked too."""
+    member = pool_member_of(data_dir, sid)
+    if member:
+        return leftovers_of(data_dir, member, wait) + leftovers_of_name(data_dir, sid, wait)
+    return leftovers_of_name(data_dir, sid, wait)
+
+
+def leftovers_of_name(data_dir, sid, wait):
     run_dir = os.path.join(data_dir, "sandboxes", sid)
     deadline = time.time() + wait
     while time.time() < deadline and (pids_mentioning(sid) or os.path.exists(run_dir)

@@ -48,7 +48,7 @@ class PoolHandOut(harness.DaemonTestCase):
         sb = self.api.create(image="minimal", env={"GREETING": "hi"})
         self.assertEqual(sb["start"], "pool")
         self.assertEqual(sb["state"], "running")
-        self.assertIn(sb["id"], members)
+        self.assertIn(harness.pool_member_of(self.data_dir, sb["id"]), members)
         # Out of the pool at once: never handed out twice.
         self.assertNotIn(sb["id"], self.api.call("GET", "/v1/pool")[0]["members"])
         sb2 = self.api.create(image="minimal")
@@ -56,12 +56,48 @@ class PoolHandOut(harness.DaemonTestCase):
         out, _, res = self.api.exec(sb["id"], argv=["sh", "-c", "echo $GREETING"])
         self.assertEqual((res["exit_code"], out), (0, b"hi\n"))
         # The hand-out is on record (written without fsync: design.md says
-        # why that is crash-safe), after the member's own `pooled` record.
-        events = [r["event"] for r in journal(self.data_dir, sb["id"])]
-        self.assertLess(events.index("pooled"), events.index("created"))
+        # why that is crash-safe): the member's journal, from `pooled`, ends
+        # with the id it became; the sandbox's starts with its `created`.
+        member = harness.pool_member_of(self.data_dir, sb["id"])
+        events = journal(self.data_dir, member)
+        self.assertLess([r["event"] for r in events].index("pooled"), len(events) - 1)
+        self.assertEqual((events[-1]["event"], events[-1]["id"]), ("handed_out", sb["id"]))
+        self.assertEqual(journal(self.data_dir, sb["id"])[0]["event"], "created")
         for s in (sb, sb2):
             self.api.delete(s["id"])
             self.assertNothingLeft(s["id"])
+
+    def test_the_id_of_a_pool_hit_is_minted_at_hand_out(self):
+        """Before, a member had its public id from the moment it was made, so
+        the operator's views (and anything that leaked them) showed the id a
+        later create returned. Now the member has an internal name until its
+        hand-out mints the id; the sandbox is re-adopted under it."""
+        wait_pool(self.api, 2)
+        seen = json.dumps([self.api.call("GET", "/v1/info"), self.api.call("GET", "/v1/pool"),
+                           self.api.call("GET", "/v1/sandboxes?all=true")])
+        for base, dirs, files in os.walk(self.data_dir):
+            seen += " ".join(dirs + files)
+        members = [m for s in self.api.call("GET", "/v1/pool") for m in s["members"]]
+        sb = self.api.create(image="minimal")
+        self.assertEqual(sb["start"], "pool")
+        self.assertNotIn(sb["id"], seen)
+        self.assertTrue(all(m.startswith("pool-") for m in members), members)
+        self.assertIn(harness.pool_member_of(self.data_dir, sb["id"]), members)
+        out, _, res = self.api.exec(sb["id"], argv=["cat", "/proc/sys/kernel/hostname"])
+        self.assertEqual((res["exit_code"], out), (0, sb["id"].encode() + b"\n"))
+        # A restarted daemon re-adopts it under its public id.
+        self.daemon.send_signal(signal.SIGTERM)
+        self.daemon.wait(timeout=60)
+        type(self).start_daemon()
+        got = self.api.call("GET", f"/v1/sandboxes/{sb['id']}")
+        self.assertEqual((got["state"], got["start"]), ("running", "pool"), got)
+        self.assertIn(sb["id"], [s["id"] for s in self.api.call("GET", "/v1/sandboxes")])
+        out, _, res = self.api.exec(sb["id"], argv=["cat", "/proc/sys/kernel/hostname"])
+        self.assertEqual((res["exit_code"], out), (0, sb["id"].encode() + b"\n"))
+        self.assertIn("adopted", [r["event"] for r in journal(self.data_dir, sb["id"])])
+        self.api.delete(sb["id"])
+        self.assertNothingLeft(sb["id"])
+        wait_pool(self.api, 2)  # refilled for the class's other tests
 
     def test_members_yield_the_cpu_until_their_hand_out(self):
         # A member's QEMU runs under a low cpu weight (a refill yields to
@@ -83,7 +119,7 @@ class PoolHandOut(harness.DaemonTestCase):
             self.assertEqual(weight(m), 10, m)
         sb = self.api.create(image="minimal")
         self.assertEqual(sb["start"], "pool")
-        self.assertEqual(weight(sb["id"]), 100)
+        self.assertEqual(weight(harness.pool_member_of(self.data_dir, sb["id"])), 100)
         posture = self.api.call("GET", f"/v1/sandboxes/{sb['id']}/posture")
         self.assertEqual(posture["process"]["cgroup"]["cpu_weight"], 100, posture)
         self.api.delete(sb["id"])
@@ -228,7 +264,7 @@ class NetworkedPool(harness.DaemonTestCase):
         policy = {"mode": "allowlist", "allow": ["198.51.100.10/32"]}
         sb = self.api.create(image="minimal", network=policy)
         self.assertEqual(sb["start"], "pool")
-        self.assertEqual(sb["id"], member[True])
+        self.assertEqual(harness.pool_member_of(self.data_dir, sb["id"]), member[True])
         # At once, with no wait: the allowed host answers (deny-everything
         # would have refused it), its neighbour is refused.
         out, _, res = self.api.exec(sb["id"], cmd="wget -q -O - http://198.51.100.10/")
@@ -236,17 +272,29 @@ class NetworkedPool(harness.DaemonTestCase):
         out, _, res = self.api.exec(sb["id"], cmd="nc -w 20 198.51.100.11 80 </dev/null 2>&1")
         self.assertNotEqual(res["exit_code"], 0, out)
         self.assertIn(b"refused", out.lower())
-        # The policy is on record before the hand-out's `created`.
-        events = journal(self.data_dir, sb["id"])
+        # The policy is on record before the hand-out (in the member's
+        # journal: it was in force before the sandbox had its id).
+        events = journal(self.data_dir, member[True])
         kinds = [r["event"] for r in events]
         at = kinds.index("net_policy")
         self.assertEqual(events[at]["policy"]["allow"], ["198.51.100.10/32"])
-        self.assertLess(at, kinds.index("created"))
+        self.assertLess(at, kinds.index("handed_out"))
+        # The helper's reports after the hand-out are the sandbox's, under
+        # its public id (its reader was re-attached at hand-out).
+        deadline = time.time() + 30
+        while time.time() < deadline and not any(
+                r["event"] == "net_flow_end" and r.get("dst") == "198.51.100.10"
+                for r in journal(self.data_dir, sb["id"])):
+            time.sleep(0.2)
+        flows = [r for r in journal(self.data_dir, sb["id"]) if r["event"].startswith("net_flow")]
+        self.assertTrue(any(r.get("dst") == "198.51.100.10" for r in flows),
+                        journal(self.data_dir, sb["id"]))
         self.assertEqual(self.api.call("GET", f"/v1/sandboxes/{sb['id']}")["network"]["allow"],
                          ["198.51.100.10/32"])
         # A create without network gets the plain slot's member: no NIC.
         plain = self.api.create(image="minimal")
-        self.assertEqual((plain["start"], plain["id"]), ("pool", member[False]))
+        self.assertEqual((plain["start"], harness.pool_member_of(self.data_dir, plain["id"])),
+                         ("pool", member[False]))
         out, _, res = self.api.exec(plain["id"], cmd="ls /sys/class/net")
         self.assertEqual((res["exit_code"], out.split()), (0, [b"lo"]))
         self.api.call("PUT", "/v1/pool", {"image": "minimal", "size": 0, "network": True})
@@ -349,14 +397,15 @@ class WarmUp(harness.DaemonTestCase):
         self.assertEqual(sb["start"], "pool")
         out, _, res = self.api.exec(sb["id"], argv=["cat", "/tmp/warm.log"])
         self.assertEqual(res["exit_code"], 0, out)
-        self.assertEqual(out.decode().split(), ["airlock-template", sb["id"]])
+        member = harness.pool_member_of(self.data_dir, sb["id"])
+        self.assertEqual(out.decode().split(), ["airlock-template", member])
         # The warm-up set the member's clock to 2001; the hand-out set it to
         # the host's before the first exec.
         out, _, res = self.api.exec(sb["id"], argv=["date", "+%s"])
         self.assertEqual(res["exit_code"], 0, out)
         self.assertLess(abs(int(out) - time.time()), 10, out)
-        kinds = [r["event"] for r in journal(self.data_dir, sb["id"])]
-        between = kinds[kinds.index("pooled") + 1:kinds.index("created")]
+        kinds = [r["event"] for r in journal(self.data_dir, member)]
+        between = kinds[kinds.index("pooled") + 1:kinds.index("handed_out")]
         self.assertEqual(between, ["pool_warmup", "pool_warmup"])
         self.api.call("PUT", "/v1/pool", {"image": "warm", "size": 0})
         self.api.delete(sb["id"])

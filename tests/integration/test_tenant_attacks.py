@@ -6,10 +6,15 @@ Each test names the hole it closes; each failed on the code before the fix:
 paused sandboxes counted against no quota, a resume reserved nothing, a
 create from a snapshot reserved what its body said, any tenant could start
 from, diff against or boot the image of a snapshot taken of another
-tenant's sandbox, and /v1/info showed a tenant the data dir, the pool's
-member ids and every template.
+tenant's sandbox, /v1/info showed a tenant the data dir, the pool's
+member ids and every template, parallel `changes` calls filled the host's
+disk with scratch copies, and a create that did not fit named the data dir.
 """
 
+import os
+import shutil
+import subprocess
+import threading
 import time
 import unittest
 
@@ -225,6 +230,115 @@ class TenantAttackTest(TcpDaemonTestCase):
             self.wait_gone(c, sid)
         finally:
             self.api.call("PUT", "/v1/pool", {"image": "minimal", "size": 0})
+
+
+@unittest.skipUnless(os.geteuid() == 0, "mounting the small data filesystem needs root")
+class ChangesScratchTest(TcpDaemonTestCase):
+    """`changes` materializes both disk layers as raw scratch files in the
+    data dir. Before, nothing serialised or counted them: parallel calls on
+    a full disk filled the host's data filesystem. The daemon here runs on
+    a 1 GiB tmpfs the test mounts, so "full" is cheap to reach."""
+
+    extra_args = ["--no-templates"]
+    FS_MB = 1024
+
+    @classmethod
+    def start_daemon(cls):
+        os.makedirs(cls.data_dir, exist_ok=True)
+        if not os.path.ismount(cls.data_dir):
+            subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={cls.FS_MB}m,mode=0700", "tmpfs",
+                            cls.data_dir], check=True)
+        super().start_daemon()
+
+    @classmethod
+    def tearDownClass(cls):
+        tmp, data = cls.tmp, cls.data_dir
+        try:
+            super().tearDownClass()
+        finally:
+            subprocess.run(["umount", "-l", data], capture_output=True)
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    def free_mb(self):
+        st = os.statvfs(self.data_dir)
+        return st.f_bavail * st.f_frsize // (1 << 20)
+
+    def parallel_changes(self, client, sid, n):
+        """n concurrent GET .../changes; (results, least free MiB seen meanwhile)."""
+        results, low, done = [None] * n, [self.free_mb()], threading.Event()
+        go = threading.Barrier(n)
+
+        def one(i):
+            go.wait()
+            try:
+                results[i] = (200, client.call("GET", f"/v1/sandboxes/{sid}/changes", timeout=600))
+            except ApiError as e:
+                results[i] = (e.status, e.code, e.message, e.field)
+
+        def watch():
+            while not done.is_set():
+                low[0] = min(low[0], self.free_mb())
+                time.sleep(0.005)
+        w = threading.Thread(target=watch)
+        w.start()
+        calls = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+        for t in calls:
+            t.start()
+        for t in calls:
+            t.join()
+        done.set()
+        w.join()
+        return results, low[0]
+
+    def assertClearRefusal(self, r):
+        if r[0] == 409:
+            self.assertEqual(r[1], "conflict")
+            self.assertIn("already running", r[2])
+        else:
+            self.assertEqual(r[:2], (503, "unavailable"), r)
+            self.assertIn("not enough disk for this changes call's scratch space", r[2])
+        for leak in [self.data_dir, self.tmp]:
+            self.assertNotIn(leak, r[2])
+
+    def test_parallel_changes_on_a_full_disk_do_not_fill_the_host(self):
+        c = self.tenant("differ")
+        sid = c.create(image="minimal", disk_mb=400, timeout=600)["id"]
+        try:
+            # Room for one call's scratch: each is 200, or 409 while another runs.
+            results, _ = self.parallel_changes(c, sid, 4)
+            self.assertIn(200, [r[0] for r in results], results)
+            for r in results:
+                if r[0] != 200:
+                    self.assertClearRefusal(r)
+            # The guest fills its disk with what no sparse copy can skip.
+            out, err, ex = c.exec(sid, argv=["sh", "-c",
+                                             "dd if=/dev/urandom of=/root/fill bs=1M count=300 && sync"])
+            self.assertEqual(ex["exit_code"], 0, err)
+            results, low = self.parallel_changes(c, sid, 20)
+            # Before: 20 raw copies of ~330 MiB each, in a filesystem with
+            # ~700 MiB left, ran out of space (qemu-img: No space left).
+            self.assertGreater(low, 64, f"the data filesystem went down to {low} MiB free")
+            for r in results:
+                self.assertNotEqual(r[0], 200, "a diff's scratch did not fit but it ran")
+                self.assertClearRefusal(r)
+            self.assertIn(503, [r[0] for r in results])
+            # The sandbox is unharmed and nothing of the calls is left.
+            self.assertEqual(c.exec(sid, argv=["echo", "ok"])[0], b"ok\n")
+            self.assertEqual(os.listdir(os.path.join(self.data_dir, "tmp")), [])
+        finally:
+            c.delete(sid)
+            self.wait_gone(c, sid)
+
+    def test_a_create_that_does_not_fit_names_no_host_path(self):
+        c = self.tenant("big")
+        status, code, message, field = error_of(lambda: c.create(image="minimal", disk_mb=4096))
+        self.assertEqual((status, code, field), (503, "unavailable", "disk_mb"))
+        self.assertIn("not enough disk for disk_mb=4096", message)
+        for leak in [self.data_dir, self.tmp]:
+            self.assertNotIn(leak, message)
+
+    tenant = TenantAttackTest.tenant
+    wait_gone = TenantAttackTest.wait_gone
 
 
 if __name__ == "__main__":

@@ -298,10 +298,13 @@ void GuestChannel::post(const nlohmann::json& request) {
   send(protocol::json_frame(Type::request, id, request));
 }
 
-void GuestChannel::post_host_time() {
+void GuestChannel::post_host_time(const std::string& hostname) {
   auto now = std::chrono::system_clock::now().time_since_epoch();
-  post({{"op", "set_time"},
-        {"time_ns", std::chrono::duration_cast<std::chrono::nanoseconds>(now).count()}});
+  nlohmann::json req{
+      {"op", "set_time"},
+      {"time_ns", std::chrono::duration_cast<std::chrono::nanoseconds>(now).count()}};
+  if (!hostname.empty()) req["hostname"] = hostname;
+  post(req);
 }
 
 std::shared_ptr<GuestChannel::Stream> GuestChannel::register_stream(uint32_t id) {

@@ -141,8 +141,9 @@ class GuestChannel {
   // (guest_error) if the connection is closed.
   void post(const nlohmann::json& request);
   // post()s `set_time` with the host's clock now: for a guest whose clock
-  // stood still (a stopped VM) or moved (a pool member's warm-up).
-  void post_host_time();
+  // stood still (a stopped VM) or moved (a pool member's warm-up). A
+  // non-empty `hostname` is set with it (a pool member's public id).
+  void post_host_time(const std::string& hostname = "");
 
   // A fresh stream id (>= 1, never reused on this connection).
   uint32_t open_stream();

@@ -240,8 +240,8 @@ bool Registry::compare_and_set_state(const std::string& id, const RegistryStateW
   if (w.record) {
     Stmt s(db_,
            "UPDATE sandboxes SET spec=?3, state=?4, reason=?5, accel=?6, start=?7,"
-           " created_at_ms=?8, expires_at_ms=?9, boot_ms=?10, pid=?11, run_dir=?12, failure=?13"
-           " WHERE id=?1 AND state=?2",
+           " created_at_ms=?8, expires_at_ms=?9, boot_ms=?10, pid=?11, run_dir=?12, failure=?13,"
+           " id=?14 WHERE id=?1 AND state=?2",
            "move " + id + " to " + to_string(w.to));
     SandboxRecord r = *w.record;
     r.info.state = w.to;
@@ -252,6 +252,7 @@ bool Registry::compare_and_set_state(const std::string& id, const RegistryStateW
     if (w.boot_ms) r.info.boot_ms = *w.boot_ms;
     s.bind(1, id).bind(2, std::string(to_string(w.from)));
     bind_fields(s, 3, r);
+    s.bind(14, r.info.id);  // a pool member's hand-out renames its row
     s.step();
   } else {
     Stmt s(db_,

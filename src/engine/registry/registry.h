@@ -41,7 +41,8 @@ struct RegistryStateWrite {
   std::string failure;  // stored only for `failed`
   std::optional<int> pid;
   std::optional<int64_t> boot_ms;
-  // Also write every other column from this record (pool hand-out).
+  // Also write every other column from this record (pool hand-out),
+  // its id included: the row is renamed to record->info.id.
   const SandboxRecord* record = nullptr;
 };
 

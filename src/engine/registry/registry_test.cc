@@ -227,6 +227,33 @@ TEST_F(RegistryTest, CompareAndSetStateRefusesAStaleFrom) {
   EXPECT_THROW(reg.compare_and_set_state("sb-nope", {State::running, State::stopping}), Error);
 }
 
+// A pool hand-out writes the whole record under its new id: the member's
+// row becomes the public one (one row, its run dir kept), and an id that
+// is taken is refused with nothing changed.
+TEST_F(RegistryTest, WritingTheRecordRenamesTheRow) {
+  Registry reg(dir_ / "registry.db");
+  reg.insert(record("pool-00000000000a", 1));
+  reg.insert(record("sb-00000000000b", 2));
+  SandboxRecord taken = *reg.get("pool-00000000000a");
+  taken.info.id = "sb-00000000000b";
+  EXPECT_THROW(reg.compare_and_set_state("pool-00000000000a",
+                                         {State::starting, State::running, "", "", {}, {}, &taken}),
+               Error);
+  EXPECT_EQ(reg.get("pool-00000000000a")->info.state, State::starting);
+  SandboxRecord out = *reg.get("pool-00000000000a");
+  out.info.id = "sb-00000000000c";
+  out.info.start = "pool";
+  EXPECT_TRUE(reg.compare_and_set_state("pool-00000000000a",
+                                        {State::starting, State::running, "", "", {}, {}, &out}));
+  EXPECT_FALSE(reg.get("pool-00000000000a"));
+  auto got = reg.get("sb-00000000000c");
+  ASSERT_TRUE(got);
+  EXPECT_EQ(got->info.state, State::running);
+  EXPECT_EQ(got->info.start, "pool");
+  EXPECT_EQ(got->run_dir, "/tmp/run/pool-00000000000a");
+  EXPECT_EQ(reg.list(true).size(), 2u);
+}
+
 TEST_F(RegistryTest, DatabaseIsOwnerOnly) {
   ::umask(022);
   {
