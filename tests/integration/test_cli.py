@@ -199,7 +199,9 @@ class CliStreamTest(DaemonTestCase):
 
 
 class AutoStartTest(unittest.TestCase):
-    def test_cli_starts_a_daemon_when_none_runs(self):
+    @staticmethod
+    def private_env():
+        """(tmp, data dir, env) for a CLI that finds no daemon and starts its own."""
         tmp = tempfile.mkdtemp(prefix="airlock-auto-")
         data = os.path.join(tmp, "data")
         # Template RAM inside tmp too, so nothing is left in /dev/shm.
@@ -208,6 +210,10 @@ class AutoStartTest(unittest.TestCase):
                    AIRLOCK_TEMPLATE_RAM_DIR=os.path.join(tmp, "template-ram"),
                    AIRLOCK_POOL_LEARN="0")
         env.pop("AIRLOCK_SOCKET", None)
+        return tmp, data, env
+
+    def test_cli_starts_a_daemon_when_none_runs(self):
+        tmp, data, env = self.private_env()
         try:
             r = airlock(env, "run", "--", "echo", "auto")
             self.assertEqual(r.returncode, 0, r.stderr)
@@ -224,12 +230,7 @@ class AutoStartTest(unittest.TestCase):
         # The CLI starts airlockd like every other detached spawn
         # (common/spawn.h): a descriptor the CLI's caller left open, and a
         # signal it ignores, must not reach the long-lived daemon.
-        tmp = tempfile.mkdtemp(prefix="airlock-auto-")
-        data = os.path.join(tmp, "data")
-        env = dict(os.environ, AIRLOCK_DATA_DIR=data, AIRLOCK_IMAGE_DIR=IMAGE_DIR,
-                   AIRLOCK_TEMPLATE_RAM_DIR=os.path.join(tmp, "template-ram"),
-                   AIRLOCK_POOL_LEARN="0")
-        env.pop("AIRLOCK_SOCKET", None)
+        tmp, data, env = self.private_env()
         leak_r, leak_w = os.pipe()
         try:
             r = subprocess.run([os.path.join(BIN, "airlock"), "ls"], env=env, capture_output=True,
