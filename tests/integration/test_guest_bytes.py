@@ -152,7 +152,7 @@ class ForgedBackingFiles(DaemonTestCase):
 
 
 def confined_processes(daemon_pid):
-    """{pid: (status fields, fds, cmdline)} of the processes whose parent is
+    """{pid: (status fields, fds, cmdline, {fd: target})} of the processes whose parent is
     `daemon_pid` and that run airlock-confine or a tool it executed."""
     out = {}
     for pid in os.listdir("/proc"):
@@ -167,14 +167,20 @@ def confined_processes(daemon_pid):
             cmd = cmdline()
             with open(f"/proc/{pid}/status") as f:
                 status = dict(line.rstrip("\n").split(":\t", 1) for line in f if ":\t" in line)
-            fds = sorted(int(n) for n in os.listdir(f"/proc/{pid}/fd"))
+            targets = {}
+            for n in os.listdir(f"/proc/{pid}/fd"):
+                try:
+                    targets[int(n)] = os.readlink(f"/proc/{pid}/fd/{n}")
+                except OSError:
+                    pass
+            fds = sorted(targets)
             if status.get("PPid") != str(daemon_pid) or cmdline() != cmd:
                 continue
         except (OSError, ValueError):
             continue
         name = os.path.basename(cmd[0].decode(errors="replace"))
         if name in ("airlock-confine", "qemu-img", "diff", "e2fsck"):
-            out[int(pid)] = (status, fds, cmd)
+            out[int(pid)] = (status, fds, cmd, targets)
     return out
 
 
@@ -190,10 +196,10 @@ class ConfinedParsers(DaemonTestCase):
 
         def loop():
             while not stop.is_set():
-                for pid, (st, fds, cmd) in confined_processes(self.daemon.pid).items():
+                for pid, (st, fds, cmd, targets) in confined_processes(self.daemon.pid).items():
                     # Descriptors: every one it ever had (at exit they close one by one).
-                    old = seen.get(pid, (None, [], None))[1]
-                    seen[pid] = (st, sorted(set(old) | set(fds)), cmd)
+                    old = seen.get(pid, (None, [], None, {}))
+                    seen[pid] = (st, sorted(set(old[1]) | set(fds)), cmd, {**old[3], **targets})
                 time.sleep(0.001)
 
         t = threading.Thread(target=loop, daemon=True)
@@ -216,11 +222,12 @@ class ConfinedParsers(DaemonTestCase):
                 self.api.call("POST", "/v1/prune")  # a template of the image holds it
 
     def assertConfined(self, seen, tool, fds):
-        procs = [(st, f, cmd) for st, f, cmd in seen.values()
+        procs = [(st, f, cmd, t) for st, f, cmd, t in seen.values()
                  if os.path.basename(cmd[0].decode()) == tool or
-                 (tool == "walker" and b'"mode":"walk"' in b"".join(cmd))]
+                 (tool == "walker" and b'"mode":"walk"' in b"".join(cmd)) or
+                 (tool == "importer" and b'"mode":"import"' in b"".join(cmd))]
         self.assertTrue(procs, f"no confined {tool} process was seen: {list(seen.values())}")
-        for st, f, cmd in procs:
+        for st, f, cmd, targets in procs:
             uid = int(st["Uid"].split()[0])
             self.assertGreaterEqual(uid, 2100000000, (tool, st["Uid"]))
             self.assertEqual(st["Uid"].split(), [str(uid)] * 4)
@@ -229,7 +236,9 @@ class ConfinedParsers(DaemonTestCase):
             self.assertEqual(st["Seccomp"], "2", tool)
             self.assertEqual(st["CapEff"], "0000000000000000", tool)
             self.assertEqual(st["CapBnd"], "0000000000000000", tool)
-            if fds is not None:
+            if callable(fds):
+                fds(targets)
+            elif fds is not None:
                 self.assertEqual(f, fds, (tool, f))
 
     def test_a_changes_runs_qemu_img_the_walker_and_diff_confined(self):
@@ -279,6 +288,47 @@ class ConfinedParsers(DaemonTestCase):
         out, _, _ = self.api.exec(new, cmd="cat /root/saved")
         self.assertEqual(out, b"kept\n")
         self.api.delete(new)
+
+    def test_c_an_image_import_runs_libarchive_confined(self):
+        self.delete_quietly("/v1/images/conf-import")
+        self.addCleanup(self.delete_quietly, "/v1/images/conf-import")
+        # Enough entries that the unpack lasts long enough to be seen, and
+        # what only root may set: owners, a set-id mode, a capability.
+        many = [ob.directory("many")] + [ob.file(f"many/f{i}", b"%d\n" % i) for i in range(5000)]
+        layer = ob.make_layer(many + [
+            ob.directory("home", uid=1000, gid=1000, mode=0o750),
+            ob.file("home/suid", b"x", 0o4755, uid=1000, gid=1000),
+            ob.file("cap", b"c", 0o755, pax={"SCHILY.xattr.user.note": "kept"}),
+        ])
+        data = ob.docker_archive([layer], ob.config())
+        done = self.watch()
+        img = self.api.call("POST", "/v1/images/conf-import/import", data, timeout=600)
+        seen = done()
+        self.assertEqual(img["layers"], 1)
+        # Given: stdin, two pipes, the archive (3), its scratch directory
+        # (4); whatever else it had open, it opened there itself.
+        def only_its_own(targets):
+            self.assertTrue(targets[0] == "/dev/null" and all(
+                targets[n].startswith("pipe:") for n in (1, 2)), targets)
+            self.assertIn("/.tmp-import-", targets[4], targets)
+            for n, t in targets.items():
+                if n > 4:
+                    self.assertTrue(t.startswith(targets[4] + "/") or t == targets[3], (n, t))
+        self.assertConfined(seen, "importer", only_its_own)
+        # What the unprivileged importer could not set, root set from its
+        # manifest: read back from the installed image's filesystem.
+        rootfs = max(glob.glob(os.path.join(harness.IMAGE_DIR, "conf-import", "*", "rootfs.ext4")),
+                     key=os.path.getmtime)
+        out = subprocess.run(["debugfs", "-R", "stat /home/suid", rootfs], capture_output=True,
+                             text=True).stdout
+        self.assertRegex(out, r"Mode:\s+04755", out)
+        self.assertRegex(out, r"User:\s+1000\s+Group:\s+1000", out)
+        out = subprocess.run(["debugfs", "-R", "stat /home", rootfs], capture_output=True,
+                             text=True).stdout
+        self.assertRegex(out, r"Mode:\s+0750", out)
+        out = subprocess.run(["debugfs", "-R", "stat /many/f7", rootfs], capture_output=True,
+                             text=True).stdout
+        self.assertRegex(out, r"User:\s+0\s+Group:\s+0", out)
 
 
 class HostileImportArchives(DaemonTestCase):

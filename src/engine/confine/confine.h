@@ -51,7 +51,7 @@ struct Limits {
 };
 
 struct Spec {
-  std::string mode;               // "walk" or "exec"
+  std::string mode;               // "walk", "exec" or "import" (storage::import_oci)
   std::string what;               // names the tool in errors ("qemu-img")
   std::vector<std::string> argv;  // exec: the tool (looked up in PATH) and its arguments
   nlohmann::json args;            // walk: the walker's arguments

@@ -5,7 +5,10 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <sys/wait.h>
 #include <sys/xattr.h>
 #include <unistd.h>
 
@@ -16,6 +19,7 @@
 
 #include "common/error.h"
 #include "common/subprocess.h"
+#include "engine/confine/lockdown.h"
 
 namespace airlock::engine::confine {
 namespace {
@@ -206,6 +210,44 @@ TEST_F(ConfineTest, ImageOptsNamesBecomeDescriptors) {
   EXPECT_EQ(spec.find(secret.string()), std::string::npos) << spec;
   EXPECT_NE(spec.find("/proc/self/fd/3"), std::string::npos) << spec;
   EXPECT_NE(spec.find("/proc/self/fd/4"), std::string::npos) << spec;
+}
+
+// The importer's Landlock domain (restrict_paths), in a child of this
+// test that is still root with every capability: below its directory it
+// works, nothing else is reachable by name, and root's own powers (a
+// device node, a hard link to a host file) are of no use.
+TEST_F(ConfineTest, LandlockKeepsTheImporterBelowItsDirectory) {
+  fs::path box = dir_ / "box";
+  fs::create_directories(box);
+  fs::path input = dir_ / "input";
+  std::ofstream(input) << "archive";
+  fs::path host = root_only("host secret");
+  pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    int d = ::open(box.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC);
+    int f = ::open(input.c_str(), O_RDONLY | O_CLOEXEC);
+    if (d < 0 || f < 0 || ::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) ::_exit(100);
+    if (!restrict_paths(d, f)) ::_exit(101);
+    int bad = 0;
+    std::string in = "/proc/self/fd/" + std::to_string(f);
+    if (::open(in.c_str(), O_RDONLY) < 0) bad |= 1;                            // its input: yes
+    if (::openat(d, "made", O_WRONLY | O_CREAT | O_EXCL, 0600) < 0) bad |= 2;  // below: yes
+    if (::mkdirat(d, "sub", 0700) != 0) bad |= 4;
+    if (::open(host.c_str(), O_RDONLY) >= 0) bad |= 8;  // a host file: no
+    if (::open("/etc/hostname", O_RDONLY) >= 0) bad |= 16;
+    if (::open(input.c_str(), O_WRONLY) >= 0) bad |= 32;  // its input, to write: no
+    if (::mknodat(d, "null", S_IFCHR | 0666, makedev(1, 3)) == 0) bad |= 64;
+    if (::linkat(AT_FDCWD, host.c_str(), d, "link", 0) == 0) bad |= 128;
+    ::_exit(bad);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "failed checks (bits): " << WEXITSTATUS(status);
+  EXPECT_TRUE(fs::exists(box / "made"));
+  EXPECT_FALSE(fs::exists(box / "null"));
+  EXPECT_FALSE(fs::exists(box / "link"));
 }
 
 }  // namespace

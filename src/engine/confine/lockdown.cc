@@ -2,19 +2,26 @@
 
 #include <errno.h>
 #include <grp.h>
+#include <linux/landlock.h>
 #include <seccomp.h>
 #include <sys/capability.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cstring>
 #include <string>
 
 #include "common/error.h"
+#include "common/unique_fd.h"
 
 namespace airlock::engine::confine {
 namespace {
+
+// Landlock rights newer than this system's header (ABI 2 and 3).
+constexpr uint64_t kRefer = 1ULL << 13;
+constexpr uint64_t kTruncate = 1ULL << 14;
 
 void limit(int resource, uint64_t value, const char* name) {
   rlimit r{static_cast<rlim_t>(value), static_cast<rlim_t>(value)};
@@ -114,8 +121,11 @@ void seal_walker() {
   load(ctx);
 }
 
-void seal_tool(const char* path) {
-  scmp_filter_ctx ctx = new_filter(SCMP_ACT_ALLOW);
+namespace {
+
+// What no confined job needs: everything but computing on its descriptors
+// and the files it may reach.
+void deny_wider_kernel(scmp_filter_ctx ctx) {
   for (const char* name :
        {// network (socketpair stays: a local pair reaches nothing)
         "socket", "connect", "bind", "listen", "accept", "accept4",
@@ -133,6 +143,13 @@ void seal_tool(const char* path) {
         "setdomainname", "acct", "settimeofday", "clock_settime", "adjtimex", "iopl", "ioperm",
         "syslog", "lookup_dcookie", "vhangup", "uselib", "execveat"})
     add(ctx, SCMP_ACT_ERRNO(EPERM), name);
+}
+
+}  // namespace
+
+void seal_tool(const char* path) {
+  scmp_filter_ctx ctx = new_filter(SCMP_ACT_ALLOW);
+  deny_wider_kernel(ctx);
   // One execve: of this pointer. The tool's own address space replaces
   // ours, so it can only execute again by placing a path at this very
   // address, and then still as this uid, under these filters and limits.
@@ -140,6 +157,43 @@ void seal_tool(const char* path) {
   seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), execve, 1,
                    SCMP_A0(SCMP_CMP_NE, reinterpret_cast<scmp_datum_t>(path)));
   load(ctx);
+}
+
+void seal_importer() {
+  scmp_filter_ctx ctx = new_filter(SCMP_ACT_ALLOW);
+  deny_wider_kernel(ctx);
+  add(ctx, SCMP_ACT_ERRNO(EPERM), "execve");
+  load(ctx);
+}
+
+bool restrict_paths(int dir, int file) {
+  int abi = static_cast<int>(
+      ::syscall(SYS_landlock_create_ruleset, nullptr, 0, LANDLOCK_CREATE_RULESET_VERSION));
+  if (abi < 1) return false;  // no Landlock in this kernel: the uid and seccomp still hold
+  uint64_t fs_all = (LANDLOCK_ACCESS_FS_MAKE_SYM << 1) - 1;  // ABI 1: bits 0..12
+  if (abi >= 2) fs_all |= kRefer;
+  if (abi >= 3) fs_all |= kTruncate;
+  landlock_ruleset_attr attr{};
+  attr.handled_access_fs = fs_all;
+  UniqueFd rs(static_cast<int>(::syscall(SYS_landlock_create_ruleset, &attr, sizeof attr, 0)));
+  if (rs.fd < 0) throw_errno("landlock_create_ruleset");
+  // Below its scratch directory: everything but executing and making
+  // device nodes or sockets.
+  landlock_path_beneath_attr beneath{};
+  beneath.allowed_access = fs_all & ~(LANDLOCK_ACCESS_FS_EXECUTE | LANDLOCK_ACCESS_FS_MAKE_CHAR |
+                                      LANDLOCK_ACCESS_FS_MAKE_BLOCK | LANDLOCK_ACCESS_FS_MAKE_SOCK);
+  beneath.parent_fd = dir;
+  if (::syscall(SYS_landlock_add_rule, rs.fd, LANDLOCK_RULE_PATH_BENEATH, &beneath, 0) != 0)
+    throw_errno("landlock_add_rule (directory)");
+  if (file >= 0) {
+    landlock_path_beneath_attr input{};
+    input.allowed_access = LANDLOCK_ACCESS_FS_READ_FILE;
+    input.parent_fd = file;
+    if (::syscall(SYS_landlock_add_rule, rs.fd, LANDLOCK_RULE_PATH_BENEATH, &input, 0) != 0)
+      throw_errno("landlock_add_rule (input)");
+  }
+  if (::syscall(SYS_landlock_restrict_self, rs.fd, 0) != 0) throw_errno("landlock_restrict_self");
+  return true;
 }
 
 }  // namespace airlock::engine::confine

@@ -25,4 +25,13 @@ void seal_walker();
 // of `path` (this very pointer, the one exec about to happen).
 void seal_tool(const char* path);
 
+// The importer's filter: the tool runner's, and no execve at all.
+void seal_importer();
+
+// Landlock: from now on this process reaches by name only what is below
+// `dir` (no exec, no device nodes or sockets made there) and, read-only,
+// the file `file` (if >= 0). Descriptors already open stay usable. False
+// when the kernel has no Landlock (the uid and seccomp still hold).
+bool restrict_paths(int dir, int file);
+
 }  // namespace airlock::engine::confine

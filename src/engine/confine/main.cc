@@ -7,6 +7,9 @@
 //
 // mode "walk": the ext4 diff walker on descriptors 3 and 4, its JSON result
 // on stdout. mode "exec": argv[0] (from PATH) executed under the filters.
+// mode "import": an image archive (3) unpacked into a directory (4), see
+// storage::import_oci.
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -17,6 +20,7 @@
 #include "common/error.h"
 #include "engine/confine/lockdown.h"
 #include "engine/fsdiff/fsdiff.h"
+#include "engine/storage/oci_import.h"
 
 namespace {
 
@@ -59,6 +63,49 @@ int walk(const nlohmann::json& spec) {
   return 0;
 }
 
+// An image archive on 3, its scratch directory on 4: unpacks it into
+// 4/root writing contents only, leaves 4/manifest (what root applies), and
+// prints the ImportResult's summary.
+int import(const nlohmann::json& spec) {
+  namespace storage = airlock::storage;
+  std::string out;
+  try {
+    const auto& a = spec.at("args");
+    storage::ImportPolicy p;
+    p.keep_owners = a.at("keep_owners").get<bool>();
+    p.max_bytes = a.at("max_bytes").get<uint64_t>();
+    p.max_entries = a.at("max_entries").get<uint64_t>();
+    p.max_archive_entries = a.at("max_archive_entries").get<uint64_t>();
+    p.max_ratio = a.at("max_ratio").get<uint64_t>();
+    p.min_layer_budget = a.at("min_layer_budget").get<uint64_t>();
+    p.defer = true;
+    p.keep_devices = false;  // it could not make one; the daemon never asks
+    confine::restrict_paths(4, 3);
+    confine::seal_importer();
+    auto r = storage::unpack_oci("/proc/self/fd/3", "/proc/self/fd/4/root", "/proc/self/fd/4", p);
+    int mf = ::openat(4, "manifest", O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (mf < 0) airlock::throw_errno("create the manifest");
+    storage::write_manifest(r.manifest, mf);
+    ::close(mf);
+    out = nlohmann::json{{"config", storage::to_json(r.config)},
+                         {"source", r.source},
+                         {"layers", r.layers},
+                         {"bytes", r.bytes},
+                         {"entries", r.entries},
+                         {"dropped", r.dropped}}
+              .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  } catch (const Error& e) {
+    out = nlohmann::json{{"error",
+                          {{"code", std::string(to_string(e.code()))}, {"message", e.what()}}}}
+              .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  } catch (const std::exception& e) {
+    out = nlohmann::json{{"error", {{"code", "internal"}, {"message", e.what()}}}}.dump(
+        -1, ' ', false, nlohmann::json::error_handler_t::replace);
+  }
+  write_all(1, out);
+  return 0;
+}
+
 int exec(const nlohmann::json& spec) {
   auto args = spec.at("argv").get<std::vector<std::string>>();
   if (args.empty()) throw Error(Errc::invalid_argument, "exec needs an argv", "argv");
@@ -92,6 +139,7 @@ int main(int argc, char** argv) {
     std::string mode = spec.at("mode").get<std::string>();
     if (mode == "walk") return walk(spec);
     if (mode == "exec") return exec(spec);
+    if (mode == "import") return import(spec);
     throw Error(Errc::invalid_argument, "unknown mode '" + mode + "'", "mode");
   } catch (const std::exception& e) {
     std::cerr << "airlock-confine: " << e.what() << "\n";

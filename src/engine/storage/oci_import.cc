@@ -9,6 +9,7 @@
 #include <sys/xattr.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -26,6 +27,11 @@ using namespace detail;
 namespace {
 
 constexpr size_t kMaxPath = 4096;
+constexpr size_t kMaxXattrs = 32;  // per entry; more are dropped (counted)
+
+bool is_kept_xattr(const std::string& n) {
+  return n.rfind("user.", 0) == 0 || n == "security.capability";
+}
 
 [[noreturn]] void bad(const std::string& msg) {
   throw Error(Errc::invalid_argument, msg, "archive");
@@ -50,13 +56,12 @@ class Fd {
 
 using ArchivePtr = std::unique_ptr<archive, int (*)(archive*)>;
 
-ArchivePtr open_archive(const fs::path& file) {
+ArchivePtr open_archive(const fs::path& file, const std::string& what) {
   ArchivePtr a(archive_read_new(), archive_read_free);
   archive_read_support_filter_all(a.get());
   archive_read_support_format_tar(a.get());
   if (archive_read_open_filename(a.get(), file.c_str(), 1 << 16) != ARCHIVE_OK)
-    bad("cannot read " + file.filename().string() +
-        " as a tar archive: " + archive_error_string(a.get()));
+    bad("cannot read " + what + " as a tar archive: " + archive_error_string(a.get()));
   return a;
 }
 
@@ -140,14 +145,14 @@ class Applier {
   Applier(const fs::path& root, const ImportPolicy& p) : policy_(p) {
     root_ = Fd(::open(root.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
     if (root_.get() < 0) throw_errno("open " + root.string());
-    is_root_ = ::geteuid() == 0;
+    is_root_ = ::geteuid() == 0 && !p.defer;
   }
 
   void apply(const fs::path& blob, const std::string& label, uint64_t blob_size) {
     created_.clear();
     seen_.clear();
     uint64_t budget = std::max(policy_.min_layer_budget, policy_.max_ratio * blob_size);
-    auto a = open_archive(blob);
+    auto a = open_archive(blob, label);
     archive_entry* e = nullptr;
     std::string last = "(start)";
     for (;;) {
@@ -196,7 +201,7 @@ class Applier {
         std::string vpath = join(c, c.size() - 1);
         vpath += (vpath.empty() ? "" : "/") + victim;
         if (victim.empty() || victim == "." || victim == "..") bad(what + ": bad whiteout");
-        if (!created_.count(vpath)) remove_at(dir.get(), victim);
+        if (!created_.count(vpath)) remove(dir.get(), victim, vpath);
       }
       return;
     }
@@ -207,12 +212,12 @@ class Applier {
     mode_t mode = archive_entry_perm(e) & 07777;
     const char* hl = archive_entry_hardlink(e);
     if (hl) {
-      hardlink(d, leaf, hl, what);
+      hardlink(d, leaf, path, hl, what);
       return;
     }
     struct stat old;
     bool exists = ::fstatat(d, leaf.c_str(), &old, AT_SYMLINK_NOFOLLOW) == 0;
-    if (exists && !(type == AE_IFDIR && S_ISDIR(old.st_mode))) remove_at(d, leaf);
+    if (exists && !(type == AE_IFDIR && S_ISDIR(old.st_mode))) remove(d, leaf, path);
     switch (type) {
       case AE_IFDIR: {
         if (!exists || !S_ISDIR(old.st_mode)) {
@@ -220,7 +225,7 @@ class Applier {
         }
         Fd fd(::openat(d, leaf.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
         if (fd.get() < 0) throw_errno(what + ": open");
-        finish(fd.get(), e, mode, what);
+        finish(fd.get(), e, mode, 'd', path, what);
         break;
       }
       case AE_IFREG: {
@@ -249,7 +254,7 @@ class Applier {
           }
         }
         if (::ftruncate(fd.get(), archive_entry_size(e)) != 0) throw_errno(what + ": truncate");
-        finish(fd.get(), e, mode, what);
+        finish(fd.get(), e, mode, 'f', path, what);
         struct timespec ts[2] = {{archive_entry_mtime(e), 0}, {archive_entry_mtime(e), 0}};
         ::futimens(fd.get(), ts);
         break;
@@ -259,14 +264,13 @@ class Applier {
         std::string target = t ? t : "";
         check_symlink(c, target, what);
         if (::symlinkat(target.c_str(), d, leaf.c_str()) != 0) throw_errno(what + ": symlink");
-        if (is_root_ && policy_.keep_owners)
-          ::fchownat(d, leaf.c_str(), archive_entry_uid(e), archive_entry_gid(e),
-                     AT_SYMLINK_NOFOLLOW);
+        owner_at(d, leaf, e, 'l', path, 0777);
         break;
       }
       case AE_IFIFO:
-        if (::mkfifoat(d, leaf.c_str(), mode) != 0) throw_errno(what + ": mkfifo");
-        owner_at(d, leaf, e);
+        if (::mkfifoat(d, leaf.c_str(), policy_.defer ? 0600 : mode) != 0)
+          throw_errno(what + ": mkfifo");
+        owner_at(d, leaf, e, 'p', path, mode);
         break;
       case AE_IFCHR:
       case AE_IFBLK:
@@ -277,35 +281,72 @@ class Applier {
         if (::mknodat(d, leaf.c_str(), (type == AE_IFCHR ? S_IFCHR : S_IFBLK) | mode,
                       archive_entry_rdev(e)) != 0)
           throw_errno(what + ": mknod");
-        owner_at(d, leaf, e);
+        owner_at(d, leaf, e, 'c', path, mode);
         break;
       default:  // sockets and anything else: nothing to keep
         ++result.dropped;
     }
   }
 
-  void owner_at(int d, const std::string& leaf, archive_entry* e) {
-    if (is_root_ && policy_.keep_owners)
-      ::fchownat(d, leaf.c_str(), archive_entry_uid(e), archive_entry_gid(e), AT_SYMLINK_NOFOLLOW);
+  // Deferred: what root applies later (settle_import); the helper's own
+  // copy stays owner-only (its later layers still write through it).
+  EntryMeta& defer(archive_entry* e, char kind, const std::string& path, mode_t mode) {
+    EntryMeta& m = result.manifest[path];
+    m = EntryMeta{kind, 0, 0, static_cast<uint32_t>(mode), {}};
+    if (policy_.keep_owners) {
+      m.uid = static_cast<uint32_t>(archive_entry_uid(e));
+      m.gid = static_cast<uint32_t>(archive_entry_gid(e));
+    }
+    return m;
   }
 
-  // Owner, mode (after chown, which clears set-id bits), xattrs.
-  void finish(int fd, archive_entry* e, mode_t mode, const std::string& what) {
-    if (is_root_ && policy_.keep_owners) {
-      if (::fchown(fd, archive_entry_uid(e), archive_entry_gid(e)) != 0)
-        throw_errno(what + ": chown");
+  void owner_at(int d, const std::string& leaf, archive_entry* e, char kind,
+                const std::string& path, mode_t mode) {
+    if (policy_.defer) {
+      defer(e, kind, path, mode);
+    } else if (is_root_ && policy_.keep_owners) {
+      ::fchownat(d, leaf.c_str(), archive_entry_uid(e), archive_entry_gid(e), AT_SYMLINK_NOFOLLOW);
     }
-    if (::fchmod(fd, mode) != 0) throw_errno(what + ": chmod");
+  }
+
+  // The entry's xattrs that are kept (user.*, security.capability; at most
+  // kMaxXattrs of at most 64 KiB); the others are counted as dropped.
+  std::vector<std::pair<std::string, std::string>> kept_xattrs(archive_entry* e) {
+    std::vector<std::pair<std::string, std::string>> out;
     archive_entry_xattr_reset(e);
     const char* xname;
     const void* xval;
     size_t xlen;
     while (archive_entry_xattr_next(e, &xname, &xval, &xlen) == ARCHIVE_OK) {
       std::string n = xname ? xname : "";
-      bool allowed = n.rfind("user.", 0) == 0 || n == "security.capability";
-      if (!allowed || xlen > 65536 || ::fsetxattr(fd, n.c_str(), xval, xlen, 0) != 0)
+      std::string v(static_cast<const char*>(xval), xlen);
+      // libarchive reports a pax xattr once per header that carries it.
+      auto same = std::find_if(out.begin(), out.end(), [&](const auto& x) { return x.first == n; });
+      if (same != out.end())
+        same->second = std::move(v);
+      else if (is_kept_xattr(n) && xlen <= 65536 && out.size() < kMaxXattrs)
+        out.emplace_back(n, std::move(v));
+      else
         ++result.dropped;
     }
+    return out;
+  }
+
+  // Owner, mode (after chown, which clears set-id bits), xattrs.
+  void finish(int fd, archive_entry* e, mode_t mode, char kind, const std::string& path,
+              const std::string& what) {
+    if (policy_.defer) {
+      defer(e, kind, path, mode).xattrs = kept_xattrs(e);
+      if (::fchmod(fd, kind == 'd' ? 0700 : 0600) != 0) throw_errno(what + ": chmod");
+      return;
+    }
+    if (is_root_ && policy_.keep_owners) {
+      if (::fchown(fd, archive_entry_uid(e), archive_entry_gid(e)) != 0)
+        throw_errno(what + ": chown");
+    }
+    if (::fchmod(fd, mode) != 0) throw_errno(what + ": chmod");
+    for (const auto& [n, v] : kept_xattrs(e))
+      if (::fsetxattr(fd, n.c_str(), v.data(), v.size(), 0) != 0) ++result.dropped;
   }
 
   // A relative target is resolved from the link's directory: it may not
@@ -329,7 +370,17 @@ class Applier {
     }
   }
 
-  void hardlink(int d, const std::string& leaf, const std::string& target,
+  // `name` in `dir` (`path` below the root) and what is recorded of it.
+  void remove(int dir, const std::string& name, const std::string& path) {
+    remove_at(dir, name);
+    if (!policy_.defer) return;
+    auto& m = result.manifest;
+    m.erase(path);
+    for (auto it = m.lower_bound(path + "/"); it != m.end() && it->first.rfind(path + "/", 0) == 0;)
+      it = m.erase(it);
+  }
+
+  void hardlink(int d, const std::string& leaf, const std::string& path, const std::string& target,
                 const std::string& what) {
     auto tc = split_path(target, what + " (hard link target '" + target.substr(0, 200) + "')");
     if (tc.empty()) bad(what + ": hard link to the root");
@@ -338,9 +389,15 @@ class Applier {
     if (::fstatat(tdir.get(), tc.back().c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0)
       bad(what + ": hard link target '" + target + "' does not exist in the image");
     if (S_ISDIR(st.st_mode)) bad(what + ": hard link to a directory");
-    remove_at(d, leaf);
+    remove(d, leaf, path);
     if (::linkat(tdir.get(), tc.back().c_str(), d, leaf.c_str(), 0) != 0)
       throw_errno(what + ": link");
+    // One inode: the link's path carries its metadata too (either name
+    // may be removed by a later layer).
+    if (policy_.defer) {
+      auto it = result.manifest.find(join(tc, tc.size()));
+      if (it != result.manifest.end()) result.manifest[path] = it->second;
+    }
   }
 
   // `.wh..wh..opq`: what lower layers put in this directory goes; what this
@@ -355,7 +412,7 @@ class Applier {
       if (!created_.count(dpath.empty() ? n : dpath + "/" + n)) kids.push_back(n);
     }
     ::closedir(dd);
-    for (const auto& k : kids) remove_at(dir, k);
+    for (const auto& k : kids) remove(dir, k, dpath.empty() ? k : dpath + "/" + k);
   }
 
   ImportPolicy policy_;
@@ -370,7 +427,7 @@ class Applier {
 std::map<std::string, std::string> unpack_outer(const fs::path& file, const fs::path& dir,
                                                 const ImportPolicy& policy) {
   std::map<std::string, std::string> alias;
-  auto a = open_archive(file);
+  auto a = open_archive(file, "the archive");
   const uint64_t file_size = fs::file_size(file);
   const uint64_t budget = std::max(policy.min_layer_budget, policy.max_ratio * file_size);
   auto bomb = [&](const std::string& how) {
@@ -389,8 +446,7 @@ std::map<std::string, std::string> unpack_outer(const fs::path& file, const fs::
     int r = archive_read_next_header(a.get(), &e);
     if (r == ARCHIVE_EOF) break;
     if (r < ARCHIVE_WARN)
-      bad(file.filename().string() + ": unreadable entry after '" + last +
-          "': " + archive_error_string(a.get()));
+      bad("the archive: unreadable entry after '" + last + "': " + archive_error_string(a.get()));
     std::string name = archive_entry_pathname(e) ? archive_entry_pathname(e) : "";
     last = name.substr(0, 200);
     std::string what = "archive entry '" + last + "'";
@@ -662,18 +718,6 @@ ImportResult unpack_oci(const fs::path& input, const fs::path& root, const fs::p
   r.config = config;
   r.source = source;
   return r;
-}
-
-Image import_oci(ImageStore& store, const std::string& name, const fs::path& input,
-                 const ImportPolicy& policy, bool replace, const ProgressFn& progress) {
-  fs::create_directories(store.dir());
-  TempDir tmp(store.dir(), "import-");
-  if (progress) progress(BuildProgress{"unpack", 0});
-  ImportResult r = unpack_oci(input, tmp.path() / "root", tmp.path(), policy);
-  if (progress) progress(BuildProgress{"unpacked", r.bytes});
-  remove_tree(tmp.path() / "layout");
-  return store.install(name, tmp.path() / "root", r.config,
-                       {.source = r.source, .layers = r.layers, .replace = replace}, progress);
 }
 
 }  // namespace airlock::storage

@@ -33,21 +33,38 @@
 // Neutralised: absolute symlinks are kept as they are (they resolve inside
 // the guest; the host never follows them); device nodes and sockets are
 // dropped unless keep_devices (counted in ImportResult::dropped); owners are
-// kept only when running as root; xattrs other than user.* and
-// security.capability are dropped.
+// kept only when running as root (or deferred: ImportPolicy::defer); xattrs
+// other than user.* and security.capability are dropped.
 #pragma once
 
 #include <cstdint>
 #include <filesystem>
+#include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/storage/image_store.h"
 
 namespace airlock::storage {
 
+// An entry's owner, mode and xattrs, as an importer that may not set them
+// (ImportPolicy::defer) leaves them for root to apply (settle_import).
+struct EntryMeta {
+  char kind = 'f';  // 'f' file, 'd' directory, 'l' symlink, 'p' fifo
+  uint32_t uid = 0, gid = 0;
+  uint32_t mode = 0;  // permission bits, set-id and sticky included
+  std::vector<std::pair<std::string, std::string>> xattrs;  // user.*, security.capability
+};
+// By path below the root, "a/b"; paths a later layer removed are gone.
+using Manifest = std::map<std::string, EntryMeta>;
+
 struct ImportPolicy {
-  bool keep_owners = true;                  // chown to the archive's uid/gid (root only)
+  bool keep_owners = true;  // chown to the archive's uid/gid (root only)
+  // Write contents only (files 0600, directories 0700, as the caller):
+  // owners, modes and xattrs go to ImportResult::manifest. What
+  // airlock-confine's importer runs, as an unprivileged uid.
+  bool defer = false;
   bool keep_devices = false;                // char/block device nodes (root only)
   uint64_t max_bytes = uint64_t{64} << 30;  // bytes written for the whole image
   uint64_t max_entries = 2'000'000;         // entries over all layers
@@ -63,6 +80,7 @@ struct ImportResult {
   uint64_t bytes = 0;    // file bytes written
   uint64_t entries = 0;  // entries applied
   uint64_t dropped = 0;  // device nodes, sockets, xattrs not kept
+  Manifest manifest;     // ImportPolicy::defer only
 };
 
 // Unpacks `input` (file or OCI layout directory) into `root` (created; must
@@ -72,10 +90,29 @@ struct ImportResult {
 ImportResult unpack_oci(const std::filesystem::path& input, const std::filesystem::path& root,
                         const std::filesystem::path& scratch, const ImportPolicy& policy = {});
 
-// unpack_oci into a temporary directory under the store's image directory,
-// then store.install(name, ...). Nothing remains of a failed import.
+// The daemon's import: unpack_oci runs in airlock-confine (mode "import":
+// an unprivileged leased uid, no inherited descriptors, seccomp without
+// exec or sockets, Landlock to its scratch directory, memory/CPU/file-size
+// limits and a deadline), with `defer`; root then applies the manifest it
+// left (settle_import) and store.install(name, ...) takes the tree. Nothing
+// remains of a failed import. (oci_confined.cc)
 Image import_oci(ImageStore& store, const std::string& name, const std::filesystem::path& input,
                  const ImportPolicy& policy = {}, bool replace = false,
                  const ProgressFn& progress = {});
+
+// Applies `m` to the tree below `root` that an importer running as `uid`
+// (-1: as this process) left, through descriptors, never following a
+// symlink: owners (as root), then modes, then xattrs; anything it left
+// without an entry becomes root's with its mode. Refused (Error naming the
+// path): an inode the importer did not create (owned by another uid), a
+// node of another kind than its entry or than file/directory/symlink/fifo,
+// a tree deeper than 1024 directories. Returns the xattrs it could not set.
+uint64_t settle_import(const std::filesystem::path& root, const Manifest& m, int64_t uid);
+
+// The manifest as the importer hands it over (one line per entry, paths and
+// xattrs hex-encoded), and back; read_manifest refuses anything malformed,
+// a line over 8 MiB or more than `max_entries` entries, naming the line.
+void write_manifest(const Manifest& m, int fd);
+Manifest read_manifest(int fd, uint64_t max_entries);
 
 }  // namespace airlock::storage

@@ -6,8 +6,11 @@
 
 #include <archive.h>
 #include <archive_entry.h>
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <sys/xattr.h>
 #include <unistd.h>
 
 #include <fstream>
@@ -22,10 +25,21 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 
 struct Ent {
+  Ent(std::string n, char t = 'f', std::string d = "", int m = 0644, int u = 0, int g = 0,
+      std::string x = "")
+      : name(std::move(n)),
+        type(t),
+        data(std::move(d)),
+        mode(m),
+        uid(u),
+        gid(g),
+        xattr(std::move(x)) {}
   std::string name;
-  char type = 'f';   // f file, d dir, l symlink, h hard link
+  char type;         // f file, d dir, l symlink, h hard link
   std::string data;  // file content, or link target
-  int mode = 0644;
+  int mode;
+  int uid, gid;
+  std::string xattr;  // "name=value", or none
 };
 
 void write_layer(const fs::path& file, const std::vector<Ent>& ents, bool gzip = false) {
@@ -37,6 +51,11 @@ void write_layer(const fs::path& file, const std::vector<Ent>& ents, bool gzip =
     archive_entry* en = archive_entry_new();
     archive_entry_set_pathname(en, e.name.c_str());
     archive_entry_set_perm(en, e.mode);
+    archive_entry_set_uid(en, e.uid);
+    archive_entry_set_gid(en, e.gid);
+    if (auto eq = e.xattr.find('='); eq != std::string::npos)
+      archive_entry_xattr_add_entry(en, e.xattr.substr(0, eq).c_str(), e.xattr.data() + eq + 1,
+                                    e.xattr.size() - eq - 1);
     if (e.type == 'd') {
       archive_entry_set_filetype(en, AE_IFDIR);
     } else if (e.type == 'l') {
@@ -162,10 +181,10 @@ class OciImportTest : public ::testing::Test {
     return out;
   }
 
-  ImportResult unpack(const fs::path& l) {
+  ImportResult unpack(const fs::path& l, const ImportPolicy& policy = {}) {
     fs::path scratch = tmp_ / ("scratch" + std::to_string(n_));
     fs::create_directories(scratch);
-    return unpack_oci(l, tmp_ / ("root" + std::to_string(n_)), scratch);
+    return unpack_oci(l, tmp_ / ("root" + std::to_string(n_)), scratch, policy);
   }
 
   fs::path root() const { return tmp_ / ("root" + std::to_string(n_)); }
@@ -306,6 +325,169 @@ TEST_F(OciImportTest, TheOuterArchiveHasEntryAndExpansionLimits) {
   m = refused(bomb);
   EXPECT_NE(m.find("the expansion ratio limit"), std::string::npos) << m;
   EXPECT_NE(m.find("decompression bomb"), std::string::npos) << m;
+}
+
+}  // namespace
+}  // namespace airlock::storage
+
+namespace airlock::storage {
+namespace {
+
+uint32_t mode_of(const fs::path& p) {
+  struct stat st {};
+  EXPECT_EQ(::lstat(p.c_str(), &st), 0) << p;
+  return st.st_mode & 07777;
+}
+
+TEST_F(OciImportTest, DeferredUnpackWritesContentsOnlyAndSettleAppliesTheRest) {
+  auto r =
+      unpack(layout({{{"app", 'd', "", 0750, 1000, 1000},
+                      {"app/su", 'f', "s", 04755},
+                      {"app/h", 'f', "h", 0640, 1000, 1001, "user.k=v\n1"},
+                      {"app/l", 'h', "app/h"},
+                      {"app/gone", 'f', "g", 0644, 7, 7},
+                      {"d", 'd', "", 0755, 5, 5},
+                      {"d/x", 'f', "x", 0600, 5, 5}},
+                     {{"app/.wh.gone", 'f'}, {"d/.wh..wh..opq", 'f'}, {"d/y", 'f', "y", 0444}}}),
+             {.defer = true});
+  // On disk: the contents, owner-only, the importer's own.
+  EXPECT_EQ(mode_of(root() / "app"), 0700u);
+  EXPECT_EQ(mode_of(root() / "app" / "su"), 0600u);
+  EXPECT_EQ(mode_of(root() / "d" / "y"), 0600u);
+  EXPECT_FALSE(fs::exists(root() / "app" / "gone"));
+  EXPECT_FALSE(fs::exists(root() / "d" / "x"));
+  // The manifest: what root applies, with what later layers removed gone.
+  const Manifest& m = r.manifest;
+  ASSERT_TRUE(m.count("app") && m.count("app/su") && m.count("app/h") && m.count("app/l"));
+  EXPECT_EQ(m.at("app").kind, 'd');
+  EXPECT_EQ(m.at("app").uid, 1000u);
+  EXPECT_EQ(m.at("app").mode, 0750u);
+  EXPECT_EQ(m.at("app/su").mode, 04755u);
+  EXPECT_EQ(m.at("app/h").gid, 1001u);
+  ASSERT_EQ(m.at("app/h").xattrs.size(), 1u);
+  EXPECT_EQ(m.at("app/h").xattrs[0], (std::pair<std::string, std::string>{"user.k", "v\n1"}));
+  EXPECT_EQ(m.at("app/l").mode, 0640u);  // one inode, one metadata
+  EXPECT_FALSE(m.count("app/gone"));
+  EXPECT_FALSE(m.count("d/x"));
+  EXPECT_EQ(m.at("d/y").mode, 0444u);
+
+  // Through the manifest's own format, as the daemon receives it.
+  int p[2];
+  ASSERT_EQ(::pipe(p), 0);
+  write_manifest(m, p[1]);
+  ::close(p[1]);
+  Manifest back = read_manifest(p[0], 100);
+  ::close(p[0]);
+  ASSERT_EQ(back.size(), m.size());
+
+  struct stat st {};
+  ASSERT_EQ(::stat(root().c_str(), &st), 0);
+  uint64_t dropped = settle_import(root(), back, ::geteuid() == 0 ? st.st_uid : -1);
+  EXPECT_EQ(mode_of(root()), 0755u);
+  EXPECT_EQ(mode_of(root() / "app"), 0750u);
+  EXPECT_EQ(mode_of(root() / "app" / "su"), 04755u);
+  EXPECT_EQ(mode_of(root() / "app" / "l"), 0640u);
+  EXPECT_EQ(mode_of(root() / "d" / "y"), 0444u);
+  char v[16] = {};
+  ssize_t n = ::lgetxattr((root() / "app" / "h").c_str(), "user.k", v, sizeof v);
+  if (n < 0) {
+    EXPECT_EQ(dropped, 1u);  // a filesystem without user xattrs: counted, not lost silently
+  } else {
+    EXPECT_EQ(std::string(v, static_cast<size_t>(n)), "v\n1");
+  }
+  if (::geteuid() == 0) {
+    ASSERT_EQ(::stat((root() / "app" / "h").c_str(), &st), 0);
+    EXPECT_EQ(st.st_uid, 1000u);
+    EXPECT_EQ(st.st_gid, 1001u);
+    ASSERT_EQ(::stat((root() / "app" / "su").c_str(), &st), 0);
+    EXPECT_EQ(st.st_uid, 0u);
+  }
+}
+
+TEST_F(OciImportTest, SettleNeverTouchesAnInodeTheImporterDidNotMake) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root (chown to another uid)";
+  const uid_t importer = 4343;
+  fs::path r = tmp_ / "tree";
+  fs::create_directories(r / "sub");
+  std::ofstream(r / "sub" / "mine") << "x";
+  std::ofstream(tmp_ / "outside" / "host") << "secret";
+  ::chmod((tmp_ / "outside" / "host").c_str(), 0600);
+  // A hard link to a file of the host's, as a hostile importer would leave.
+  fs::create_hard_link(tmp_ / "outside" / "host", r / "sub" / "link");
+  for (const auto& p : {r, r / "sub", r / "sub" / "mine"}) ::lchown(p.c_str(), importer, importer);
+  Manifest m;
+  m["sub/link"] = EntryMeta{'f', 0, 0, 04777, {}};
+  try {
+    settle_import(r, m, importer);
+    ADD_FAILURE() << "settled";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Errc::invalid_argument);
+    EXPECT_NE(std::string(e.what()).find("'sub/link' was not made by the import"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(mode_of(tmp_ / "outside" / "host"), 0600u);
+
+  // A device node: the importer never makes one (it could not open it, but
+  // root would).
+  fs::remove(r / "sub" / "link");
+  ::lchown((r / "sub" / "mine").c_str(), importer, importer);  // settled before the refusal
+  ASSERT_EQ(::mknod((r / "sub" / "null").c_str(), S_IFCHR | 0666, makedev(1, 3)), 0);
+  ::lchown((r / "sub" / "null").c_str(), importer, importer);
+  try {
+    settle_import(r, {}, importer);
+    ADD_FAILURE() << "settled";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("device node"), std::string::npos) << e.what();
+  }
+  // A manifest entry of another kind than what is there.
+  fs::remove(r / "sub" / "null");
+  ::lchown((r / "sub" / "mine").c_str(), importer, importer);
+  Manifest lie;
+  lie["sub/mine"] = EntryMeta{'d', 0, 0, 0755, {}};
+  EXPECT_THROW(settle_import(r, lie, importer), Error);
+}
+
+TEST_F(OciImportTest, AMalformedManifestIsRefusedNamingItsLine) {
+  auto read = [&](const std::string& text, uint64_t max = 10) {
+    fs::path f = tmp_ / "manifest";
+    std::ofstream(f, std::ios::binary | std::ios::trunc) << text;
+    int fd = ::open(f.c_str(), O_RDONLY);
+    try {
+      read_manifest(fd, max);
+    } catch (const Error& e) {
+      ::close(fd);
+      return std::string(e.what());
+    }
+    ::close(fd);
+    return std::string("accepted");
+  };
+  // A path with a space, a newline and a byte that is no UTF-8 round-trips.
+  Manifest m;
+  m[std::string("a b\n\xff", 5)] = EntryMeta{'f', 1, 2, 04711, {{"user.x", std::string("\0z", 2)}}};
+  fs::path f = tmp_ / "m";
+  int fd = ::open(f.c_str(), O_WRONLY | O_CREAT, 0600);
+  write_manifest(m, fd);
+  ::close(fd);
+  fd = ::open(f.c_str(), O_RDONLY);
+  Manifest back = read_manifest(fd, 10);
+  ::close(fd);
+  ASSERT_EQ(back.size(), 1u);
+  EXPECT_EQ(back.begin()->first, std::string("a b\n\xff", 5));
+  EXPECT_EQ(back.begin()->second.mode, 04711u);
+  EXPECT_EQ(back.begin()->second.xattrs[0].second, std::string("\0z", 2));
+
+  EXPECT_EQ(read("61 f 0 0 644\n"), "accepted");
+  EXPECT_NE(read("zz f 0 0 644\n").find("line 1: bad path"), std::string::npos);
+  EXPECT_NE(read("61 f 0 0 644\n62 c 0 0 644\n").find("line 2: bad kind"), std::string::npos);
+  EXPECT_NE(read("61 f 0 0 17777\n").find("out of range"), std::string::npos);
+  EXPECT_NE(read("61 f 0 0 648\n").find("bad number"), std::string::npos);
+  EXPECT_NE(read("61 f 4294967296 0 644\n").find("line 1"), std::string::npos);
+  EXPECT_NE(read("61 f 0 0 644\n61 d 0 0 755\n").find("duplicate"), std::string::npos);
+  EXPECT_NE(read("61 f 0 0 644").find("no newline"), std::string::npos);
+  EXPECT_NE(read("61 f 0 0 644 7a\n").find("bad xattr"), std::string::npos);
+  EXPECT_NE(read("61 f 0 0 644\n62 f 0 0 644\n", 1).find("more than 1 entries"), std::string::npos);
+  EXPECT_NE(read(std::string(9 << 20, 'a')).find("longer than 8 MiB"), std::string::npos);
 }
 
 }  // namespace
