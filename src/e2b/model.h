@@ -10,7 +10,7 @@
 #include <string_view>
 
 #include "common/error.h"
-#include "engine/engine.h"
+#include "engine/api/types.h"
 
 namespace airlock::e2b {
 

@@ -1,4 +1,4 @@
-// JSON forms of the engine's public types (engine.h), shared by the registry
+// JSON forms of the engine's public types (api/types.h), shared by the registry
 // (which stores specs as JSON) and the daemon-facing to_json() functions.
 //
 //   nlohmann::json j = spec_to_json(spec);
@@ -9,7 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <string_view>
 
-#include "engine/engine.h"
+#include "engine/api/types.h"
 
 namespace airlock::engine {
 

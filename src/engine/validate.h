@@ -11,7 +11,7 @@
 #include <string>
 
 #include "engine/api/limits.h"
-#include "engine/engine.h"
+#include "engine/api/types.h"
 
 namespace airlock::engine {
 

@@ -23,7 +23,7 @@
 #include <vector>
 
 #include "engine/audit/chain.h"
-#include "engine/engine.h"
+#include "engine/api/types.h"
 
 struct sqlite3;
 
