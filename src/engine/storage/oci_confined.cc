@@ -17,6 +17,7 @@
 #include "engine/confine/confine.h"
 #include "engine/storage/fs_util.h"
 #include "engine/storage/oci_import.h"
+#include "protocol/messages.h"
 
 namespace airlock::storage {
 namespace fs = std::filesystem;
@@ -28,32 +29,17 @@ namespace {
 constexpr size_t kMaxLine = size_t{8} << 20;
 constexpr int kMaxDepth = 1024;
 
-std::string hex(const std::string& s) {
-  static const char* d = "0123456789abcdef";
-  std::string out;
-  out.reserve(s.size() * 2);
-  for (unsigned char c : s) {
-    out += d[c >> 4];
-    out += d[c & 15];
-  }
-  return out;
-}
+// A decimal or octal digit's value; -1 for anything else.
+int digit(char c) { return c >= '0' && c <= '9' ? c - '0' : -1; }
 
-int nibble(char c) {
-  if (c >= '0' && c <= '9') return c - '0';
-  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-  return -1;
-}
-
+// protocol::from_hex that cannot throw: false for anything malformed.
 bool unhex(std::string_view h, std::string& out) {
-  if (h.size() % 2) return false;
-  out.clear();
-  for (size_t i = 0; i < h.size(); i += 2) {
-    int a = nibble(h[i]), b = nibble(h[i + 1]);
-    if (a < 0 || b < 0) return false;
-    out += static_cast<char>(a * 16 + b);
+  try {
+    out = protocol::from_hex(h);
+    return true;
+  } catch (const Error&) {
+    return false;
   }
-  return true;
 }
 
 [[noreturn]] void malformed(uint64_t line, const std::string& why) {
@@ -82,7 +68,7 @@ std::pair<std::string, EntryMeta> parse_line(std::string_view l, uint64_t n) {
     if (s.empty() || s.size() > 11) malformed(n, "bad number");
     uint64_t v = 0;
     for (char c : s) {
-      int d = nibble(c);
+      int d = digit(c);
       if (d < 0 || d >= base) malformed(n, "bad number");
       v = v * static_cast<uint64_t>(base) + static_cast<uint64_t>(d);
     }
@@ -125,12 +111,19 @@ class Settler {
     for (const auto& k : kids) child(dir, k, path.empty() ? k : path + "/" + k, depth);
   }
 
-  void apply(int fd, const std::string& path, const struct stat& st, char kind) {
+  // The manifest's entry for `path` (none: root's, its mode kept), which
+  // must be of the kind that is there.
+  const EntryMeta* meta(const std::string& path, char kind) {
     auto it = m_.find(path);
     const EntryMeta* m = it == m_.end() ? nullptr : &it->second;
     if (m && m->kind != kind)
       refuse(path,
              std::string("is a '") + kind + "' but its manifest entry says '" + m->kind + "'");
+    return m;
+  }
+
+  void apply(int fd, const std::string& path, const struct stat& st, char kind) {
+    const EntryMeta* m = meta(path, kind);
     uint32_t mode = m ? m->mode : (st.st_mode & 0777);
     uint32_t uid = m ? m->uid : 0, gid = m ? m->gid : 0;
     if (root_ && ::fchown(fd, uid, gid) != 0) throw_errno("chown '" + path + "'");
@@ -173,9 +166,7 @@ class Settler {
       // Neither is opened (a fifo would block, a symlink be followed): the
       // names are ops on the parent, with nothing left to swap them.
       char kind = S_ISLNK(st.st_mode) ? 'l' : 'p';
-      auto it = m_.find(path);
-      const EntryMeta* m = it == m_.end() ? nullptr : &it->second;
-      if (m && m->kind != kind) refuse(path, std::string("is not a '") + m->kind + "'");
+      const EntryMeta* m = meta(path, kind);
       if (root_ &&
           ::fchownat(dir, name.c_str(), m ? m->uid : 0, m ? m->gid : 0, AT_SYMLINK_NOFOLLOW) != 0)
         throw_errno("chown '" + path + "'");
@@ -240,8 +231,9 @@ void write_manifest(const Manifest& m, int fd) {
   char num[64];
   for (const auto& [path, e] : m) {
     std::snprintf(num, sizeof num, " %c %u %u %o", e.kind, e.uid, e.gid, e.mode);
-    buf += hex(path) + num;
-    for (const auto& [name, value] : e.xattrs) buf += " " + hex(name) + "=" + hex(value);
+    buf += protocol::to_hex(path) + num;
+    for (const auto& [name, value] : e.xattrs)
+      buf += " " + protocol::to_hex(name) + "=" + protocol::to_hex(value);
     buf += '\n';
     flush(false);
   }
