@@ -102,8 +102,16 @@ bool Exchange::keep_alive() const {
   return !close_ && parser_.is_done() && parser_.get().keep_alive();
 }
 
+void Exchange::answering() {
+  if (!before_answer_) return;
+  auto hook = std::move(before_answer_);
+  before_answer_ = nullptr;
+  hook(status_);
+}
+
 template <class Response>
 void Exchange::write(Response& res) {
+  answering();
   res.keep_alive(keep_alive());
   res.set(http::field::server, "airlockd/" AIRLOCK_VERSION);
   res.prepare_payload();
@@ -159,6 +167,7 @@ void Exchange::begin_stream(std::string_view content_type) {
   if (streaming_) return;  // one response head per exchange, whoever asks twice
   status_ = 200;
   streaming_ = true;
+  answering();
   http::response<http::empty_body> res{http::status::ok, 11};
   res.set(http::field::content_type, beast::string_view(content_type.data(), content_type.size()));
   res.set(http::field::server, "airlockd/" AIRLOCK_VERSION);

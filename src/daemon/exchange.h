@@ -7,6 +7,7 @@
 #include <boost/beast/core/flat_buffer.hpp>
 #include <boost/beast/http.hpp>
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -78,7 +79,13 @@ class Exchange {
   void mark_upgraded() {
     status_ = 101;
     close_ = true;
+    answering();
   }
+
+  // Runs `hook` once with the status, just before the first byte of the
+  // answer leaves: a record of the call (E2B's audit) is then on disk before
+  // the caller can see the answer. Pass nullptr to drop a hook unused.
+  void before_answer(std::function<void(int status)> hook) { before_answer_ = std::move(hook); }
 
   // Whether the connection may carry another request afterwards.
   bool keep_alive() const;
@@ -90,6 +97,7 @@ class Exchange {
 
  private:
   void continue_100();
+  void answering();
   std::optional<std::string> read_body_bytes(size_t max, bool some);
   template <class Response>
   void write(Response& res);
@@ -104,6 +112,7 @@ class Exchange {
   bool streaming_ = false;
   bool stream_done_ = false;  // end_stream() or abort_stream() ran
   std::mutex write_mu_;
+  std::function<void(int)> before_answer_;
 };
 
 // {"error": {"code", "message", "field"?}}

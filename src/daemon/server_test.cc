@@ -11,8 +11,10 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
 #include <functional>
+#include <mutex>
 #include <thread>
 
 #include "auth/auth.h"
@@ -302,6 +304,55 @@ TEST_F(ServerTest, ExtensionAnswersItsPrefix) {
   EXPECT_EQ(r.find("\r\n0\r\n\r\n"), std::string::npos) << r;
   r = get("/v1/info");
   EXPECT_EQ(r.rfind("HTTP/1.1 200", 0), 0u) << r;
+}
+
+// A hook set with before_answer runs, once, before any byte of the answer
+// leaves (E2B's audit record is on disk before its caller sees the answer):
+// while the hook holds, the client reads nothing; a stream's head waits too.
+TEST_F(ServerTest, BeforeAnswerRunsBeforeTheFirstByte) {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool release = false;
+  std::vector<int> seen;
+  start({.max_connections = 8, .idle_timeout = 5000ms}, [&](Server& s) {
+    s.add_extension("/ext/", [&](engine::Engine&, Exchange& ex, const Principal&) {
+      ex.before_answer([&](int status) {
+        std::unique_lock lock(mu);
+        seen.push_back(status);
+        cv.notify_all();
+        cv.wait(lock, [&] { return release; });
+      });
+      if (ex.path() == "/ext/stream") {
+        ex.begin_stream("text/plain");
+        ex.write_chunk("x");
+        ex.end_stream();
+        return;
+      }
+      ex.send_empty(204);
+      ex.send_empty(204);  // a second answer attempt does not run the hook again
+    });
+  });
+  for (std::string path : {"/ext/plain", "/ext/stream"}) {
+    release = false;
+    int fd = connect_raw();
+    send_all(fd, "GET " + path + " HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    size_t before = seen.size();
+    {
+      std::unique_lock lock(mu);
+      ASSERT_TRUE(cv.wait_for(lock, 5s, [&] { return seen.size() > before; })) << path;
+    }
+    pollfd p{fd, POLLIN, 0};
+    EXPECT_EQ(::poll(&p, 1, 200), 0) << path << ": bytes left before the hook returned";
+    {
+      std::lock_guard lock(mu);
+      release = true;
+    }
+    cv.notify_all();
+    std::string r = read_until_eof(fd);
+    EXPECT_EQ(r.rfind(path == "/ext/plain" ? "HTTP/1.1 204" : "HTTP/1.1 200", 0), 0u) << r;
+  }
+  std::lock_guard lock(mu);
+  EXPECT_EQ(seen, (std::vector<int>{204, 200}));
 }
 
 // Engine time is not idleness: a stream whose command is silent for longer

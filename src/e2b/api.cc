@@ -6,6 +6,7 @@
 #include <tuple>
 
 #include "common/error.h"
+#include "common/scope_guard.h"
 #include "daemon/request.h"
 #include "daemon/tenancy.h"
 #include "e2b/audit.h"
@@ -141,17 +142,22 @@ std::string Api::token_of(const engine::SandboxInfo& info) const {
 void Api::serve(engine::Engine& engine, daemon::Exchange& ex, const daemon::Principal& who) const {
   AuditNote note;
   std::string outcome;
+  // The record is written as the answer starts, not after it: a caller that
+  // reads the audit log right after its answer finds its call there.
+  ex.before_answer([&](int status) {
+    if (note.route.empty()) return;
+    if (outcome.empty()) outcome = status < 400 ? note.ok_outcome : "refused";
+    audit_call(ex, who, note.route, note.sandbox, outcome);
+  });
+  ScopeGuard drop_hook([&] { ex.before_answer(nullptr); });
   try {
     route(engine, ex, who, note);
   } catch (const Error& e) {
     if (ex.responded()) throw;  // mid-answer: the server cuts the connection
     int status = status_for(e);
-    ex.send_json(status, error_json(status, e.what()));
     outcome = to_string(e.code());
+    ex.send_json(status, error_json(status, e.what()));
   }
-  if (note.route.empty()) return;
-  if (outcome.empty()) outcome = ex.status() < 400 ? note.ok_outcome : "refused";
-  audit_call(ex, who, note.route, note.sandbox, outcome);
 }
 
 void Api::route(engine::Engine& engine, daemon::Exchange& ex, const daemon::Principal& who,

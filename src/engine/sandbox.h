@@ -24,6 +24,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/scope_guard.h"
 #include "engine/audit/journal.h"
 #include "engine/channel/guest_channel.h"
 #include "engine/engine.h"
@@ -58,28 +59,6 @@ struct Change {
   std::optional<int> pid;
   std::optional<int64_t> boot_ms;
   bool write_record = false;  // also write every column of rec (pool hand-out)
-};
-
-// Runs `f` at scope exit unless dismiss()ed: every resource of a create is
-// held by one until the commit point.
-class ScopeGuard {
- public:
-  explicit ScopeGuard(std::function<void()> f) : f_(std::move(f)) {}
-  ~ScopeGuard() {
-    if (f_) f_();
-  }
-  void dismiss() { f_ = nullptr; }
-  // Runs the action now (once).
-  void fire() {
-    auto f = std::move(f_);
-    f_ = nullptr;
-    if (f) f();
-  }
-  ScopeGuard(const ScopeGuard&) = delete;
-  ScopeGuard& operator=(const ScopeGuard&) = delete;
-
- private:
-  std::function<void()> f_;
 };
 
 // The streamed stdin of an exec started with ExecRequest::stdin_stream

@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "common/error.h"
+#include "common/scope_guard.h"
 #include "common/subprocess.h"
 #include "engine/engine.h"
 #include "engine/recipes/install.h"
@@ -22,7 +23,6 @@
 
 namespace airlock::recipes {
 namespace fs = std::filesystem;
-using engine::ScopeGuard;
 
 using nlohmann::json;
 using Clock = std::chrono::steady_clock;

@@ -5,6 +5,7 @@
 #include <optional>
 
 #include "common/error.h"
+#include "common/scope_guard.h"
 #include "common/subprocess.h"
 #include "engine/confine/confine.h"
 #include "engine/engine.h"
@@ -14,7 +15,6 @@
 
 namespace airlock::recipes {
 namespace fs = std::filesystem;
-using engine::ScopeGuard;
 namespace confine = engine::confine;
 
 SubprocessOptions minutes_timeout(int m) {
