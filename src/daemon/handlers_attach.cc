@@ -56,10 +56,7 @@ void handle_attach_exec(engine::Engine& engine, Exchange& ex, const std::string&
     ex.end_stream();
   } catch (const Error& e) {
     if (!ex.streaming()) throw;
-    json j = error_body(to_string(e.code()), e.what(), e.field());
-    j["type"] = "error";
-    line(j);
-    ex.end_stream();
+    end_stream_with_error(ex, error_body(to_string(e.code()), e.what(), e.field()));
   }
 }
 

@@ -24,7 +24,7 @@ auth::Auth& need_auth(const Caller& c) {
 }
 
 // {"tenant": T, "expires_in_s"?: N (0 or absent = never), "format"?: "airlock"|"e2b"}
-json create_token(const Caller& c, const std::string& body) {
+json make_token(const Caller& c, const std::string& body) {
   json req = parse_object(body);
   for (auto& [k, v] : req.items())
     if (k != "tenant" && k != "expires_in_s" && k != "format")
@@ -59,8 +59,6 @@ json create_token(const Caller& c, const std::string& body) {
   return j;
 }
 
-}  // namespace
-
 // A tenant's quota and what it holds now.
 json tenant_json(const std::string& name, const auth::Quota& q, const TenantUsage& u) {
   return {
@@ -69,72 +67,71 @@ json tenant_json(const std::string& name, const auth::Quota& q, const TenantUsag
       {"usage", {{"sandboxes", u.sandboxes}, {"memory_mb", u.memory_mb}, {"disk_mb", u.disk_mb}}}};
 }
 
+}  // namespace
+
 // Operator only (the route table says so; dispatch checked).
-void handle_auth_route(engine::Engine& engine, Exchange& ex, const Caller& c, const RouteMatch& m) {
-  Query q = parse_query(ex.query());
-  check_query_keys(q, {});
-  switch (m.route) {
-    case Route::create_token:
-      ex.send_json(201, create_token(c, ex.read_body(kMaxJsonBody)));
-      return;
-    case Route::list_tokens: {
-      if (!ex.read_body(kMaxJsonBody).empty())
-        throw Error(Errc::invalid_argument, "this request takes no body", "body");
-      json arr = json::array();
-      for (const auto& t : need_auth(c).tokens().list()) arr.push_back(auth::to_public_json(t));
-      ex.send_json(200, arr);
-      return;
-    }
-    case Route::delete_token: {
-      if (!ex.read_body(kMaxJsonBody).empty())
-        throw Error(Errc::invalid_argument, "this request takes no body", "body");
-      auth::Auth& a = need_auth(c);
-      if (!a.tokens().remove(m.id)) throw Error(Errc::not_found, "no token " + m.id, "id");
-      a.audit().append({{"source", c.source},
-                        {"method", "DELETE"},
-                        {"route", "/v1/tokens/{id}"},
-                        {"outcome", "token_removed"},
-                        {"token_id", m.id},
-                        {"status", 204}});
-      ex.send_empty(204);
-      return;
-    }
-    case Route::list_tenants: {
-      if (!ex.read_body(kMaxJsonBody).empty())
-        throw Error(Errc::invalid_argument, "this request takes no body", "body");
-      auto usage = tenant_usage(engine);
-      auto quotas = need_auth(c).quotas().list();
-      // Every tenant with a quota, a token or a live sandbox.
-      std::set<std::string> names;
-      for (const auto& [t, q] : quotas) names.insert(t);
-      for (const auto& [t, u] : usage) names.insert(t);
-      for (const auto& t : need_auth(c).tokens().list()) names.insert(t.tenant);
-      json arr = json::array();
-      for (const auto& t : names)
-        arr.push_back(tenant_json(t, quotas.count(t) ? quotas[t] : auth::Quota{}, usage[t]));
-      ex.send_json(200, arr);
-      return;
-    }
-    case Route::set_tenant: {
-      // The body first: an answer before it is read would reset the connection.
-      json body = parse_object(ex.read_body(kMaxJsonBody));
-      auth::check_tenant(m.id, "tenant");
-      auth::Quota q = auth::parse_quota(body);
-      auth::Auth& a = need_auth(c);
-      a.quotas().set(m.id, q);
-      a.audit().append({{"source", c.source},
-                        {"method", "PUT"},
-                        {"route", "/v1/tenants/{id}"},
-                        {"outcome", "quota_set"},
-                        {"tenant", m.id},
-                        {"detail", auth::to_json(q).dump()},
-                        {"status", 200}});
-      ex.send_json(200, tenant_json(m.id, q, tenant_usage(engine)[m.id]));
-      return;
-    }
-    default:
-      ex.send_error(500, "internal", "not a token route");
-  }
+namespace serve {
+
+void create_token(const RouteContext& c) {
+  check_query_keys(c.query, {});
+  c.ex.send_json(201, make_token(c.caller, c.ex.read_body(kMaxJsonBody)));
 }
 
+void list_tokens(const RouteContext& c) {
+  check_query_keys(c.query, {});
+  expect_no_body(c.ex);
+  json arr = json::array();
+  for (const auto& t : need_auth(c.caller).tokens().list()) arr.push_back(auth::to_public_json(t));
+  c.ex.send_json(200, arr);
+}
+
+void delete_token(const RouteContext& c) {
+  check_query_keys(c.query, {});
+  expect_no_body(c.ex);
+  auth::Auth& a = need_auth(c.caller);
+  if (!a.tokens().remove(c.id)) throw Error(Errc::not_found, "no token " + c.id, "id");
+  a.audit().append({{"source", c.caller.source},
+                    {"method", "DELETE"},
+                    {"route", "/v1/tokens/{id}"},
+                    {"outcome", "token_removed"},
+                    {"token_id", c.id},
+                    {"status", 204}});
+  c.ex.send_empty(204);
+}
+
+void list_tenants(const RouteContext& c) {
+  check_query_keys(c.query, {});
+  expect_no_body(c.ex);
+  auto usage = tenant_usage(c.engine);
+  auto quotas = need_auth(c.caller).quotas().list();
+  // Every tenant with a quota, a token or a live sandbox.
+  std::set<std::string> names;
+  for (const auto& [t, q] : quotas) names.insert(t);
+  for (const auto& [t, u] : usage) names.insert(t);
+  for (const auto& t : need_auth(c.caller).tokens().list()) names.insert(t.tenant);
+  json arr = json::array();
+  for (const auto& t : names)
+    arr.push_back(tenant_json(t, quotas.count(t) ? quotas[t] : auth::Quota{}, usage[t]));
+  c.ex.send_json(200, arr);
+}
+
+void set_tenant(const RouteContext& c) {
+  check_query_keys(c.query, {});
+  // The body first: an answer before it is read would reset the connection.
+  json body = parse_object(c.ex.read_body(kMaxJsonBody));
+  auth::check_tenant(c.id, "tenant");
+  auth::Quota q = auth::parse_quota(body);
+  auth::Auth& a = need_auth(c.caller);
+  a.quotas().set(c.id, q);
+  a.audit().append({{"source", c.caller.source},
+                    {"method", "PUT"},
+                    {"route", "/v1/tenants/{id}"},
+                    {"outcome", "quota_set"},
+                    {"tenant", c.id},
+                    {"detail", auth::to_json(q).dump()},
+                    {"status", 200}});
+  c.ex.send_json(200, tenant_json(c.id, q, tenant_usage(c.engine)[c.id]));
+}
+
+}  // namespace serve
 }  // namespace airlock::daemon

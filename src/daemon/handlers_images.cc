@@ -20,11 +20,6 @@ using json = nlohmann::json;
 
 namespace {
 
-void expect_no_body(Exchange& ex) {
-  if (!ex.read_body(kMaxJsonBody).empty())
-    throw Error(Errc::invalid_argument, "this request takes no body", "body");
-}
-
 // Streams the upload into `file` (never held in memory).
 uint64_t receive_to_file(Exchange& ex, const fs::path& file) {
   int fd = ::open(file.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
@@ -52,70 +47,70 @@ uint64_t receive_to_file(Exchange& ex, const fs::path& file) {
 }  // namespace
 
 // Operator only (the route table says so; dispatch checked).
-void handle_image_route(engine::Engine& engine, Exchange& ex, const RouteMatch& m) {
-  Query q = parse_query(ex.query());
-  switch (m.route) {
-    case Route::list_images:
-      check_query_keys(q, {});
-      expect_no_body(ex);
-      ex.send_json(200, engine.list_images());
-      return;
-    case Route::get_image:
-      check_query_keys(q, {});
-      expect_no_body(ex);
-      ex.send_json(200, engine.inspect_image(m.id));
-      return;
-    case Route::delete_image:
-      check_query_keys(q, {});
-      expect_no_body(ex);
-      engine.remove_image(m.id);
-      ex.send_empty(204);
-      return;
-    case Route::import_image: {
-      // A name the store could never hold is refused before the upload
-      // costs any disk.
-      if (!storage::is_image_name(m.id)) {
-        ex.discard_body();
-        storage::check_image_name(m.id, "name");
-      }
-      fs::path dir = engine.images().dir();
-      fs::create_directories(dir);
-      std::string tmpl = (dir / ".tmp-import-upload-XXXXXX").string();
-      if (!::mkdtemp(tmpl.data())) {
-        ex.discard_body();
-        throw_errno("mkdtemp in " + dir.string());
-      }
-      fs::path tmp = tmpl;
-      struct Cleanup {
-        fs::path p;
-        ~Cleanup() {
-          std::error_code ec;
-          fs::remove_all(p, ec);
-        }
-      } cleanup{tmp};
-      uint64_t n = receive_to_file(ex, tmp / "image.tar");
-      check_query_keys(q, {"replace"});
-      bool replace = query_bool(q, "replace", false);
-      if (n == 0)
-        throw Error(Errc::invalid_argument,
-                    "the body must be the image archive (docker save or OCI layout tar)", "body");
-      ex.send_json(201, engine.import_image(m.id, tmp / "image.tar", replace));
-      return;
-    }
-    case Route::disk_usage:
-      check_query_keys(q, {});
-      expect_no_body(ex);
-      ex.send_json(200, engine.disk_usage());
-      return;
-    case Route::prune: {
-      check_query_keys(q, {"dry_run"});
-      expect_no_body(ex);
-      ex.send_json(200, engine.prune(query_bool(q, "dry_run", false)));
-      return;
-    }
-    default:
-      throw Error(Errc::internal, "not an image route");
-  }
+namespace serve {
+
+void list_images(const RouteContext& c) {
+  check_query_keys(c.query, {});
+  expect_no_body(c.ex);
+  c.ex.send_json(200, c.engine.list_images());
 }
 
+void get_image(const RouteContext& c) {
+  check_query_keys(c.query, {});
+  expect_no_body(c.ex);
+  c.ex.send_json(200, c.engine.inspect_image(c.id));
+}
+
+void delete_image(const RouteContext& c) {
+  check_query_keys(c.query, {});
+  expect_no_body(c.ex);
+  c.engine.remove_image(c.id);
+  c.ex.send_empty(204);
+}
+
+void import_image(const RouteContext& c) {
+  Exchange& ex = c.ex;
+  // A name the store could never hold is refused before the upload
+  // costs any disk.
+  if (!storage::is_image_name(c.id)) {
+    ex.discard_body();
+    storage::check_image_name(c.id, "name");
+  }
+  fs::path dir = c.engine.images().dir();
+  fs::create_directories(dir);
+  std::string tmpl = (dir / ".tmp-import-upload-XXXXXX").string();
+  if (!::mkdtemp(tmpl.data())) {
+    ex.discard_body();
+    throw_errno("mkdtemp in " + dir.string());
+  }
+  fs::path tmp = tmpl;
+  struct Cleanup {
+    fs::path p;
+    ~Cleanup() {
+      std::error_code ec;
+      fs::remove_all(p, ec);
+    }
+  } cleanup{tmp};
+  uint64_t n = receive_to_file(ex, tmp / "image.tar");
+  check_query_keys(c.query, {"replace"});
+  bool replace = query_bool(c.query, "replace", false);
+  if (n == 0)
+    throw Error(Errc::invalid_argument,
+                "the body must be the image archive (docker save or OCI layout tar)", "body");
+  ex.send_json(201, c.engine.import_image(c.id, tmp / "image.tar", replace));
+}
+
+void disk_usage(const RouteContext& c) {
+  check_query_keys(c.query, {});
+  expect_no_body(c.ex);
+  c.ex.send_json(200, c.engine.disk_usage());
+}
+
+void prune(const RouteContext& c) {
+  check_query_keys(c.query, {"dry_run"});
+  expect_no_body(c.ex);
+  c.ex.send_json(200, c.engine.prune(query_bool(c.query, "dry_run", false)));
+}
+
+}  // namespace serve
 }  // namespace airlock::daemon

@@ -11,18 +11,26 @@ namespace {
 
 using nlohmann::json;
 
-void no_body(Exchange& ex) {
-  if (!ex.read_body(64 * 1024).empty())
-    throw Error(Errc::invalid_argument, "this request takes no body", "body");
-}
+// These routes take no body; one over this is refused as too large.
+constexpr uint64_t kJournalQueryBody = 64 * 1024;
 
-// The whole journal: a JSON array, or with follow an NDJSON stream of every
-// record as it is appended (the JournalReader reads only what is new and
-// sleeps on inotify), until the sandbox ends or the client hangs up.
-void stream_events(engine::Engine& engine, Exchange& ex, const std::string& id, bool follow) {
-  bool alive = engine::holds_resources(engine.get(id).state);  // state first: see handle_network_events
-  auto follower = engine.follow_journal(id);
-  auto records = follower->next();
+}  // namespace
+
+void send_records(engine::Engine& engine, Exchange& ex, const std::string& id, RecordLog log,
+                  bool follow) {
+  // State first, records second: whatever the sandbox recorded before it
+  // ended is in the batch fetched after seeing it ended. Both calls come
+  // before the stream starts, so an unknown id is a plain 404.
+  bool alive = engine::holds_resources(engine.get(id).state);
+  std::unique_ptr<engine::RecordFollower> follower =
+      log == RecordLog::journal ? engine.follow_journal(id) : engine.follow_network_events(id);
+  // A journal record may carry a guest's bytes that are not UTF-8: they are
+  // replaced rather than ending the stream.
+  auto dump = [log](const json& r) {
+    return log == RecordLog::journal ? r.dump(-1, ' ', false, json::error_handler_t::replace)
+                                     : r.dump();
+  };
+  std::vector<json> records = follower->next();
   if (!follow) {
     json arr = json::array();
     for (auto& r : records) arr.push_back(std::move(r));
@@ -33,7 +41,7 @@ void stream_events(engine::Engine& engine, Exchange& ex, const std::string& id, 
   try {
     while (true) {
       for (const auto& r : records) {
-        if (!ex.write_chunk(r.dump(-1, ' ', false, json::error_handler_t::replace) + "\n")) {
+        if (!ex.write_chunk(dump(r) + "\n")) {
           ex.abort_stream();
           return;
         }
@@ -55,33 +63,28 @@ void stream_events(engine::Engine& engine, Exchange& ex, const std::string& id, 
   ex.end_stream();
 }
 
-}  // namespace
+namespace serve {
 
-void handle_journal_route(engine::Engine& engine, Exchange& ex, Route route, const std::string& id,
-                          const std::map<std::string, std::string>& q) {
-  switch (route) {
-    case Route::journal_verify:
-      check_query_keys(q, {});
-      no_body(ex);
-      engine.get(id);  // an unknown id is a 404 even when a stray journal exists
-      ex.send_json(200, engine.verify_journal(id));
-      return;
-    case Route::events:
-      check_query_keys(q, {"follow"});
-      no_body(ex);
-      stream_events(engine, ex, id, query_bool(q, "follow", false));
-      return;
-    case Route::changes: {
-      check_query_keys(q, {"since", "content"});
-      no_body(ex);
-      auto it = q.find("since");
-      std::string since = it == q.end() ? "start" : it->second;
-      ex.send_json(200, engine.changes(id, since, query_bool(q, "content", false)));
-      return;
-    }
-    default:
-      throw Error(Errc::internal, "not a journal route");
-  }
+void journal_verify(const RouteContext& c) {
+  check_query_keys(c.query, {});
+  expect_no_body(c.ex, kJournalQueryBody);
+  c.engine.get(c.id);  // an unknown id is a 404 even when a stray journal exists
+  c.ex.send_json(200, c.engine.verify_journal(c.id));
 }
 
+void events(const RouteContext& c) {
+  check_query_keys(c.query, {"follow"});
+  expect_no_body(c.ex, kJournalQueryBody);
+  send_records(c.engine, c.ex, c.id, RecordLog::journal, query_bool(c.query, "follow", false));
+}
+
+void changes(const RouteContext& c) {
+  check_query_keys(c.query, {"since", "content"});
+  expect_no_body(c.ex, kJournalQueryBody);
+  auto it = c.query.find("since");
+  std::string since = it == c.query.end() ? "start" : it->second;
+  c.ex.send_json(200, c.engine.changes(c.id, since, query_bool(c.query, "content", false)));
+}
+
+}  // namespace serve
 }  // namespace airlock::daemon

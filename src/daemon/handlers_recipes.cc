@@ -84,7 +84,11 @@ recipes::BuildRequest parse_build(std::string_view body) {
 
 }  // namespace
 
-void handle_build_image(engine::Engine& engine, Exchange& ex) {
+namespace serve {
+
+void build_image(const RouteContext& c) {
+  check_query_keys(c.query, {});
+  Exchange& ex = c.ex;
   recipes::BuildRequest req = parse_build(ex.read_body(kMaxBuildBody));
   auto line = [&](const json& j) { return ex.write_chunk(j.dump() + "\n"); };
   bool gone = false;
@@ -101,17 +105,14 @@ void handle_build_image(engine::Engine& engine, Exchange& ex) {
   };
   json result;
   try {
-    result = engine.build_recipe(req, on_event);
+    result = c.engine.build_recipe(req, on_event);
   } catch (const Error& e) {
     if (!ex.streaming()) throw;
     if (gone) {
       ex.abort_stream();
       return;
     }
-    json j = error_body(to_string(e.code()), e.what(), e.field());
-    j["type"] = "error";
-    line(j);
-    ex.end_stream();
+    end_stream_with_error(ex, error_body(to_string(e.code()), e.what(), e.field()));
     return;
   }
   if (!ex.streaming()) ex.begin_stream("application/x-ndjson");
@@ -120,4 +121,5 @@ void handle_build_image(engine::Engine& engine, Exchange& ex) {
   ex.end_stream();
 }
 
+}  // namespace serve
 }  // namespace airlock::daemon

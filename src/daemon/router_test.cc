@@ -2,8 +2,15 @@
 
 #include <gtest/gtest.h>
 
+#include <set>
+
+#include "daemon/handlers.h"
+
 namespace airlock::daemon {
 namespace {
+
+// The handler of a match (null if it matched no row).
+RouteHandler handler(const RouteMatch& m) { return m.spec ? m.spec->handler : nullptr; }
 
 TEST(Router, MatchesEveryRouteInTheTable) {
   for (const auto& spec : routes()) {
@@ -14,26 +21,38 @@ TEST(Router, MatchesEveryRouteInTheTable) {
     }
     RouteMatch m = match_route(spec.method, path);
     ASSERT_EQ(m.status, RouteStatus::ok) << spec.method << " " << path;
-    EXPECT_EQ(m.route, spec.route) << path;
+    EXPECT_EQ(m.spec, &spec) << path;
+  }
+}
+
+TEST(Router, EveryRowHasItsOwnHandlerAndOperation) {
+  // A row copied without changing its handler would serve another route.
+  std::set<RouteHandler> handlers;
+  std::set<std::string> operations;
+  for (const auto& spec : routes()) {
+    std::string op = std::string(spec.method) + " " + spec.path;
+    EXPECT_NE(spec.handler, nullptr) << op;
+    EXPECT_TRUE(handlers.insert(spec.handler).second) << op << ": handler shared with another row";
+    EXPECT_TRUE(operations.insert(op).second) << op << ": two rows";
   }
 }
 
 TEST(Router, ExtractsIds) {
   RouteMatch m = match_route("DELETE", "/v1/sandboxes/sb-1/exec/e-2");
   ASSERT_EQ(m.status, RouteStatus::ok);
-  EXPECT_EQ(m.route, Route::kill_exec);
+  EXPECT_EQ(handler(m), &serve::kill_exec);
   EXPECT_EQ(m.id, "sb-1");
   EXPECT_EQ(m.exec_id, "e-2");
   m = match_route("GET", "/v1/sandboxes/abc/files/list");
-  EXPECT_EQ(m.route, Route::list_files);
+  EXPECT_EQ(handler(m), &serve::list_files);
   EXPECT_EQ(m.id, "abc");
 }
 
 TEST(Router, FixedSegmentsBeatNothing) {
   // "info" under a sandbox is the guest info route, not a sandbox named info.
-  EXPECT_EQ(match_route("GET", "/v1/info").route, Route::info);
-  EXPECT_EQ(match_route("GET", "/v1/sandboxes/x/info").route, Route::guest_info);
-  EXPECT_EQ(match_route("GET", "/v1/sandboxes/x/files").route, Route::get_file);
+  EXPECT_EQ(handler(match_route("GET", "/v1/info")), &serve::info);
+  EXPECT_EQ(handler(match_route("GET", "/v1/sandboxes/x/info")), &serve::guest_info);
+  EXPECT_EQ(handler(match_route("GET", "/v1/sandboxes/x/files")), &serve::get_file);
 }
 
 TEST(Router, UnknownPathsAre404) {
@@ -52,7 +71,7 @@ TEST(Router, WrongMethodIs405WithAllow) {
   EXPECT_EQ(m.allow, "POST, GET");
   m = match_route("GET", "/v1/sandboxes/x/exec/ex-1");
   EXPECT_EQ(m.status, RouteStatus::ok);
-  EXPECT_EQ(m.route, Route::get_exec);
+  EXPECT_EQ(handler(m), &serve::get_exec);
   EXPECT_EQ(m.exec_id, "ex-1");
   EXPECT_EQ(match_route("DELETE", "/v1/sandboxes").allow, "POST, GET");
   m = match_route("GET", "/v1/sandboxes/x/network");
@@ -63,30 +82,30 @@ TEST(Router, WrongMethodIs405WithAllow) {
 TEST(Router, NetworkRoutes) {
   RouteMatch m = match_route("PATCH", "/v1/sandboxes/sb-1/network");
   ASSERT_EQ(m.status, RouteStatus::ok);
-  EXPECT_EQ(m.route, Route::set_network);
+  EXPECT_EQ(handler(m), &serve::set_network);
   EXPECT_EQ(m.id, "sb-1");
   m = match_route("GET", "/v1/sandboxes/sb-1/network/events");
   ASSERT_EQ(m.status, RouteStatus::ok);
-  EXPECT_EQ(m.route, Route::network_events);
+  EXPECT_EQ(handler(m), &serve::network_events);
   EXPECT_EQ(match_route("POST", "/v1/sandboxes/sb-1/network/events").allow, "GET");
 }
 
 TEST(Router, HealthAndMetricsRoutes) {
-  EXPECT_EQ(match_route("GET", "/metrics").route, Route::metrics);
-  EXPECT_EQ(match_route("GET", "/healthz").route, Route::healthz);
-  EXPECT_EQ(match_route("GET", "/readyz").route, Route::readyz);
+  EXPECT_EQ(handler(match_route("GET", "/metrics")), &serve::metrics);
+  EXPECT_EQ(handler(match_route("GET", "/healthz")), &serve::healthz);
+  EXPECT_EQ(handler(match_route("GET", "/readyz")), &serve::readyz);
   EXPECT_EQ(match_route("POST", "/metrics").allow, "GET");
 }
 
 TEST(Router, ALiteralPathWinsOverAParameter) {
   // /v1/images/build is the build route, not image "build": only POST.
-  EXPECT_EQ(match_route("POST", "/v1/images/build").route, Route::build_image);
+  EXPECT_EQ(handler(match_route("POST", "/v1/images/build")), &serve::build_image);
   RouteMatch m = match_route("GET", "/v1/images/build");
   EXPECT_EQ(m.status, RouteStatus::method_not_allowed);
   EXPECT_EQ(m.allow, "POST");
   m = match_route("GET", "/v1/images/builder");
   ASSERT_EQ(m.status, RouteStatus::ok);
-  EXPECT_EQ(m.route, Route::get_image);
+  EXPECT_EQ(handler(m), &serve::get_image);
   EXPECT_EQ(m.id, "builder");
 }
 

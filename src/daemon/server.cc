@@ -352,7 +352,7 @@ static bool unlimited_body(const http::request<http::buffer_body>& req) {
   std::string_view target(t.data(), t.size());
   target = target.substr(0, target.find('?'));
   RouteMatch m = match_route("POST", target);
-  return m.status == RouteStatus::ok && m.route == Route::exec_stdin;
+  return m.status == RouteStatus::ok && m.spec->handler == &serve::exec_stdin;
 }
 
 void Server::Impl::serve(std::unique_ptr<Stream> conn, std::shared_ptr<Activity> activity,
@@ -531,7 +531,7 @@ bool Server::Impl::claim(Exchange& ex, ConnSlot& slot, const Principal& who) {
 // The route table says which (Access::anyone).
 static bool probe(const Exchange& ex) {
   RouteMatch m = match_route(ex.method(), ex.path());
-  return m.status == RouteStatus::ok && m.access == Access::anyone;
+  return m.status == RouteStatus::ok && m.spec->access == Access::anyone;
 }
 
 bool Server::Impl::authenticate(Exchange& ex, const Stream& conn, bool extension, Principal& who) {

@@ -22,6 +22,7 @@
 #include "common/error.h"
 #include "daemon/exchange.h"
 #include "daemon/listener.h"
+#include "daemon/router.h"
 
 namespace airlock::daemon {
 namespace {
@@ -467,6 +468,77 @@ TEST_F(ServerTest, TcpPrincipals) {
   EXPECT_EQ(body(r)["error"]["code"], "unauthenticated");
   r = get("/v1/info", "Authorization: bearer " + secret + "\r\n");  // the scheme is case-blind
   EXPECT_EQ(r.rfind("HTTP/1.1 200", 0), 0u) << r;
+  server_->stop();
+  thread_.join();
+  server_.reset();
+  std::filesystem::remove_all(data);
+}
+
+// Who may call a route is its row's Access, checked before its handler runs:
+// a tenant meets every operator route as one that does not exist, and every
+// route on another tenant's sandbox as if the sandbox did not exist (and
+// nothing happens to it); its own sandbox it reaches.
+TEST_F(ServerTest, TenantMeetsEachRowsAccessBeforeItsHandler) {
+  char tmpl[] = "/tmp/airlock-auth-XXXXXX";
+  std::filesystem::path data = ::mkdtemp(tmpl);
+  auth::Auth auth(data);
+  std::string secret = auth.tokens().create("acme", 0, auth::TokenFormat::airlock).secret;
+  int port = 0;
+  start({.max_connections = 8, .idle_timeout = 5000ms}, [&](Server& s) {
+    s.set_auth(&auth);
+    s.listen(parse_listen("127.0.0.1:0"), nullptr);
+    port = s.tcp_ports().at(0);
+  });
+  engine::SandboxSpec spec;
+  spec.tenant = "other";
+  const std::string theirs = engine_->create(spec).id;
+  spec.tenant = "acme";
+  const std::string own = engine_->create(spec).id;
+  auto ask = [&](const std::string& method, const std::string& path) {
+    int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+    fds_.push_back(fd);
+    send_all(fd, method + " " + path + " HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + secret +
+                     "\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+    return read_until_eof(fd);
+  };
+  auto body = [](const std::string& r) {
+    return json::parse(r.substr(r.find("\r\n\r\n") + 4), nullptr, false);
+  };
+  auto fill = [](std::string path, const std::string& id) {
+    for (auto [from, to] : {std::pair<std::string, std::string>{"{id}", id},
+                            {"{exec_id}", "ex1"},
+                            {"{host_port}", "8080"}})
+      if (auto pos = path.find(from); pos != std::string::npos) path.replace(pos, from.size(), to);
+    return path;
+  };
+  int checked = 0;
+  for (const auto& row : routes()) {
+    std::string op = std::string(row.method) + " " + row.path;
+    if (row.access == Access::operator_only) {
+      std::string path = fill(row.path, "x1");
+      std::string r = ask(row.method, path);
+      EXPECT_EQ(r.rfind("HTTP/1.1 404", 0), 0u) << op << ": " << r;
+      EXPECT_EQ(body(r)["error"]["message"], "no route for " + std::string(row.method) + " " + path)
+          << op;
+      ++checked;
+    } else if (row.access == Access::own_sandbox) {
+      std::string r = ask(row.method, fill(row.path, theirs));
+      EXPECT_EQ(r.rfind("HTTP/1.1 404", 0), 0u) << op << ": " << r;
+      EXPECT_EQ(body(r)["error"]["message"], "no sandbox " + theirs) << op;
+      ++checked;
+    }
+  }
+  EXPECT_GT(checked, 40);
+  EXPECT_EQ(engine_->get(theirs).state, engine::State::running);  // not deleted, not paused
+  std::string r = ask("GET", "/v1/sandboxes/" + own);
+  EXPECT_EQ(r.rfind("HTTP/1.1 200", 0), 0u) << r;
+  r = ask("DELETE", "/v1/sandboxes/" + theirs);
+  EXPECT_EQ(r.rfind("HTTP/1.1 404", 0), 0u) << r;
   server_->stop();
   thread_.join();
   server_.reset();

@@ -147,14 +147,15 @@ class TokenTest(DaemonTestCase):
         self.assertNotIn(wrong, text)
 
 
-ROUTE_LINE = re.compile(r'\{"(GET|PUT|POST|DELETE|PATCH)", "(/[^"]*)", Route::(\w+), Access::(\w+)\}')
+# A row of the route table: {"METHOD", "/template", Access::who, serve::handler}.
+ROUTE_LINE = re.compile(r'\{"(GET|PUT|POST|DELETE|PATCH)",\s*"(/[^"]*)",\s*Access::(\w+),\s*serve::(\w+)\}')
 
 
 def sandbox_routes():
     """(method, template, name) of every route on one sandbox, from the
     daemon's own route table: a route added later is covered automatically."""
-    with open(os.path.join(harness.ROOT, "src", "daemon", "router.cc")) as f:
-        return [(m, t, name) for m, t, name, access in ROUTE_LINE.findall(f.read())
+    with open(os.path.join(harness.ROOT, "src", "daemon", "routes.cc")) as f:
+        return [(m, t, name) for m, t, access, name in ROUTE_LINE.findall(f.read())
                 if access == "own_sandbox"]
 
 

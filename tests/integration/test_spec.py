@@ -1,6 +1,6 @@
 """api/openapi.yaml against the real daemon (see api/README.md).
 
-- the routes airlockd serves (its route table in src/daemon/router.cc, and
+- the routes airlockd serves (its route table in src/daemon/routes.cc, and
   what the running daemon answers: 405 with an Allow header on a served path,
   404 elsewhere) are exactly the spec's operations;
 - every request example in the spec is accepted by a real daemon and a real
@@ -34,18 +34,19 @@ from harness import ROOT, ApiError, DaemonTestCase, NetnsDaemonTestCase, UnixHTT
 PENDING = set()
 PENDING_EXAMPLES = set()
 
-ROUTE_LINE = re.compile(r'\{"(GET|PUT|POST|DELETE|PATCH)", "(/[^"]*)", Route::\w+, Access::(\w+)\}')
+# A row of the route table: {"METHOD", "/template", Access::who, serve::handler}.
+ROUTE_LINE = re.compile(r'\{"(GET|PUT|POST|DELETE|PATCH)",\s*"(/[^"]*)",\s*Access::(\w+),\s*serve::\w+\}')
 
 
 def router_access():
-    """{(METHOD, template): access} of src/daemon/router.cc's route table, named as
+    """{(METHOD, template): access} of src/daemon/routes.cc's route table, named as
     the spec's x-airlock-access names them."""
-    with open(os.path.join(ROOT, "src", "daemon", "router.cc")) as f:
+    with open(os.path.join(ROOT, "src", "daemon", "routes.cc")) as f:
         return {(m, t): {"operator_only": "operator"}.get(a, a) for m, t, a in ROUTE_LINE.findall(f.read())}
 
 
 def router_routes():
-    """(METHOD, template) of every entry in src/daemon/router.cc's route table."""
+    """(METHOD, template) of every entry in src/daemon/routes.cc's route table."""
     return set(router_access())
 
 
