@@ -4,13 +4,14 @@
 #include "common/error.h"
 #include "engine/engine.h"
 #include "engine/engine_impl.h"
-#include "engine/file_entry.h"
+#include "engine/channel/file_entry.h"
 #include "engine/validate.h"
 
 namespace airlock::engine {
 namespace {
 
 using nlohmann::json;
+using channel::file_entry_from_guest;
 constexpr size_t kMaxListEntries = 100000;  // bounds the host's memory for one listing
 
 void validate_owner(const std::string& owner) {

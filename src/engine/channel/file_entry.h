@@ -7,7 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
-namespace airlock::engine {
+namespace airlock::channel {
 
 // {"name", "type": file|dir|symlink|other, "size", "mode" (0..07777),
 // "mtime", and when present "path" (absolute), "uid", "gid", "owner",
@@ -15,4 +15,4 @@ namespace airlock::engine {
 // "target_mode"}.
 nlohmann::json file_entry_from_guest(const nlohmann::json& entry);
 
-}  // namespace airlock::engine
+}  // namespace airlock::channel

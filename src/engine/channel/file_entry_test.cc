@@ -1,18 +1,18 @@
-#include "engine/file_entry.h"
+#include "engine/channel/file_entry.h"
 
 #include <gtest/gtest.h>
 
 #include "common/error.h"
 
-namespace airlock::engine {
+namespace airlock::channel {
 namespace {
 
 using nlohmann::json;
 
 json good() {
-  return {{"name", "a"},   {"path", "/x/a"},  {"type", "symlink"}, {"size", 3},
-          {"mode", 0777},  {"mtime", 1.5},    {"uid", 1000},       {"gid", 1000},
-          {"owner", "user"}, {"group", "user"}, {"target", "/x/b"}, {"target_type", "file"},
+  return {{"name", "a"},         {"path", "/x/a"},   {"type", "symlink"}, {"size", 3},
+          {"mode", 0777},        {"mtime", 1.5},     {"uid", 1000},       {"gid", 1000},
+          {"owner", "user"},     {"group", "user"},  {"target", "/x/b"},  {"target_type", "file"},
           {"target_mode", 0644}, {"evil", "dropped"}};
 }
 
@@ -52,4 +52,4 @@ TEST(FileEntry, HostileFieldsAreGuestErrorsNamingTheField) {
 }
 
 }  // namespace
-}  // namespace airlock::engine
+}  // namespace airlock::channel

@@ -1,11 +1,11 @@
-#include "engine/file_entry.h"
+#include "engine/channel/file_entry.h"
 
 #include <set>
 #include <string>
 
 #include "common/error.h"
 
-namespace airlock::engine {
+namespace airlock::channel {
 namespace {
 
 using nlohmann::json;
@@ -64,4 +64,4 @@ json file_entry_from_guest(const json& e) {
   return out;
 }
 
-}  // namespace airlock::engine
+}  // namespace airlock::channel
