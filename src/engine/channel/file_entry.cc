@@ -4,6 +4,7 @@
 #include <string>
 
 #include "common/error.h"
+#include "engine/channel/guest_client.h"
 
 namespace airlock::channel {
 namespace {
@@ -12,7 +13,7 @@ using nlohmann::json;
 constexpr size_t kMaxPath = 4096, kMaxName = 256;
 
 [[noreturn]] void bad(const std::string& field, const std::string& why) {
-  throw Error(Errc::guest_error, "guest file entry: " + field + " " + why);
+  throw GuestReplyError("guest file entry: " + field + " " + why);
 }
 
 std::string text(const json& e, const char* field, size_t max, bool absolute) {

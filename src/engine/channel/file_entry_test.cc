@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "common/error.h"
+#include "engine/channel/guest_client.h"
 
 namespace airlock::channel {
 namespace {
@@ -30,7 +31,7 @@ TEST(FileEntry, HostileFieldsAreGuestErrorsNamingTheField) {
     e[field] = value;
     try {
       file_entry_from_guest(e);
-    } catch (const Error& err) {
+    } catch (const GuestReplyError& err) {
       return err.code() == Errc::guest_error &&
              std::string(err.what()).find(field) != std::string::npos;
     }
@@ -45,10 +46,10 @@ TEST(FileEntry, HostileFieldsAreGuestErrorsNamingTheField) {
   EXPECT_TRUE(fails_on("target", "../etc"));
   EXPECT_TRUE(fails_on("name", std::string("a\0b", 3)));
   EXPECT_TRUE(fails_on("mtime", "yesterday"));
-  EXPECT_THROW(file_entry_from_guest(json::array()), Error);
+  EXPECT_THROW(file_entry_from_guest(json::array()), GuestReplyError);
   json missing = good();
   missing.erase("size");
-  EXPECT_THROW(file_entry_from_guest(missing), Error);
+  EXPECT_THROW(file_entry_from_guest(missing), GuestReplyError);
 }
 
 }  // namespace

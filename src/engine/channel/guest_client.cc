@@ -14,7 +14,7 @@ using nlohmann::json;
 constexpr size_t kMaxExecId = 64, kMaxArgv = 4096, kMaxPath = 4096;
 
 [[noreturn]] void bad(const char* op, const std::string& field, const std::string& why) {
-  throw Error(Errc::guest_error, std::string("guest ") + op + " reply: " + field + " " + why);
+  throw GuestReplyError(std::string("guest ") + op + " reply: " + field + " " + why);
 }
 
 // The optional-field readers: missing, ill-typed or out of range is absent.
@@ -108,9 +108,8 @@ ExecOutcome decode_outcome(const json& r) {
   o.output_lost = count(r, "output_lost");
   o.agent_us = count(r, "agent_us");
   o.run_us = count(r, "run_us");
-  if (const json* s = field(r, "spawn_us"); s && s->is_object())
-    for (const char* k : {"prepare", "clone", "setup", "exec", "run", "finish"})
-      o.spawn_us[k] = count(*s, k);
+  const json* s = field(r, "spawn_us");
+  for (const char* k : kSpawnPhases) o.spawn_us[k] = s && s->is_object() ? count(*s, k) : 0;
   return o;
 }
 
@@ -120,10 +119,10 @@ ExecOutcome run_exec(GuestChannel& ch, uint32_t stream, const ExecParams& params
   return decode_outcome(ch.exec(stream, exec_request(params), stdin_source, handlers, deadline));
 }
 
-Job decode_job(const json& j, const char* op) {
+Job decode_job(const json& j) {
   Job s;
   auto id = text(j, "exec_id", kMaxExecId);
-  if (!id || id->empty()) bad(op, "job", "has no valid exec_id");
+  if (!id || id->empty()) throw GuestReplyError("guest job has no valid exec_id");
   s.exec_id = *id;
   if (const json* argv = field(j, "argv"); argv && argv->is_array() && argv->size() <= kMaxArgv)
     for (const auto& a : *argv)
@@ -138,27 +137,26 @@ Job decode_job(const json& j, const char* op) {
 Job start_background(GuestChannel& ch, const ExecParams& params, Deadline deadline) {
   json req = exec_request(params);
   req["background"] = true;
-  Job job = decode_job(call(ch, "exec", std::move(req), deadline), "exec");
+  Job job = decode_job(call(ch, "exec", std::move(req), deadline));
   if (!params.exec_id.empty() && job.exec_id != params.exec_id)
-    throw Error(Errc::guest_error,
-                "guest started background exec " + job.exec_id + ", asked for " + params.exec_id);
+    throw GuestReplyError("guest started background exec " + job.exec_id + ", asked for " +
+                          params.exec_id);
   return job;
 }
 
 std::vector<Job> jobs(GuestChannel& ch, Deadline deadline) {
   json r = call(ch, "jobs", json::object(), deadline);
   const json* list = field(r, "jobs");
-  if (!list || !list->is_array()) bad("jobs", "jobs", "is not an array");
+  if (!list || !list->is_array()) throw GuestReplyError("guest jobs response has no jobs array");
   std::vector<Job> out;
   for (const auto& j : *list)
-    if (j.is_object() && out.size() < kMaxJobs) out.push_back(decode_job(j, "jobs"));
+    if (j.is_object() && out.size() < kMaxJobs) out.push_back(decode_job(j));
   return out;
 }
 
 Job wait_job(GuestChannel& ch, const std::string& exec_id, int64_t timeout_ms, Deadline deadline) {
   return decode_job(
-      call(ch, "wait_job", {{"exec_id", exec_id}, {"timeout_ms", timeout_ms}}, deadline),
-      "wait_job");
+      call(ch, "wait_job", {{"exec_id", exec_id}, {"timeout_ms", timeout_ms}}, deadline));
 }
 
 KillReply kill_job(GuestChannel& ch, const std::string& exec_id, int signal, Deadline deadline) {
@@ -215,7 +213,8 @@ ListReply list(GuestChannel& ch, const std::string& path, int depth, uint64_t of
                Deadline deadline) {
   json r = call(ch, "list", {{"path", path}, {"depth", depth}, {"offset", offset}}, deadline);
   const json* entries = field(r, "entries");
-  if (!entries || !entries->is_array()) bad("list", "entries", "is not an array");
+  if (!entries || !entries->is_array())
+    throw GuestReplyError("guest list response has no entries array");
   ListReply out;
   for (const json& e : *entries) out.entries.push_back(file_entry_from_guest(e));
   out.truncated = is_true(r, "truncated");
@@ -251,8 +250,8 @@ std::string user_home(GuestChannel& ch, const std::string& user, Deadline deadli
   // Guest-written: only an absolute, bounded path is taken.
   auto home = text(r, "home", kMaxPath);
   if (!home || home->empty() || (*home)[0] != '/' || home->find('\0') != std::string::npos)
-    throw Error(Errc::guest_error, "the guest named no usable home directory for " +
-                                       (user.empty() ? std::string("root") : user));
+    throw GuestReplyError("the guest named no usable home directory for " +
+                          (user.empty() ? std::string("root") : user));
   return *home;
 }
 

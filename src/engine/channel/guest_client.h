@@ -9,14 +9,15 @@
 //
 // Replies come from a guest that may be hostile. Each decoder checks types
 // and bounds (string lengths, counts, integer ranges) and either
-//  * throws Error(guest_error, "guest <op> reply: <field> ...") for a field
-//    the caller cannot do without (a job's exec_id, the entries of a list,
-//    a user's home), or
+//  * throws GuestReplyError (an Error(guest_error) naming the field) for a
+//    field the caller cannot do without (a job's exec_id, the entries of a
+//    list, a user's home), or
 //  * takes an optional field that is missing, ill-typed or out of range as
 //    absent (its default): an older agent sends fewer fields, and exit
 //    statuses, byte counts and timings are only reported, never acted on.
-// Errors the guest itself answers ({"error":...}) are thrown by the channel
-// as airlock::Error with the code of protocol::errc_from_guest_code.
+// Errors the guest itself answers ({"error":...}) and a lost connection are
+// thrown by the channel as a plain airlock::Error (the code of
+// protocol::errc_from_guest_code, or guest_error): the operation failed.
 #pragma once
 
 #include <cstdint>
@@ -26,9 +27,20 @@
 #include <string>
 #include <vector>
 
+#include "common/error.h"
 #include "engine/channel/guest_channel.h"
 
 namespace airlock::channel {
+
+// The guest answered, and did what it was asked as far as the host can
+// tell, but its reply is unusable (a field the caller needs is missing,
+// ill-typed or out of bounds). Callers tell it from a failed operation: the
+// journal records a guest-side effect that did happen (a move, a kill), and
+// no sandbox-state check applies (the guest was there to answer).
+class GuestReplyError : public Error {
+ public:
+  explicit GuestReplyError(const std::string& message) : Error(Errc::guest_error, message) {}
+};
 
 // ---- exec (foreground and background) ------------------------------------
 
@@ -71,8 +83,11 @@ struct ExecOutcome {
   uint64_t output_end = 0, output_lost = 0;  // an attach's end: the log's figures
   // The agent's own timings in µs (logged for the benchmark, trusted for nothing).
   uint64_t agent_us = 0, run_us = 0;
-  std::map<std::string, uint64_t> spawn_us;  // prepare, clone, setup, exec, run, finish
+  // The agent's spawn phases (kSpawnPhases), each 0 unless the guest sent it.
+  std::map<std::string, uint64_t> spawn_us;
 };
+inline constexpr const char* kSpawnPhases[] = {"prepare", "clone", "setup",
+                                               "exec",    "run",   "finish"};
 inline constexpr const char* kExecReasons[] = {"exited",     "signaled",   "timeout",   "killed",
                                                "pids_limit", "oom_killed", "cpu_limit", "no_space"};
 
@@ -83,14 +98,15 @@ ExecOutcome run_exec(GuestChannel& ch, uint32_t stream, const ExecParams& params
 
 // A background exec (a guest job) as `exec`, `jobs`, `wait_job` report it.
 struct Job {
-  std::string exec_id;            // 1..64 bytes (else Error(guest_error))
+  std::string exec_id;            // 1..64 bytes (else GuestReplyError)
   std::vector<std::string> argv;  // its strings, at most 4096 entries read
   int pid = 0;
   int64_t started_at_ms = 0;
   bool running = false;
   ExecOutcome outcome;  // once !running
 };
-// Starts `params` in the background (`exec` with "background": true).
+// Starts `params` in the background (`exec` with "background": true);
+// GuestReplyError unless the guest names the job params.exec_id (if set).
 Job start_background(GuestChannel& ch, const ExecParams& params, Deadline deadline);
 // The guest's jobs, oldest first; at most kMaxJobs are decoded.
 std::vector<Job> jobs(GuestChannel& ch, Deadline deadline);
@@ -99,7 +115,8 @@ inline constexpr size_t kMaxJobs = 1024;
 Job wait_job(GuestChannel& ch, const std::string& exec_id, int64_t timeout_ms, Deadline deadline);
 
 // kill_job's answer: for a detached foreground exec nobody is attached to,
-// `collect` is true and `end` is where its output log ends.
+// `collect` is true and `end` is where its output log ends (GuestReplyError
+// if it is there but not a byte offset).
 struct KillReply {
   bool collect = false;
   uint64_t end = 0;
@@ -155,7 +172,7 @@ void mkdir(GuestChannel& ch, const std::string& path, bool parents, const std::s
 void remove(GuestChannel& ch, const std::string& path, bool recursive, Deadline deadline);
 
 // The home directory of `user` (empty: root): absolute, at most 4096 bytes,
-// no NUL (else Error(guest_error)).
+// no NUL (else GuestReplyError).
 std::string user_home(GuestChannel& ch, const std::string& user, Deadline deadline);
 
 // ---- watch -----------------------------------------------------------------
@@ -186,7 +203,7 @@ nlohmann::json hello_network_json(const HelloNetwork& n);
 // ---- decoders (exposed for their tests) ----------------------------------
 
 ExecOutcome decode_outcome(const nlohmann::json& reply);
-Job decode_job(const nlohmann::json& job, const char* op);
+Job decode_job(const nlohmann::json& job);
 nlohmann::json exec_request(const ExecParams& params);
 
 }  // namespace airlock::channel

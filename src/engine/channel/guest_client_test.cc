@@ -99,14 +99,16 @@ class ScriptedGuest {
   json last_;
 };
 
-// The message of the Error(guest_error) `f` throws ("" if none, "other
-// code" if another).
+// The message of the GuestReplyError `f` throws ("" if none, "other
+// error" if an Error of another type or code).
 template <class F>
 std::string guest_error(F f) {
   try {
     f();
-  } catch (const Error& e) {
+  } catch (const GuestReplyError& e) {
     return e.code() == Errc::guest_error ? e.what() : "other code: " + std::string(e.what());
+  } catch (const Error& e) {
+    return "other error: " + std::string(e.what());
   }
   return "";
 }
@@ -148,7 +150,14 @@ TEST(GuestClientHostile, ExecOutcomeTakesOnlyWellTypedFields) {
   EXPECT_EQ(o.stdout_dropped, 0u);
   EXPECT_EQ(o.stderr_dropped, 7u);
   EXPECT_EQ(o.agent_us, 0u);
-  EXPECT_TRUE(o.spawn_us.empty());
+  // Every phase is there, 0 when the guest sent none.
+  ASSERT_EQ(o.spawn_us.size(), std::size(kSpawnPhases));
+  for (const auto& [k, v] : o.spawn_us) EXPECT_EQ(v, 0u) << k;
+  o = decode_outcome(json::parse(R"({"spawn_us":{"clone":5,"exec":-1,"evil":9}})"));
+  EXPECT_EQ(o.spawn_us.size(), std::size(kSpawnPhases));
+  EXPECT_EQ(o.spawn_us["clone"], 5u);
+  EXPECT_EQ(o.spawn_us["exec"], 0u);
+  EXPECT_FALSE(o.spawn_us.count("evil"));
   // Out of an int's range: absent, never narrowed.
   o = decode_outcome({{"exit_code", int64_t{1} << 40}, {"signal", 9}, {"reason", "oom_killed"}});
   EXPECT_FALSE(o.exit_code);
@@ -163,7 +172,7 @@ TEST(GuestClientHostile, JobsNeedAValidExecId) {
   for (json id : {json(nullptr), json(""), json(7), json(std::string(65, 'x'))}) {
     ScriptedGuest g([&](const json&) { return json{{"exec_id", id}, {"running", true}}; });
     EXPECT_EQ(guest_error([&] { wait_job(*g.host, "ex-1", 0, in(5s)); }),
-              "guest wait_job reply: job has no valid exec_id")
+              "guest job has no valid exec_id")
         << id.dump();
   }
   ScriptedGuest g([](const json&) {
@@ -193,8 +202,7 @@ TEST(GuestClientHostile, BackgroundStartMustNameTheAskedExec) {
 TEST(GuestClientHostile, JobsIsAnArrayAndBounded) {
   {
     ScriptedGuest g([](const json&) { return json{{"jobs", "none"}}; });
-    EXPECT_EQ(guest_error([&] { jobs(*g.host, in(5s)); }),
-              "guest jobs reply: jobs is not an array");
+    EXPECT_EQ(guest_error([&] { jobs(*g.host, in(5s)); }), "guest jobs response has no jobs array");
   }
   json many = json::array();
   for (size_t i = 0; i < kMaxJobs + 5; ++i) many.push_back({{"exec_id", "j" + std::to_string(i)}});
@@ -246,7 +254,7 @@ TEST(GuestClientHostile, ListNeedsEntriesAndChecksEachOne) {
   {
     ScriptedGuest g([](const json&) { return json{{"entries", {{"a", 1}}}}; });
     EXPECT_EQ(guest_error([&] { list(*g.host, "/", 1, 0, in(5s)); }),
-              "guest list reply: entries is not an array");
+              "guest list response has no entries array");
   }
   {
     ScriptedGuest g([](const json&) {
@@ -334,11 +342,15 @@ TEST(GuestClientHostile, OpsWithoutAReplyIgnoreItsFields) {
   EXPECT_EQ(info(*g.host, in(5s))["op"], "info");  // passed on as the API documents
 }
 
+// A failed operation is a plain Error with the guest's code, never a
+// GuestReplyError (callers map the two differently).
 TEST(GuestClientHostile, GuestErrorsKeepTheirCode) {
   ScriptedGuest g([](const json&) { return protocol::error_json("not_found", "no such job"); });
   try {
     wait_job(*g.host, "ex-1", 0, in(5s));
     FAIL();
+  } catch (const GuestReplyError&) {
+    FAIL() << "a guest error is not an unusable reply";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), Errc::not_found);
   }
