@@ -19,6 +19,7 @@
 #include "common/error.h"
 #include "engine/audit/journal.h"
 #include "engine/channel/guest_channel.h"
+#include "engine/channel/guest_client.h"
 #include "engine/engine.h"
 #include "engine/engine_metrics.h"
 #include "engine/launcher.h"
@@ -54,9 +55,9 @@ std::string random_id(const std::string& prefix);
 // Marks a call on `sb` in flight for idle_timeout: the sandbox is active
 // from construction to destruction (the end of the call counts too).
 // engine_ops.cc, shared with engine_attach.cc: the exit fields and drop
-// counts of a guest exec response; a guest failure rethrown as what it means
-// for the sandbox (stopped, failed).
-void read_exec_outcome(const nlohmann::json& r, ExecResult& res);
+// counts of a guest exec's end into `res`; a guest failure rethrown as what
+// it means for the sandbox (stopped, failed).
+void take_outcome(const channel::ExecOutcome& o, ExecResult& res);
 [[noreturn]] void rethrow_exec_error(Live& sb, const Error& e);
 // engine_attach.cc, for kill_exec: after a detached exec (nobody attached)
 // was signalled, attaches from `end` (its output so far) and waits up to
@@ -411,6 +412,15 @@ struct Engine::Impl {
   // A JSON-only guest operation (engine_ops.cc), audited as a "file" event
   // if `audited`.
   nlohmann::json json_op(const std::string& id, nlohmann::json req, bool audited);
+  // A short guest operation on the running sandbox `id` (engine_ops.cc):
+  // `path`, if given, is checked first; `op` runs a guest_client call on its
+  // channel within kJsonOpTimeout. A failed call is rethrown as what it
+  // means for the sandbox (stopped, failed); a GuestReplyError as it is.
+  // `audit`, if given, is journaled as a "file" event, with "error" if the
+  // call failed (an unusable reply is no failure: the guest did it).
+  using GuestOp = std::function<void(channel::GuestChannel&, channel::Deadline)>;
+  void guest_op(const std::string& id, const std::optional<std::string>& path,
+                const nlohmann::json* audit, const GuestOp& op);
   void reaper_loop();
   // One reaper check of a live sandbox (engine_failure.cc):
   // nullopt if healthy; else how to end it. A verdict with
