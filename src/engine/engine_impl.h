@@ -409,9 +409,6 @@ struct Engine::Impl {
                                                   const std::string& id);
   templates::Template build_template(const storage::Image& img, const templates::Shape& shape,
                                      vmm::Accel accel, const std::string& key);
-  // A JSON-only guest operation (engine_ops.cc), audited as a "file" event
-  // if `audited`.
-  nlohmann::json json_op(const std::string& id, nlohmann::json req, bool audited);
   // A short guest operation on the running sandbox `id` (engine_ops.cc):
   // `path`, if given, is checked first; `op` runs a guest_client call on its
   // channel within kJsonOpTimeout. A failed call is rethrown as what it

@@ -520,26 +520,6 @@ uint64_t Engine::read_file(const std::string& id, const std::string& path, const
   return n;
 }
 
-nlohmann::json Engine::Impl::json_op(const std::string& id, nlohmann::json req, bool audited) {
-  auto& impl = *this;
-  auto sb = impl.running(id);
-  ActivityGuard active(*sb);
-  std::string op = req["op"];
-  if (req.contains("path")) validate_guest_path(req["path"]);
-  nlohmann::json r;
-  try {
-    r = sb->channel->call(req, Clock::now() + kJsonOpTimeout);
-  } catch (const Error& e) {
-    if (audited) {
-      req["error"] = e.what();
-      impl.journal.append(id, "file", req);
-    }
-    rethrow_for(*sb, e);
-  }
-  if (audited) impl.journal.append(id, "file", req);
-  return r;
-}
-
 void Engine::Impl::guest_op(const std::string& id, const std::optional<std::string>& path,
                             const nlohmann::json* audit, const GuestOp& op) {
   auto sb = running(id);
@@ -566,16 +546,30 @@ nlohmann::json Engine::list_files(const std::string& id, const std::string& path
   return list_files(id, path, 1);
 }
 
+// The journal records these as "file" events: {"op": "mkdir"|"remove",
+// "path", "parents"|"recursive"}, with "error" if the guest refused.
 void Engine::make_dir(const std::string& id, const std::string& path, bool parents) {
-  impl_->json_op(id, {{"op", "mkdir"}, {"path", path}, {"parents", parents}}, true);
+  const nlohmann::json audit{{"op", "mkdir"}, {"path", path}, {"parents", parents}};
+  impl_->guest_op(id, path, &audit, [&](channel::GuestChannel& ch, channel::Deadline d) {
+    channel::mkdir(ch, path, parents, /*owner=*/"", d);
+  });
 }
 
 void Engine::remove_file(const std::string& id, const std::string& path, bool recursive) {
-  impl_->json_op(id, {{"op", "remove"}, {"path", path}, {"recursive", recursive}}, true);
+  const nlohmann::json audit{{"op", "remove"}, {"path", path}, {"recursive", recursive}};
+  impl_->guest_op(id, path, &audit, [&](channel::GuestChannel& ch, channel::Deadline d) {
+    channel::remove(ch, path, recursive, d);
+  });
 }
 
 nlohmann::json Engine::guest_info(const std::string& id) {
-  return impl_->json_op(id, {{"op", "info"}}, false);
+  // The guest's facts go to the API as the guest sent them (GuestInfo in
+  // api/openapi.yaml takes any properties): the engine reads none of them.
+  nlohmann::json info;
+  impl_->guest_op(id, {}, nullptr, [&](channel::GuestChannel& ch, channel::Deadline d) {
+    info = channel::info(ch, d);
+  });
+  return info;
 }
 
 }  // namespace airlock::engine
