@@ -136,6 +136,17 @@ TEST(GuestClientRequest, ExecSendsOnlyWhatIsSet) {
       "exec_id":"ex-1","output_buffer_bytes":4096,"stdin":true})"));
 }
 
+TEST(GuestClientRequest, HelloNetworkNamesEveryAddress) {
+  EXPECT_EQ(hello_network_json({.address = "10.0.2.15/24",
+                                .gateway = "10.0.2.2",
+                                .dns = "10.0.2.3",
+                                .address6 = "fec0::15/64",
+                                .gateway6 = "fec0::2",
+                                .mac = "52:54:00:12:34:56"}),
+            json::parse(R"({"address":"10.0.2.15/24","gateway":"10.0.2.2","dns":"10.0.2.3",
+                "address6":"fec0::15/64","gateway6":"fec0::2","mac":"52:54:00:12:34:56"})"));
+}
+
 // ---- hostile replies, one decoder at a time --------------------------------
 
 TEST(GuestClientHostile, ExecOutcomeTakesOnlyWellTypedFields) {
