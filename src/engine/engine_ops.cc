@@ -1,5 +1,6 @@
 // exec and file operations on a running sandbox. Each call is driven on the
-// caller's thread over the sandbox's GuestChannel and audited.
+// caller's thread through the typed guest client (channel/guest_client.h)
+// over the sandbox's GuestChannel, and audited.
 #include <spdlog/spdlog.h>
 
 #include <chrono>
