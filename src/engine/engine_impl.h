@@ -52,8 +52,6 @@ void rethrow_if_disk_full(const std::filesystem::path& dir, const std::string& w
 // "<prefix>" + 12 lowercase hex digits from getrandom.
 std::string random_id(const std::string& prefix);
 
-// Marks a call on `sb` in flight for idle_timeout: the sandbox is active
-// from construction to destruction (the end of the call counts too).
 // engine_ops.cc, shared with engine_attach.cc: the exit fields and drop
 // counts of a guest exec's end into `res`; a guest failure rethrown as what
 // it means for the sandbox (stopped, failed).
@@ -68,6 +66,8 @@ void collect_detached_end(Engine& engine, const std::string& id, const std::stri
                           uint64_t end);
 inline constexpr auto kKillCollect = std::chrono::seconds(10);
 
+// Marks a call on `sb` in flight for idle_timeout: the sandbox is active
+// from construction to destruction (the end of the call counts too).
 class ActivityGuard {
  public:
   explicit ActivityGuard(Live& sb) : sb_(sb) {
