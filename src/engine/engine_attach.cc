@@ -14,6 +14,7 @@
 
 #include "common/error.h"
 #include "engine/audit/chain.h"
+#include "engine/channel/guest_client.h"
 #include "engine/engine.h"
 #include "engine/engine_impl.h"
 #include "engine/types_json.h"
@@ -24,11 +25,6 @@ namespace {
 
 // How long the guest gets to answer the attach request itself.
 constexpr auto kAttachAnswer = std::chrono::seconds(30);
-
-uint64_t count(const nlohmann::json& j, const char* key) {
-  auto it = j.find(key);
-  return it != j.end() && it->is_number_unsigned() ? it->get<uint64_t>() : 0;
-}
 
 // The shape of the host's exec ids (random_id("ex-"), and the guest's
 // limit): anything else names no exec.
@@ -91,13 +87,15 @@ std::optional<ExecResult> Engine::attach_exec(const std::string& id, const std::
       spdlog::error("sandbox {}: audit: {}", id, e.what());
     }
   };
-  channel::AttachHandlers handlers;
-  handlers.on_attached = [&](const nlohmann::json& a) {
+  channel::AttachClientHandlers handlers;
+  handlers.on_attached = [&](const channel::Attached& a) {
     got.attached = true;
-    got.from = got.to = a.value("offset", offset);
-    got.dropped = a.value("dropped", uint64_t{0});
-    got.backlog = a.value("end", got.from) - got.from;
-    if (callbacks.on_attached) callbacks.on_attached(a);
+    got.from = got.to = a.offset;
+    got.dropped = a.dropped;
+    got.backlog = a.end - a.offset;
+    // The channel's checked event goes to the API's `attached` event as it
+    // is (AttachCallbacks::on_attached documents its fields).
+    if (callbacks.on_attached) callbacks.on_attached(a.event);
   };
   handlers.on_output = [&](int ch, std::string_view bytes) {
     got.to += bytes.size();
@@ -119,9 +117,10 @@ std::optional<ExecResult> Engine::attach_exec(const std::string& id, const std::
       sb.attached_streams.erase(exec_id);
     }
   } unregister{*sb, exec_id};
-  nlohmann::json r;
+  channel::AttachReply r;
   try {
-    r = sb->channel->attach(exec_id, offset, handlers, channel::Clock::now() + kAttachAnswer);
+    r = channel::attach(*sb->channel, exec_id, offset, handlers,
+                        channel::Clock::now() + kAttachAnswer);
   } catch (const Error& e) {
     journal_delivered();
     if (e.code() == Errc::not_found) throw no_such();
@@ -133,7 +132,7 @@ std::optional<ExecResult> Engine::attach_exec(const std::string& id, const std::
     journal_delivered();
     throw;
   }
-  if (r.is_object() && r.contains("detached") && r["detached"] == true) {
+  if (r.detached) {
     ended_by = "detach";
     journal_delivered();
     return std::nullopt;
@@ -143,12 +142,12 @@ std::optional<ExecResult> Engine::attach_exec(const std::string& id, const std::
 
   ExecResult result;
   result.exec_id = exec_id;
-  read_exec_outcome(r, result);
+  take_outcome(r.outcome, result);
   // What the process produced, as the guest counted it (this client saw
   // only the part from its offset).
-  result.stdout_bytes = count(r, "stdout_bytes");
-  result.stderr_bytes = count(r, "stderr_bytes");
-  result.stdin_bytes = count(r, "stdin_bytes");
+  result.stdout_bytes = r.outcome.stdout_bytes;
+  result.stderr_bytes = r.outcome.stderr_bytes;
+  result.stdin_bytes = r.outcome.stdin_bytes;
 
   // Written once: by the attach that saw the end of an exec of a previous
   // daemon. (A second client finds nothing to attach to: the guest forgets
@@ -171,8 +170,8 @@ std::optional<ExecResult> Engine::attach_exec(const std::string& id, const std::
                          {"user", start->value("user", nlohmann::json("root"))},
                          {"env_keys", start->value("env_keys", nlohmann::json::array())},
                          {"reattached", true},
-                         {"output_end", count(r, "output_end")},
-                         {"output_lost", count(r, "output_lost")}};
+                         {"output_end", r.outcome.output_end},
+                         {"output_lost", r.outcome.output_lost}};
     audit.update(to_json(result));
     try {
       impl.journal.append(id, "exec", audit);

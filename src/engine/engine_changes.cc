@@ -7,6 +7,7 @@
 
 #include "common/error.h"
 #include "common/subprocess.h"
+#include "engine/channel/guest_client.h"
 #include "engine/engine.h"
 #include "engine/engine_impl.h"
 #include "engine/fsdiff/fsdiff.h"
@@ -80,7 +81,7 @@ nlohmann::json Engine::changes(const std::string& id, const std::string& since, 
   // request: what it reports is not used, and a guest that ignores it only
   // makes its own diff stale.
   try {
-    sb->channel->call({{"op", "sync"}}, channel::Clock::now() + std::chrono::seconds(30));
+    channel::sync(*sb->channel, channel::Clock::now() + std::chrono::seconds(30));
   } catch (const Error&) {
   }
   int64_t sync_ms =

@@ -11,6 +11,7 @@
 
 #include "common/error.h"
 #include "common/process.h"
+#include "engine/channel/guest_client.h"
 #include "engine/engine.h"
 #include "engine/engine_impl.h"
 #include "engine/vmm/cgroup.h"
@@ -219,7 +220,7 @@ std::optional<Verdict> Engine::Impl::check_health(const std::shared_ptr<Live>& s
       // fails leaves ping_in_flight set, so its age decides.
       std::thread([sbp, deadline] {
         try {
-          sbp->channel->call({{"op", "ping"}}, deadline);
+          channel::ping(*sbp->channel, deadline);
           sbp->ping_in_flight = false;
         } catch (const std::exception&) {
         }

@@ -1,15 +1,18 @@
 // The file operations E2B's filesystem service needs beyond the native
 // API's (issue 11): list with depth, move, and ownership of what a call
-// creates. Every entry the guest reports is rebuilt by file_entry_from_guest.
+// creates. Every entry the guest reports is checked and rebuilt by the
+// guest client (channel/file_entry.h) before the engine sees it.
 #include "common/error.h"
+#include "engine/channel/guest_client.h"
 #include "engine/engine.h"
 #include "engine/engine_impl.h"
-#include "engine/file_entry.h"
 #include "engine/validate.h"
 
 namespace airlock::engine {
 namespace {
 
+using channel::Deadline;
+using channel::GuestChannel;
 using nlohmann::json;
 constexpr size_t kMaxListEntries = 100000;  // bounds the host's memory for one listing
 
@@ -41,59 +44,65 @@ json Engine::list_files(const std::string& id, const std::string& path, int dept
   // guest says it is complete, up to kMaxListEntries.
   json entries = json::array();
   for (;;) {
-    json r = impl_->json_op(
-        id, {{"op", "list"}, {"path", path}, {"depth", depth}, {"offset", entries.size()}}, false);
-    if (!r.contains("entries") || !r["entries"].is_array())
-      throw Error(Errc::guest_error, "guest list response has no entries array");
-    for (const json& e : r["entries"]) entries.push_back(file_entry_from_guest(e));
-    if (r.value("truncated", false) != true) return {{"entries", std::move(entries)}};
-    if (r["entries"].empty()) throw Error(Errc::guest_error, "guest list made no progress");
+    channel::ListReply r;
+    impl_->guest_op(id, path, nullptr, [&](GuestChannel& ch, Deadline d) {
+      r = channel::list(ch, path, depth, entries.size(), d);
+    });
+    for (json& e : r.entries) entries.push_back(std::move(e));
+    if (!r.truncated) return {{"entries", std::move(entries)}};
+    if (r.entries.empty()) throw Error(Errc::guest_error, "guest list made no progress");
     if (entries.size() >= kMaxListEntries)
       return {{"entries", std::move(entries)}, {"truncated", true}};
   }
 }
 
 json Engine::stat_file(const std::string& id, const std::string& path) {
-  return file_entry_from_guest(impl_->json_op(id, {{"op", "stat"}, {"path", path}}, false));
+  json entry;
+  impl_->guest_op(id, path, nullptr,
+                  [&](GuestChannel& ch, Deadline d) { entry = channel::stat(ch, path, d); });
+  return entry;
 }
 
 json Engine::move_file(const std::string& id, const std::string& from, const std::string& to,
                        const std::string& owner) {
   validate_guest_path(to, "destination");
   validate_owner(owner);
-  json req = {{"op", "move"}, {"path", from}, {"dest", to}, {"parents", true}};
-  if (!owner.empty()) req["owner"] = owner;
-  return owner_errors(owner, [&] { return file_entry_from_guest(impl_->json_op(id, req, true)); });
+  // The journal's "file" record of the move (also of a refused one, with "error").
+  json audit = {{"op", "move"}, {"path", from}, {"dest", to}, {"parents", true}};
+  if (!owner.empty()) audit["owner"] = owner;
+  json entry;
+  owner_errors(owner, [&] {
+    impl_->guest_op(id, from, &audit, [&](GuestChannel& ch, Deadline d) {
+      entry = channel::move(ch, from, to, /*parents=*/true, owner, d);
+    });
+  });
+  return entry;
 }
 
 std::string Engine::guest_home(const std::string& id, const std::string& user) {
   validate_owner(user);
-  json req = {{"op", "user"}};
-  if (!user.empty()) req["user"] = user;
-  json r;
+  // Guest-written: the client takes only an absolute, bounded path.
+  std::string home;
   try {
-    r = impl_->json_op(id, req, false);
+    impl_->guest_op(id, {}, nullptr,
+                    [&](GuestChannel& ch, Deadline d) { home = channel::user_home(ch, user, d); });
   } catch (const Error& e) {
     if (e.code() == Errc::not_found)
       throw Error(Errc::not_found, "no user " + user + " in the sandbox", "user");
     throw;
   }
-  // Guest-written: only an absolute, bounded path is taken.
-  auto it = r.find("home");
-  if (it == r.end() || !it->is_string() || it->get_ref<const std::string&>().empty() ||
-      it->get_ref<const std::string&>()[0] != '/' ||
-      it->get_ref<const std::string&>().size() > 4096 ||
-      it->get_ref<const std::string&>().find('\0') != std::string::npos)
-    throw Error(Errc::guest_error, "the guest named no usable home directory for " +
-                                       (user.empty() ? std::string("root") : user));
-  return it->get<std::string>();
+  return home;
 }
 
 void Engine::make_dir_as(const std::string& id, const std::string& path, const std::string& owner) {
   validate_owner(owner);
-  json req = {{"op", "mkdir"}, {"path", path}, {"parents", true}};
-  if (!owner.empty()) req["owner"] = owner;
-  owner_errors(owner, [&] { return impl_->json_op(id, req, true); });
+  json audit = {{"op", "mkdir"}, {"path", path}, {"parents", true}};
+  if (!owner.empty()) audit["owner"] = owner;
+  owner_errors(owner, [&] {
+    impl_->guest_op(id, path, &audit, [&](GuestChannel& ch, Deadline d) {
+      channel::mkdir(ch, path, /*parents=*/true, owner, d);
+    });
+  });
 }
 
 }  // namespace airlock::engine

@@ -19,6 +19,7 @@
 #include "common/error.h"
 #include "engine/audit/journal.h"
 #include "engine/channel/guest_channel.h"
+#include "engine/channel/guest_client.h"
 #include "engine/engine.h"
 #include "engine/engine_metrics.h"
 #include "engine/launcher.h"
@@ -51,12 +52,10 @@ void rethrow_if_disk_full(const std::filesystem::path& dir, const std::string& w
 // "<prefix>" + 12 lowercase hex digits from getrandom.
 std::string random_id(const std::string& prefix);
 
-// Marks a call on `sb` in flight for idle_timeout: the sandbox is active
-// from construction to destruction (the end of the call counts too).
 // engine_ops.cc, shared with engine_attach.cc: the exit fields and drop
-// counts of a guest exec response; a guest failure rethrown as what it means
-// for the sandbox (stopped, failed).
-void read_exec_outcome(const nlohmann::json& r, ExecResult& res);
+// counts of a guest exec's end into `res`; a guest failure rethrown as what
+// it means for the sandbox (stopped, failed).
+void take_outcome(const channel::ExecOutcome& o, ExecResult& res);
 [[noreturn]] void rethrow_exec_error(Live& sb, const Error& e);
 // engine_attach.cc, for kill_exec: after a detached exec (nobody attached)
 // was signalled, attaches from `end` (its output so far) and waits up to
@@ -67,6 +66,8 @@ void collect_detached_end(Engine& engine, const std::string& id, const std::stri
                           uint64_t end);
 inline constexpr auto kKillCollect = std::chrono::seconds(10);
 
+// Marks a call on `sb` in flight for idle_timeout: the sandbox is active
+// from construction to destruction (the end of the call counts too).
 class ActivityGuard {
  public:
   explicit ActivityGuard(Live& sb) : sb_(sb) {
@@ -408,9 +409,15 @@ struct Engine::Impl {
                                                   const std::string& id);
   templates::Template build_template(const storage::Image& img, const templates::Shape& shape,
                                      vmm::Accel accel, const std::string& key);
-  // A JSON-only guest operation (engine_ops.cc), audited as a "file" event
-  // if `audited`.
-  nlohmann::json json_op(const std::string& id, nlohmann::json req, bool audited);
+  // A short guest operation on the running sandbox `id` (engine_ops.cc):
+  // `path`, if given, is checked first; `op` runs a guest_client call on its
+  // channel within kJsonOpTimeout. A failed call is rethrown as what it
+  // means for the sandbox (stopped, failed); a GuestReplyError as it is.
+  // `audit`, if given, is journaled as a "file" event, with "error" if the
+  // call failed (an unusable reply is no failure: the guest did it).
+  using GuestOp = std::function<void(channel::GuestChannel&, channel::Deadline)>;
+  void guest_op(const std::string& id, const std::optional<std::string>& path,
+                const nlohmann::json* audit, const GuestOp& op);
   void reaper_loop();
   // One reaper check of a live sandbox (engine_failure.cc):
   // nullopt if healthy; else how to end it. A verdict with

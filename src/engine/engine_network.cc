@@ -22,6 +22,7 @@
 #include "common/error.h"
 #include "common/process.h"
 #include "common/spawn.h"
+#include "engine/channel/guest_client.h"
 #include "engine/engine.h"
 #include "engine/engine_impl.h"
 #include "engine/net/intake.h"
@@ -405,8 +406,12 @@ nlohmann::json hello_network(const std::string& id) {
   // slirp's fixed addresses (the helper's virtual network), IPv4 and IPv6,
   // and the MAC: a VM restored from a template keeps the template's MAC
   // unless the agent sets this one.
-  return {{"address", "10.0.2.15/24"}, {"gateway", "10.0.2.2"}, {"dns", "10.0.2.3"},
-          {"address6", "fec0::15/64"}, {"gateway6", "fec0::2"}, {"mac", mac_for(id)}};
+  return channel::hello_network_json({.address = "10.0.2.15/24",
+                                      .gateway = "10.0.2.2",
+                                      .dns = "10.0.2.3",
+                                      .address6 = "fec0::15/64",
+                                      .gateway6 = "fec0::2",
+                                      .mac = mac_for(id)});
 }
 
 namespace {

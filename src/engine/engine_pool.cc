@@ -18,6 +18,7 @@
 #include <sstream>
 
 #include "common/error.h"
+#include "engine/channel/guest_client.h"
 #include "engine/engine_impl.h"
 #include "engine/types_json.h"
 #include "engine/validate.h"
@@ -98,9 +99,9 @@ nlohmann::json run_warmup(channel::GuestChannel& ch, const std::vector<std::stri
     auto t0 = std::chrono::steady_clock::now();
     channel::ExecHandlers h;
     h.on_output = [](int, std::string_view) { return true; };
-    nlohmann::json r = ch.exec(ch.open_stream(), {{"argv", argv}}, nullptr, h,
-                               channel::Clock::now() + std::chrono::seconds(60));
-    int code = r.value("exit_code", -1);
+    channel::ExecOutcome r = channel::run_exec(ch, ch.open_stream(), {.argv = argv}, nullptr, h,
+                                               channel::Clock::now() + std::chrono::seconds(60));
+    int code = r.exit_code.value_or(-1);  // none: a signal ended it
     if (code != 0)
       throw Error(Errc::internal, who + ": warm-up command " + nlohmann::json(argv).dump() +
                                       " exited with " + std::to_string(code));

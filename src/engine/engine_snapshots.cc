@@ -18,6 +18,7 @@
 #include "common/error.h"
 #include "common/phases.h"
 #include "common/subprocess.h"
+#include "engine/channel/guest_client.h"
 #include "engine/confine/confine.h"
 #include "engine/engine_impl.h"
 #include "engine/storage/disk_chain.h"
@@ -171,7 +172,7 @@ snapshots::Snapshot Engine::Impl::take_snapshot(Live& sb, const std::string& nam
   // The sync runs before the source stops, so it is not in its pause.
   if (from == State::running && sb.channel) {
     try {
-      sb.channel->call({{"op", "sync"}}, channel::Clock::now() + std::chrono::seconds(30));
+      channel::sync(*sb.channel, channel::Clock::now() + std::chrono::seconds(30));
     } catch (const std::exception& e) {
       spdlog::warn("sandbox {}: sync before snapshot: {}", id, e.what());
     }

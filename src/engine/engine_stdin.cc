@@ -3,17 +3,13 @@
 // so memory stays bounded whatever the size and however slowly the process
 // reads.
 #include "common/error.h"
+#include "engine/channel/guest_client.h"
 #include "engine/engine.h"
 #include "engine/engine_impl.h"
 
 namespace airlock::engine {
 
 namespace {
-
-uint64_t count(const nlohmann::json& j, const char* key) {
-  auto it = j.find(key);
-  return it != j.end() && it->is_number_unsigned() ? it->get<uint64_t>() : 0;
-}
 
 // A background exec: the guest's job holds the pipe (and so survives a
 // daemon restart); it alone knows whether the stdin is open, and refuses a
@@ -23,9 +19,9 @@ StdinWrite write_job_stdin(Live& sb, const std::string& exec_id, const ChunkSour
   // The process may not read for a long time; the sandbox's life bounds it.
   int64_t left_ms = std::max<int64_t>(sb.expires_steady_ms.load() - steady_ms(), 1000);
   auto deadline = channel::Clock::now() + std::chrono::milliseconds(left_ms);
-  nlohmann::json r;
+  channel::JobStdinReply r;
   try {
-    r = sb.channel->job_stdin(exec_id, source, eof, deadline);
+    r = channel::job_stdin(*sb.channel, exec_id, source, eof, deadline);
   } catch (const Error& e) {
     if (e.code() == Errc::not_found)
       throw Error(Errc::not_found, "no exec " + exec_id + " in sandbox " + sb.rec.info.id,
@@ -33,12 +29,7 @@ StdinWrite write_job_stdin(Live& sb, const std::string& exec_id, const ChunkSour
     if (e.code() == Errc::conflict) throw Error(Errc::conflict, e.what(), "exec_id");
     throw;
   }
-  StdinWrite w;
-  w.bytes = count(r, "stdin_bytes");
-  w.total = count(r, "stdin_total");
-  auto closed = r.find("stdin_closed");
-  w.closed = closed != r.end() && closed->is_boolean() && closed->get<bool>();
-  return w;
+  return StdinWrite{.bytes = r.bytes, .total = r.total, .closed = r.closed};
 }
 
 }  // namespace

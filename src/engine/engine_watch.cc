@@ -5,6 +5,7 @@
 #include <chrono>
 
 #include "common/error.h"
+#include "engine/channel/guest_client.h"
 #include "engine/engine.h"
 #include "engine/engine_impl.h"
 #include "engine/validate.h"
@@ -26,6 +27,8 @@ WatchEnd Engine::watch_files(const std::string& id, const std::string& path, boo
   { ActivityGuard active(*sb); }
   WatchEnd end;
   bool started = false;
+  // The channel's checked `watching` event and events go to the API as they
+  // are (WatchCallbacks documents their fields): the engine reads none.
   channel::WatchHandlers h;
   h.on_start = [&](const nlohmann::json& w) {
     started = true;
@@ -43,9 +46,9 @@ WatchEnd Engine::watch_files(const std::string& id, const std::string& path, boo
       spdlog::error("sandbox {}: audit: {}", id, a.what());
     }
   };
-  nlohmann::json r;
+  channel::WatchReply r;
   try {
-    r = sb->channel->watch(path, recursive, h, Clock::now() + kWatchStartTimeout);
+    r = channel::watch(*sb->channel, path, recursive, h, Clock::now() + kWatchStartTimeout);
   } catch (const Error& e) {
     if (!started) {
       audit["error"] = e.what();
@@ -75,10 +78,10 @@ WatchEnd Engine::watch_files(const std::string& id, const std::string& path, boo
     record();
     return end;
   }
-  end.reason = r.value("reason", "ended");
-  end.message = r.value("message", "");
-  end.events = r.value("events", uint64_t{0});
-  end.dropped = r.value("dropped", uint64_t{0});
+  end.reason = r.reason;
+  end.message = r.message;
+  end.events = r.events;
+  end.dropped = r.dropped;
   audit.update({{"reason", end.reason}, {"events", end.events}, {"dropped", end.dropped}});
   record();
   return end;

@@ -1,18 +1,19 @@
-#include "engine/file_entry.h"
+#include "engine/channel/file_entry.h"
 
 #include <gtest/gtest.h>
 
 #include "common/error.h"
+#include "engine/channel/guest_client.h"
 
-namespace airlock::engine {
+namespace airlock::channel {
 namespace {
 
 using nlohmann::json;
 
 json good() {
-  return {{"name", "a"},   {"path", "/x/a"},  {"type", "symlink"}, {"size", 3},
-          {"mode", 0777},  {"mtime", 1.5},    {"uid", 1000},       {"gid", 1000},
-          {"owner", "user"}, {"group", "user"}, {"target", "/x/b"}, {"target_type", "file"},
+  return {{"name", "a"},         {"path", "/x/a"},   {"type", "symlink"}, {"size", 3},
+          {"mode", 0777},        {"mtime", 1.5},     {"uid", 1000},       {"gid", 1000},
+          {"owner", "user"},     {"group", "user"},  {"target", "/x/b"},  {"target_type", "file"},
           {"target_mode", 0644}, {"evil", "dropped"}};
 }
 
@@ -30,7 +31,7 @@ TEST(FileEntry, HostileFieldsAreGuestErrorsNamingTheField) {
     e[field] = value;
     try {
       file_entry_from_guest(e);
-    } catch (const Error& err) {
+    } catch (const GuestReplyError& err) {
       return err.code() == Errc::guest_error &&
              std::string(err.what()).find(field) != std::string::npos;
     }
@@ -45,11 +46,11 @@ TEST(FileEntry, HostileFieldsAreGuestErrorsNamingTheField) {
   EXPECT_TRUE(fails_on("target", "../etc"));
   EXPECT_TRUE(fails_on("name", std::string("a\0b", 3)));
   EXPECT_TRUE(fails_on("mtime", "yesterday"));
-  EXPECT_THROW(file_entry_from_guest(json::array()), Error);
+  EXPECT_THROW(file_entry_from_guest(json::array()), GuestReplyError);
   json missing = good();
   missing.erase("size");
-  EXPECT_THROW(file_entry_from_guest(missing), Error);
+  EXPECT_THROW(file_entry_from_guest(missing), GuestReplyError);
 }
 
 }  // namespace
-}  // namespace airlock::engine
+}  // namespace airlock::channel

@@ -1,18 +1,19 @@
-#include "engine/file_entry.h"
+#include "engine/channel/file_entry.h"
 
 #include <set>
 #include <string>
 
 #include "common/error.h"
+#include "engine/channel/guest_client.h"
 
-namespace airlock::engine {
+namespace airlock::channel {
 namespace {
 
 using nlohmann::json;
 constexpr size_t kMaxPath = 4096, kMaxName = 256;
 
 [[noreturn]] void bad(const std::string& field, const std::string& why) {
-  throw Error(Errc::guest_error, "guest file entry: " + field + " " + why);
+  throw GuestReplyError("guest file entry: " + field + " " + why);
 }
 
 std::string text(const json& e, const char* field, size_t max, bool absolute) {
@@ -64,4 +65,4 @@ json file_entry_from_guest(const json& e) {
   return out;
 }
 
-}  // namespace airlock::engine
+}  // namespace airlock::channel
