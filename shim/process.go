@@ -27,17 +27,17 @@ type process struct {
 	stdin, stdout, stderr string
 	terminal              bool
 
-	mu         sync.Mutex
-	status     task.Status
-	pid        uint32
-	execID     string // airlock's
-	exitStatus uint32
-	exitedAt   time.Time
-	cancel     context.CancelFunc
-	wsSend     func(ptyFrame) error
-	stdinFifo  io.ReadCloser
-	stdinSend  func([]byte, bool) error
-	stdinDone  bool
+	mu           sync.Mutex
+	status       task.Status
+	pid          uint32
+	execID       string // airlock's
+	exitStatus   uint32
+	exitedAt     time.Time
+	cancel       context.CancelFunc
+	wsSend       func(ptyFrame) error
+	stdinFifo    io.ReadCloser
+	stdinSend    func([]byte, bool) error // set once the pump runs
+	stdinClosing bool                     // CloseIO was called
 
 	exited  chan struct{} // closed once the exit is recorded (and published)
 	started chan struct{} // closed once the start event is published
@@ -193,11 +193,16 @@ func streamError(e *apiError) error {
 	return errdefs.ToGRPCf(k, "airlockd exec: %s", e.describe())
 }
 
-// pumpStdin feeds the stdin fifo to the process until EOF or CloseIO.
+// pumpStdin feeds the stdin fifo to the process until the fifo's EOF;
+// then (or once CloseIO gave up waiting for it) the process's stdin is closed.
 func (p *process) pumpStdin(ctx context.Context, send func([]byte, bool) error) {
 	p.mu.Lock()
 	p.stdinSend = send
+	closing := p.stdinClosing
 	p.mu.Unlock()
+	if closing {
+		go p.stdinGrace()
+	}
 	buf := make([]byte, 32<<10)
 	for {
 		n, err := p.stdinFifo.Read(buf)
@@ -210,20 +215,28 @@ func (p *process) pumpStdin(ctx context.Context, send func([]byte, bool) error) 
 			break
 		}
 	}
-	p.closeStdin(send)
+	send(nil, true)
 }
 
-// closeStdin ends the process's stdin once (CloseIO, or the fifo's EOF).
-func (p *process) closeStdin(send func([]byte, bool) error) {
+// closeStdin is CloseIO: containerd's client closes its end of the fifo
+// right after, so the pump delivers what is still in the fifo and then
+// its EOF; a writer that stays open is cut off after a grace period.
+func (p *process) closeStdin() {
 	p.mu.Lock()
-	if send == nil {
-		send = p.stdinSend
-	}
-	done := p.stdinDone || send == nil
-	p.stdinDone = true
+	already := p.stdinClosing
+	p.stdinClosing = true
+	pumping := p.stdinSend != nil
 	p.mu.Unlock()
-	if !done {
-		send(nil, true)
+	if pumping && !already {
+		go p.stdinGrace()
+	}
+}
+
+func (p *process) stdinGrace() {
+	select {
+	case <-time.After(2 * time.Second):
+		p.stdinFifo.Close()
+	case <-p.exited:
 	}
 }
 

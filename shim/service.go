@@ -51,6 +51,7 @@ type service struct {
 	events   chan interface{}
 
 	mu         sync.Mutex
+	closed     bool // events is closed (shutdown): later events are dropped
 	containers map[string]*container
 }
 
@@ -58,6 +59,16 @@ func newService(ctx context.Context, publisher shim.Publisher, sd shutdown.Servi
 	s := &service{ctx: ctx, shutdown: sd, events: make(chan interface{}, 128),
 		containers: map[string]*container{}}
 	go s.forward(ctx, publisher)
+	// The shim's main waits for the publisher to be closed before it exits.
+	sd.RegisterCallback(func(context.Context) error {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if !s.closed {
+			s.closed = true
+			close(s.events)
+		}
+		return nil
+	})
 	if address, err := shim.ReadAddress("address"); err == nil {
 		sd.RegisterCallback(func(context.Context) error { return shim.RemoveSocket(address) })
 	}
@@ -98,7 +109,13 @@ func topic(e interface{}) string {
 	return runtime.TaskUnknownTopic
 }
 
-func (s *service) send(e interface{}) { s.events <- e }
+func (s *service) send(e interface{}) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.closed {
+		s.events <- e
+	}
+}
 
 func (s *service) get(id string) (*container, error) {
 	s.mu.Lock()
@@ -193,10 +210,12 @@ func (s *service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *
 		}()
 	}
 	client := newAirlock(cfg.Socket)
+	t0 := time.Now()
 	img, err := client.ensureImage(ctx, rootfs)
 	if err != nil {
 		return nil, errdefs.ToGRPC(err)
 	}
+	t1 := time.Now()
 	ns, _ := namespaces.Namespace(ctx)
 	shape.Image = img.Name
 	shape.Timeout = sandboxTimeout
@@ -228,7 +247,8 @@ func (s *service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *
 	s.send(&eventstypes.TaskCreate{ContainerID: r.ID, Bundle: r.Bundle, Rootfs: r.Rootfs,
 		IO:         &eventstypes.TaskIO{Stdin: r.Stdin, Stdout: r.Stdout, Stderr: r.Stderr, Terminal: r.Terminal},
 		Checkpoint: r.Checkpoint})
-	log.G(ctx).Infof("container %s runs in airlock sandbox %s (image %s)", r.ID, sb.ID, img.Name)
+	log.G(ctx).Infof("container %s runs in airlock sandbox %s (image %s: %d ms, sandbox %d ms)", r.ID, sb.ID,
+		img.Name, t1.Sub(t0).Milliseconds(), time.Since(t1).Milliseconds())
 	return &taskAPI.CreateTaskResponse{}, nil
 }
 
@@ -442,7 +462,7 @@ func (s *service) CloseIO(ctx context.Context, r *taskAPI.CloseIORequest) (*ptyp
 		return nil, err
 	}
 	if r.Stdin {
-		p.closeStdin(nil)
+		p.closeStdin()
 	}
 	return empty, nil
 }
