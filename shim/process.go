@@ -373,6 +373,11 @@ func (p *process) resize(width, height uint32) error {
 	if send == nil {
 		return errdefs.ToGRPCf(errdefs.ErrFailedPrecondition, "process has no terminal")
 	}
+	if width == 0 || height == 0 || width > 4096 || height > 4096 {
+		// A terminal of no size (a client's unset pty) is not a size: airlockd
+		// would end the session over it.
+		return nil
+	}
 	data, _ := json.Marshal(map[string]map[string]uint32{"resize": {"cols": width, "rows": height}})
 	return send(ptyFrame{text: true, data: data})
 }

@@ -4,13 +4,18 @@ state and sockets in the test's temp dir; CRI plugin off), a real airlockd
 and real VMs. The image is an OCI tar built here from busybox-static and
 imported with `ctr image import`; no network is used."""
 
+import fcntl
 import json
 import os
+import pty
 import re
+import select
 import shutil
 import signal
+import struct
 import subprocess
 import tempfile
+import termios
 import time
 import unittest
 
@@ -254,6 +259,66 @@ disabled_plugins = ["io.containerd.grpc.v1.cri"]
                            input="line one\nline two\n", capture_output=True, text=True, timeout=180)
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertEqual(r.stdout, "line one\nline two\n")
+        self.assertAllGone()
+
+    def run_on_a_terminal(self, argv, cols=100, rows=30, timeout=120):
+        """(exit code, output) of `ctr argv` on a pseudo-terminal of cols x rows."""
+        master, slave = pty.openpty()
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+        p = subprocess.Popen(["ctr", "--address", self.ctd_sock, "--namespace", NS, *argv],
+                             stdin=slave, stdout=slave, stderr=slave, start_new_session=True)
+        os.close(slave)
+        out = b""
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            r, _, _ = select.select([master], [], [], 1)
+            if r:
+                try:
+                    chunk = os.read(master, 65536)
+                except OSError:  # EIO: every writer is gone
+                    break
+                if not chunk:
+                    break
+                out += chunk
+            elif p.poll() is not None:
+                break
+        os.close(master)
+        try:
+            return p.wait(timeout=30), out.decode(errors="replace")
+        except subprocess.TimeoutExpired:
+            p.kill()
+            raise
+
+    def test_terminal_run_and_exec(self):
+        code, out = self.run_on_a_terminal(["run", "-t", "--rm", "--runtime", RUNTIME, IMG, "tty1",
+                                            "sh", "-c", "tty; stty size; exit 4"])
+        self.assertEqual(code, 4, out)
+        self.assertIn("/dev/pts/", out)
+        self.assertIn("30 100", out)
+        r = self.ctr("run", "-d", "--runtime", RUNTIME, IMG, "tty2", "sleep", "600")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        code, out = self.run_on_a_terminal(["task", "exec", "-t", "--exec-id", "tx", "tty2",
+                                            "sh", "-c", "stty size; exit 6"], cols=90, rows=20)
+        self.assertEqual(code, 6, out)
+        self.assertIn("20 90", out)
+        self.ctr("task", "kill", "-s", "SIGKILL", "tty2")
+        self.wait_for("the task to stop", lambda: "STOPPED" in self.ctr("task", "ls").stdout)
+        self.assertEqual(self.ctr("task", "rm", "tty2").returncode, 0)
+        self.assertEqual(self.ctr("container", "rm", "tty2").returncode, 0)
+        self.assertAllGone()
+
+    def test_a_killed_shim_is_cleaned_up(self):
+        r = self.ctr("run", "-d", "--runtime", RUNTIME, IMG, "doomed", "sleep", "600")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(len(self.api.call("GET", "/v1/sandboxes")), 1)
+        shims = self.shims()
+        self.assertEqual(len(shims), 1, shims)
+        os.kill(shims[0], signal.SIGKILL)
+        # containerd sees the shim go and runs `containerd-shim-airlock-v2 delete`
+        # in the bundle: the sandbox (and its VM) goes with it.
+        self.wait_for("the sandbox to go", lambda: self.api.call("GET", "/v1/sandboxes") == [], timeout=60)
+        self.ctr("task", "rm", "-f", "doomed")
+        self.assertEqual(self.ctr("container", "rm", "doomed").returncode, 0)
         self.assertAllGone()
 
     def test_bad_input_is_refused_and_leaves_nothing(self):
