@@ -130,5 +130,9 @@ func (s *airlockShim) Cleanup(ctx context.Context) (*taskAPI.DeleteResponse, err
 	if err := mount.UnmountAll(filepath.Join(bundle, "rootfs"), 0); err != nil {
 		log.G(ctx).WithError(err).Warn("unmount of the rootfs")
 	}
+	// A shim that was killed could not remove its socket.
+	if address, err := shim.ReadAddress(filepath.Join(bundle, "address")); err == nil {
+		shim.RemoveSocket(address)
+	}
 	return &taskAPI.DeleteResponse{ExitedAt: time.Now(), ExitStatus: 128 + uint32(syscall.SIGKILL)}, nil
 }

@@ -28,6 +28,15 @@ IMG = "docker.io/airlock-test/busybox:1"
 BUSYBOX = "/bin/busybox"
 APPLETS = ["sh", "echo", "uname", "sleep", "cat", "ls", "true", "id"]
 SHIM = "containerd-shim-airlock-v2"
+SHIM_SOCKETS = "/run/containerd/s"  # containerd 1.6 puts every shim's socket here
+FIFOS = "/run/containerd/fifo"  # ctr's stdio fifos (left behind by `ctr run -d`, whatever the runtime)
+
+
+def entries(d):
+    try:
+        return set(os.listdir(d))
+    except OSError:
+        return set()
 
 
 def have_containerd():
@@ -80,6 +89,7 @@ class ContainerdTest(harness.DaemonTestCase):
             raise
         finally:
             harness.IMAGE_DIR = shared
+        cls.sockets_before, cls.fifos_before = entries(SHIM_SOCKETS), entries(FIFOS)
         try:
             cls.start_containerd()
             tar = os.path.join(cls.tmp, "busybox-oci.tar")
@@ -157,6 +167,8 @@ disabled_plugins = ["io.containerd.grpc.v1.cri"]
             except OSError:
                 pass
         subprocess.run(["umount", "-R", os.path.join(cls.tmp, "ctd")], capture_output=True)
+        for d in entries(FIFOS) - cls.fifos_before:
+            shutil.rmtree(os.path.join(FIFOS, d), ignore_errors=True)
         cls.ctd = None
 
     @classmethod
@@ -320,6 +332,8 @@ disabled_plugins = ["io.containerd.grpc.v1.cri"]
         self.ctr("task", "rm", "-f", "doomed")
         self.assertEqual(self.ctr("container", "rm", "doomed").returncode, 0)
         self.assertAllGone()
+        # The killed shim's socket went with containerd's `delete` too.
+        self.assertEqual((entries(SHIM_SOCKETS) - self.sockets_before), set())
 
     def test_bad_input_is_refused_and_leaves_nothing(self):
         bad = os.path.join(self.tmp, "bad-runtime.toml")
