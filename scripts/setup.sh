@@ -17,7 +17,12 @@ PACKAGES="
   nodejs tmux
   prometheus
   runsc
+  containerd runc containernetworking-plugins
+  golang-go golang-github-containerd-containerd-dev golang-github-containerd-ttrpc-dev
 "
+# containerd ... ttrpc-dev: the containerd shim (shim/, Go in GOPATH mode on
+# Debian's Go sources, built offline) and tests/integration/test_containerd.py
+# (a private containerd, runc as the honest baseline, CNI plugins for pods).
 # runsc: gVisor, the peer bench/start.py measures against in the same run.
 # libext2fs-dev: airlock diff reads the guest's ext4 disk layers on the host.
 # libtomlplusplus-dev: parses image recipes (airlock.toml, src/engine/recipes).
