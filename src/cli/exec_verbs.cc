@@ -8,6 +8,7 @@
 
 #include "cli/exec_cmd.h"
 #include "cli/pty_client.h"
+#include "cli/spawn.h"
 #include "cli/verbs.h"
 #include "common/error.h"
 
@@ -54,12 +55,7 @@ struct RunCleanup {
 // exec). Signals are blocked before that thread starts so only it receives
 // them; it lives as long as the process.
 void destroy_on_signal(const Client& c, RunCleanup& cleanup) {
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGINT);
-  sigaddset(&set, SIGTERM);
-  sigaddset(&set, SIGHUP);
-  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  sigset_t set = block_terminating_signals();
   std::thread([set, &c, &cleanup] {
     int sig = 0;
     sigwait(&set, &sig);

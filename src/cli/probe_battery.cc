@@ -22,6 +22,7 @@
 
 #include "cli/probe.h"
 #include "cli/probe_host.h"
+#include "cli/spawn.h"
 #include "common/error.h"
 #include "daemon/base64.h"
 
@@ -705,12 +706,7 @@ int run_probe(const Client& client, const ProbeOptions& opts, const DaemonPaths&
   // Ctrl-C / SIGTERM: a thread destroys the probe's sandboxes (ending any
   // call in flight) and flags the battery, which stops at its next step
   // and cleans up what was created meanwhile. A second signal exits at once.
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGINT);
-  sigaddset(&set, SIGTERM);
-  sigaddset(&set, SIGHUP);
-  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  sigset_t set = block_terminating_signals();
   std::thread([set, &client] {
     int sig = 0;
     sigwait(&set, &sig);

@@ -1,6 +1,7 @@
 #include "cli/spawn.h"
 
 #include <fcntl.h>
+#include <pthread.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -60,6 +61,16 @@ void ensure_daemon(const Client& client, const DaemonPaths& paths, double wait_s
   throw Error(Errc::unavailable,
               "started airlockd, but it did not answer on " + paths.socket.string() + " within " +
                   std::to_string(int(wait_s)) + " s; see " + log.string() + tail_of(log, 5));
+}
+
+sigset_t block_terminating_signals() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGHUP);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  return set;
 }
 
 }  // namespace airlock::cli

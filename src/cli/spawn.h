@@ -1,6 +1,8 @@
 // Starting airlockd on demand, so a new user needs no service set-up.
 #pragma once
 
+#include <signal.h>
+
 #include <filesystem>
 
 #include "cli/client.h"
@@ -20,5 +22,10 @@ struct DaemonPaths {
 // Throws Error(unavailable) naming the log file (and its last lines) if it
 // does not.
 void ensure_daemon(const Client& client, const DaemonPaths& paths, double wait_s = 10);
+
+// Blocks SIGINT, SIGTERM and SIGHUP in the calling thread (and every thread
+// it starts after) and returns that set, for one thread to sigwait() on:
+// `run` and `probe` clean up their sandboxes there before exiting.
+sigset_t block_terminating_signals();
 
 }  // namespace airlock::cli

@@ -60,6 +60,17 @@ class ServerTest : public ::testing::Test {
     fds_.push_back(fd);
     return fd;
   }
+  // A connection to the TCP listener on 127.0.0.1:port.
+  int connect_tcp(int port) {
+    int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+    fds_.push_back(fd);
+    return fd;
+  }
   static void send_all(int fd, const std::string& s) {
     ASSERT_EQ(::send(fd, s.data(), s.size(), MSG_NOSIGNAL), ssize_t(s.size()));
   }
@@ -441,13 +452,7 @@ TEST_F(ServerTest, TcpPrincipals) {
     });
   });
   auto get = [&](const std::string& path, const std::string& headers) {
-    int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_port = htons(static_cast<uint16_t>(port));
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
-    fds_.push_back(fd);
+    int fd = connect_tcp(port);
     send_all(fd,
              "GET " + path + " HTTP/1.1\r\nHost: x\r\n" + headers + "Connection: close\r\n\r\n");
     return read_until_eof(fd);
@@ -495,13 +500,7 @@ TEST_F(ServerTest, TenantMeetsEachRowsAccessBeforeItsHandler) {
   spec.tenant = "acme";
   const std::string own = engine_->create(spec).id;
   auto ask = [&](const std::string& method, const std::string& path) {
-    int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_port = htons(static_cast<uint16_t>(port));
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
-    fds_.push_back(fd);
+    int fd = connect_tcp(port);
     send_all(fd, method + " " + path + " HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + secret +
                      "\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
     return read_until_eof(fd);
