@@ -24,7 +24,7 @@ import oci_build
 
 RUNTIME = "io.containerd.airlock.v2"
 NS = "airlock-test"
-IMG = "docker.io/airlock-test/busybox:1"
+IMG = "localhost/airlock-test/busybox:1"
 BUSYBOX = "/bin/busybox"
 APPLETS = ["sh", "echo", "uname", "sleep", "cat", "ls", "true", "id"]
 SHIM = "containerd-shim-airlock-v2"
@@ -309,8 +309,12 @@ disabled_plugins = ["io.containerd.grpc.v1.cri"]
         self.assertIn("30 100", out)
         r = self.ctr("run", "-d", "--runtime", RUNTIME, IMG, "tty2", "sleep", "600")
         self.assertEqual(r.returncode, 0, r.stderr)
+        # ctr sends an exec's terminal size (ResizePty) only after Start, as it
+        # does with runc: the command waits (up to 5 s) for it to arrive.
+        wait_size = ('for i in $(seq 50); do s=$(stty size); [ "$s" != "24 80" ] && break; '
+                     'sleep 0.1; done; echo "$s"; exit 6')
         code, out = self.run_on_a_terminal(["task", "exec", "-t", "--exec-id", "tx", "tty2",
-                                            "sh", "-c", "stty size; exit 6"], cols=90, rows=20)
+                                            "sh", "-c", wait_size], cols=90, rows=20)
         self.assertEqual(code, 6, out)
         self.assertIn("20 90", out)
         self.ctr("task", "kill", "-s", "SIGKILL", "tty2")
