@@ -225,7 +225,7 @@ void Engine::Impl::finish_stop(Live& sb, State state, const std::string& reason,
     net_pid = sb.net_pid;
     sb.net_pid = 0;
   }
-  if (sb.networked || net_pid > 0) kill_net_helper(net_pid, sb.run_dir());
+  if (sb.networked || net_pid > 0) nethost::stop(net_pid, sb.run_dir());
   sb.net_events.reset();  // after the kill: takes what the helper still wrote
   try {
     if (sb.vm) sb.vm->kill();
@@ -466,12 +466,12 @@ void Engine::Impl::recover_one(SandboxRecord rec) {
       if (sb->networked) {
         // Keep the helper if it survived with its VM; without it the VM
         // simply has a dead NIC (nothing gets out), which is recorded.
-        pid_t np = read_net_pid(rec.run_dir);
-        if (is_our_net_helper(np, rec.run_dir)) {
+        pid_t np = nethost::read_pid(rec.run_dir);
+        if (nethost::is_ours(np, rec.run_dir)) {
           sb->net_pid = np;
           adopted["net_pid"] = np;
           // Re-attach to its event stream: it queued what happened meanwhile.
-          sb->net_events = attach_net_events(journal, id, rec.run_dir, np, &metrics);
+          sb->net_events = nethost::attach_events(journal, id, rec.run_dir, np, &metrics);
         } else {
           adopted["net_pid"] = nullptr;
           spdlog::warn("sandbox {}: network helper is gone; the VM has no egress", id);

@@ -12,7 +12,7 @@ SandboxInfo Engine::create_on_image(const SandboxSpec& spec, const storage::Imag
   auto& impl = *impl_;
   validate_spec(spec);
   SandboxSpec checked = spec;
-  checked.network = normalize_network(spec.network);
+  checked.network = nethost::normalize(spec.network);
   validate_disk_fits(checked, image.rootfs_bytes);
   vmm::AccelVerdict accel = impl.resolve_accel(image);
   // launch() skips templates for a *.qcow2 rootfs (engine_templates.cc).

@@ -19,6 +19,18 @@
 
 namespace airlock::engine {
 
+bool net_helper_alive(const Live& sb) {
+  // Mode none has no helper; a re-adopted sandbox whose helper was already
+  // gone has net_pid 0 and was recorded then (adopted.net_pid = null).
+  pid_t pid;
+  {
+    std::lock_guard lock(const_cast<Live&>(sb).mu);
+    pid = sb.net_pid;
+  }
+  if (pid <= 0 || !sb.networked) return true;
+  return nethost::is_ours(pid, sb.run_dir());
+}
+
 namespace fs = std::filesystem;
 
 namespace {

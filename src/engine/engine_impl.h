@@ -23,6 +23,8 @@
 #include "engine/engine.h"
 #include "engine/engine_metrics.h"
 #include "engine/launcher.h"
+#include "engine/net/host/events.h"
+#include "engine/net/host/helper.h"
 #include "engine/registry/registry.h"
 #include "engine/sandbox.h"
 #include "engine/snapshots/snapshot_store.h"
@@ -85,55 +87,12 @@ class ActivityGuard {
   Live& sb_;
 };
 
-// Network (engine_network.cc; docs/network.md).
-// The policy in its normalised form; Error(invalid_argument, field
-// "network.allow[i]" ...) for a bad one.
-nlohmann::json normalize_network(const nlohmann::json& policy);
-// True if `policy` (normalised) gives the VM a NIC (mode != none).
-bool network_enabled(const nlohmann::json& policy);
 // Runs an image's warm-up commands on a guest channel (engine_pool.cc).
 nlohmann::json run_warmup(channel::GuestChannel& ch, const std::vector<std::string>& commands,
                           const std::string& who);
-// The airlock-net binary; Error(unavailable) if it cannot be found.
-std::filesystem::path net_helper_binary(const Config& cfg);
-// The sandbox's NIC MAC, derived from its id.
-std::string mac_for(const std::string& id);
-// Starts airlock-net detached (it survives a daemon restart) for the sandbox
-// whose run dir is `run_dir` and waits for its ready line (5 s). Writes
-// run_dir/net.pid. On failure nothing is left and Error says why (with the
-// helper's stderr). The helper has no access to the journal: its events
-// come through attach_net_events.
-pid_t start_net_helper(const Config& cfg, const std::string& id,
-                       const std::filesystem::path& run_dir, const nlohmann::json& policy);
-// Connects to the helper's event stream (run_dir/net-events.sock, peer
-// checked to be `helper_pid`) on a thread of its own, checks and rate-limits
-// every report (net/intake.h) and appends the accepted ones to `journal`
-// under sandbox `id`; reconnects while the helper lives. Destroying the
-// reader drains what is still in the socket, writes the last net_suppressed
-// summary and stops. nullptr for helper_pid <= 0. Call at start and at
-// re-adoption (a restarted daemon re-attaches; the helper queued meanwhile).
-std::shared_ptr<NetEventReader> attach_net_events(AuditJournal& journal, const std::string& id,
-                                                  const std::filesystem::path& run_dir,
-                                                  pid_t helper_pid,
-                                                  EngineMetrics* metrics = nullptr);
-// Payload bytes of the sandbox's ended flows so far (for stats):
-// {guest -> peer, peer -> guest}.
-std::pair<uint64_t, uint64_t> net_flow_bytes(const NetEventReader& reader);
-// True if `pid` is alive and is the helper of `run_dir` (pid-reuse safe).
-bool is_our_net_helper(pid_t pid, const std::filesystem::path& run_dir);
-// run_dir/net.pid, 0 if none.
-pid_t read_net_pid(const std::filesystem::path& run_dir);
-// SIGKILLs the helper (`pid`, or net.pid's if 0) if it is still ours, waits
-// until it is gone, removes its sockets and pid file. Never throws.
-void kill_net_helper(pid_t pid, const std::filesystem::path& run_dir);
-// One request/reply on the helper's control socket (5 s bound).
-nlohmann::json net_control(const std::filesystem::path& run_dir, const nlohmann::json& request);
 // False if the sandbox has a network helper and it is no longer running
 // (the reaper fails the sandbox: its VM would have lost its network).
 bool net_helper_alive(const Live& sb);
-// hello's "network" object for a networked sandbox: slirp's IPv4 and IPv6
-// addresses and the NIC's MAC (mac_for(id)); see api/guest-protocol.md.
-nlohmann::json hello_network(const std::string& id);
 
 // Failure detection (engine_failure.cc; docs/design.md "Failure states").
 // What the reaper decided about a sandbox: the state to end it in, the

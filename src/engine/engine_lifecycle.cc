@@ -120,7 +120,7 @@ std::optional<Engine::Impl::BootFailure> Engine::Impl::boot_once(Live& sb,
       np = sb.net_pid;
       sb.net_pid = 0;
     }
-    if (networked || np > 0) kill_net_helper(np, dir);
+    if (networked || np > 0) nethost::stop(np, dir);
     sb.net_events.reset();  // after the kill: takes what the helper still wrote
     if (sb.vm) {
       try {
@@ -179,14 +179,14 @@ std::optional<Engine::Impl::BootFailure> Engine::Impl::boot_once(Live& sb,
       // The helper listens before QEMU starts: QEMU connects its NIC once,
       // at start-up, and never reconnects. One helper per boot attempt (it
       // accepts a single QEMU connection).
-      pid_t np = start_net_helper(impl.cfg, info.id, dir, sb.network());
+      pid_t np = nethost::start(impl.cfg.guest_agent, dir, sb.network());
       {
         std::lock_guard lock(sb.mu);
         sb.net_pid = np;
       }
-      sb.net_events = attach_net_events(impl.journal, info.id, dir, np, &impl.metrics);
+      sb.net_events = nethost::attach_events(impl.journal, info.id, dir, np, &impl.metrics);
       vc.net_socket = dir / "net.sock";
-      vc.net_mac = mac_for(info.id);
+      vc.net_mac = nethost::mac_for(info.id);
     }
     ph.mark("net");
     sb.vm = impl.launcher->start(vc);
@@ -208,7 +208,7 @@ std::optional<Engine::Impl::BootFailure> Engine::Impl::boot_once(Live& sb,
     // a complete hello exchange, so the saved guest is between frames.
     // The network: slirp's fixed addresses (v4 and v6) and this sandbox's
     // own MAC (a clone would otherwise keep the template's).
-    if (networked) hello.network = hello_network(info.id);
+    if (networked) hello.network = nethost::hello_network(info.id);
     sb.channel->hello(hello, deadline);
     ph.mark("hello");
     attempt.dismiss();
@@ -258,8 +258,8 @@ SandboxInfo Engine::create_counted(const SandboxSpec& spec) {
   // The egress policy, normalised; a bad entry is refused here, before
   // anything exists (field "network.allow[i]", ...).
   SandboxSpec checked = spec;
-  checked.network = normalize_network(spec.network);
-  if (network_enabled(checked.network)) net_helper_binary(impl.cfg);  // fail before creating
+  checked.network = nethost::normalize(spec.network);
+  if (nethost::enabled(checked.network)) nethost::binary(impl.cfg.guest_agent);  // fail before creating
   if (!checked.from.empty()) {
     // create --from: the snapshot decides image and shape (engine_snapshots.cc).
     snapshots::Snapshot snap = impl.prepare_from(checked);

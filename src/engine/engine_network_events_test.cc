@@ -1,7 +1,7 @@
 // The network helper's event path end to end, without a VM: the REAL
-// airlock-net helper started the engine's way (start_net_helper), this test
+// airlock-net helper started the engine's way (nethost::start), this test
 // as its QEMU (the -netdev stream protocol with hand-built frames), the
-// engine's reader (attach_net_events) and a real audit journal. A fake
+// engine's reader (nethost::attach_events) and a real audit journal. A fake
 // helper (a script at the AIRLOCK_NET_HELPER seam) plays a helper a guest
 // has taken over. No network: DNS questions for names the policy denies are
 // answered by the helper itself.
@@ -42,7 +42,7 @@ class NetEventsTest : public testing::Test {
   }
   void TearDown() override {
     reader_.reset();
-    if (pid_ > 0) kill_net_helper(pid_, run_);
+    if (pid_ > 0) nethost::stop(pid_, run_);
     if (qemu_ >= 0) ::close(qemu_);
     ::unsetenv("AIRLOCK_NET_HELPER");
     std::error_code ec;
@@ -50,8 +50,8 @@ class NetEventsTest : public testing::Test {
   }
 
   void start(const json& policy = {{"mode", "allowlist"}, {"allow", {"ok.example"}}}) {
-    pid_ = start_net_helper(cfg_, id_, run_, normalize_network(policy));
-    reader_ = attach_net_events(*journal_, id_, run_, pid_);
+    pid_ = nethost::start(cfg_.guest_agent, run_, nethost::normalize(policy));
+    reader_ = nethost::attach_events(*journal_, id_, run_, pid_);
   }
 
   // Connects as QEMU would.
@@ -139,7 +139,7 @@ class NetEventsTest : public testing::Test {
   std::optional<AuditJournal> journal_;
   pid_t pid_ = 0;
   int qemu_ = -1;
-  std::shared_ptr<NetEventReader> reader_;
+  std::shared_ptr<nethost::EventReader> reader_;
 };
 
 // Issue 9: the helper cannot reach the journal: its root is empty and it
@@ -210,7 +210,7 @@ TEST_F(NetEventsTest, EventsSurviveADaemonRestart) {
   dns_flood(7, 5);
   std::this_thread::sleep_for(200ms);
   EXPECT_EQ(records("net_dns").size(), 5u);
-  reader_ = attach_net_events(*journal_, id_, run_, pid_);  // re-adoption
+  reader_ = nethost::attach_events(*journal_, id_, run_, pid_);  // re-adoption
   ASSERT_TRUE(eventually([&] { return records("net_dns").size() == 12; }));
   EXPECT_EQ(records("net_dns").back()["name"], "q11.deny");
 }
@@ -260,7 +260,7 @@ if srv:
   ::setenv("AIRLOCK_NET_HELPER", fake.c_str(), 1);
   start({{"mode", "open"}});
   ASSERT_TRUE(eventually([&] { return records("net_dns").size() == 1; }));
-  kill_net_helper(pid_, run_);
+  nethost::stop(pid_, run_);
   pid_ = 0;
   reader_.reset();
   auto all = journal_->read(id_);

@@ -138,7 +138,7 @@ void Engine::Impl::pause_locked(Live& sb, const std::string& reason) {
     np = sb.net_pid;
     sb.net_pid = 0;
   }
-  if (sb.networked || np > 0) kill_net_helper(np, sb.run_dir());
+  if (sb.networked || np > 0) nethost::stop(np, sb.run_dir());
   sb.net_events.reset();
   try {
     sb.vm->kill();
@@ -217,10 +217,10 @@ SandboxInfo Engine::resume(const std::string& id) {
   std::unique_ptr<VmHandle> vm;
   std::unique_ptr<channel::GuestChannel> ch;
   pid_t np = 0;
-  std::shared_ptr<NetEventReader> events;
+  std::shared_ptr<nethost::EventReader> events;
   ScopeGuard undo([&] {
     ch.reset();
-    if (np > 0) kill_net_helper(np, sb->run_dir());
+    if (np > 0) nethost::stop(np, sb->run_dir());
     events.reset();
     if (vm) {
       try {
@@ -231,10 +231,10 @@ SandboxInfo Engine::resume(const std::string& id) {
     }
   });
   if (sb->networked) {
-    np = start_net_helper(impl.cfg, id, sb->run_dir(), sb->network());
-    events = attach_net_events(impl.journal, id, sb->run_dir(), np, &impl.metrics);
+    np = nethost::start(impl.cfg.guest_agent, sb->run_dir(), sb->network());
+    events = nethost::attach_events(impl.journal, id, sb->run_dir(), np, &impl.metrics);
     vc.net_socket = sb->run_dir() / "net.sock";
-    vc.net_mac = mac_for(id);
+    vc.net_mac = nethost::mac_for(id);
   }
   vm = impl.launcher->start(vc);
   auto deadline = channel::Clock::now() + std::chrono::seconds(impl.cfg.boot_timeout_s);
@@ -242,7 +242,7 @@ SandboxInfo Engine::resume(const std::string& id) {
   channel::HelloParams hello;
   hello.hostname = id;
   hello.resync = true;  // saved with its channel open
-  if (sb->networked) hello.network = hello_network(id);
+  if (sb->networked) hello.network = nethost::hello_network(id);
   ch->hello(hello, deadline);
   impl.registry.set_pid(id, vm->pid());
   if (sb->channel) sb->old_channels.push_back(std::move(sb->channel));

@@ -20,6 +20,7 @@
 #include "common/error.h"
 #include "engine/channel/guest_client.h"
 #include "engine/engine_impl.h"
+#include "engine/net/host/control.h"
 #include "engine/types_json.h"
 #include "engine/validate.h"
 #include "engine/vmm/cgroup.h"
@@ -34,7 +35,7 @@ namespace {
 constexpr int kLearnedMaxTarget = 2;
 
 PoolKey key_of(const SandboxSpec& s) {
-  return {s.image, s.cpus, s.memory_mb, s.disk_mb, network_enabled(s.network)};
+  return {s.image, s.cpus, s.memory_mb, s.disk_mb, nethost::enabled(s.network)};
 }
 
 nlohmann::json shape_json(const PoolKey& k) {
@@ -256,14 +257,10 @@ std::optional<SandboxInfo> Engine::Impl::take_pooled(const SandboxSpec& checked,
     // create returns (the helper answers once it is in force), so the first
     // packet after the create already meets it. A refusal ends the member;
     // the caller then boots a fresh sandbox.
-    nlohmann::json reply;
     try {
-      reply = net_control(sb->run_dir(), {{"policy", checked.network}});
+      nethost::Control(sb->run_dir()).set_policy(checked.network);
     } catch (const std::exception& e) {
-      reply = {{"error", {{"message", e.what()}}}};
-    }
-    if (reply.contains("error")) {
-      spdlog::warn("pool member {}: policy at hand-out refused: {}", sb->id(), reply.dump());
+      spdlog::warn("pool member {}: policy at hand-out refused: {}", sb->id(), e.what());
       teardown_async(sb, "pool hand-out failed: the network policy was not applied");
       return std::nullopt;
     }
@@ -326,7 +323,7 @@ std::optional<SandboxInfo> Engine::Impl::take_pooled(const SandboxSpec& checked,
   // member's name first).
   if (sb->net_events) {
     sb->net_events.reset();
-    sb->net_events = attach_net_events(journal, info.id, sb->run_dir(), sb->net_pid, &metrics);
+    sb->net_events = nethost::attach_events(journal, info.id, sb->run_dir(), sb->net_pid, &metrics);
   }
   {
     std::lock_guard lock(mu);
@@ -411,7 +408,7 @@ void Engine::Impl::pool_loop() {
         spec.cpus = fill->cpus;
         spec.memory_mb = fill->memory_mb;
         spec.disk_mb = fill->disk_mb;
-        spec.network = normalize_network(fill->networked ? deny_everything() : spec.network);
+        spec.network = nethost::normalize(fill->networked ? deny_everything() : spec.network);
         auto img = images.find(spec.image);
         if (!img) img = images.build(spec.image);
         vmm::AccelVerdict accel = resolve_accel(*img);

@@ -126,7 +126,7 @@ snapshots::Snapshot Engine::Impl::prepare_from(SandboxSpec& checked) {
       // The saved VM decides its own shape and devices.
       checked.cpus = snap->cpus;
       checked.memory_mb = snap->memory_mb;
-      if (network_enabled(checked.network) != snap->networked)
+      if (nethost::enabled(checked.network) != snap->networked)
         throw Error(Errc::invalid_argument,
                     std::string("snapshot '") + snap->name + "' was taken of a sandbox " +
                         (snap->networked ? "with" : "without") +

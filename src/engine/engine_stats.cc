@@ -71,13 +71,13 @@ nlohmann::json Engine::stats(const std::string& id) {
     j["cpu_seconds"] = cpu_seconds(pid);
     j["memory_bytes"] = rss_bytes(pid);
   }
-  std::shared_ptr<NetEventReader> reader;
+  std::shared_ptr<nethost::EventReader> reader;
   {
     std::lock_guard lock(sb->mu);
     reader = sb->net_events;
   }
   if (reader) {
-    auto [out, in] = net_flow_bytes(*reader);
+    auto [out, in] = nethost::flow_bytes(*reader);
     j["net_tx_bytes"] = out;
     j["net_rx_bytes"] = in;
   }

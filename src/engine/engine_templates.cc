@@ -128,7 +128,7 @@ std::optional<templates::Template> Engine::Impl::template_for(const storage::Ima
       spdlog::error("sandbox {}: audit: {}", id, e.what());
     }
   };
-  templates::Shape shape{spec.cpus, spec.memory_mb, spec.disk_mb, network_enabled(spec.network)};
+  templates::Shape shape{spec.cpus, spec.memory_mb, spec.disk_mb, nethost::enabled(spec.network)};
   std::string key;
   try {
     // The warm-up is part of what was saved: another list, another template.

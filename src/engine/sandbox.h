@@ -33,7 +33,9 @@
 
 namespace airlock::engine {
 
-class NetEventReader;  // engine_network.cc: the helper's checked event stream
+namespace nethost {
+class EventReader;  // net/host/events.h: the helper's checked event stream
+}
 
 // Monotonic milliseconds (std::chrono::steady_clock): every deadline
 // (lifetime, idle, ping, closed grace) is decided on this clock, so a step
@@ -134,7 +136,7 @@ class Sandbox {
   pid_t net_pid = 0;  // the airlock-net helper (0 = none: mode "none")
   // Reads, checks and journals the helper's events (attach_net_events);
   // reset it after kill_net_helper (it drains what the helper wrote).
-  std::shared_ptr<NetEventReader> net_events;
+  std::shared_ptr<nethost::EventReader> net_events;
   std::mutex net_mu;  // serialises policy changes
   // Held by pause, resume, snapshot, fork and teardown for their whole
   // run: one of them at a time, and a destroy waits for a pause to finish
