@@ -6,6 +6,7 @@
 #include <spdlog/spdlog.h>
 #include <sys/random.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -120,13 +121,22 @@ Engine::Impl::Impl(Config c)
       journal(cfg.data_dir / "audit", {cfg.journal_max_bytes, cfg.journal_reserve_bytes}, &registry,
               HostKey::load_or_create(cfg.data_dir / "journal-key.pem"),
               std::chrono::milliseconds(cfg.journal_anchor_lag_ms)),
-      images(cfg.image_dir, cfg.share_dir / "images", cfg.guest_agent) {
+      images(cfg.image_dir, cfg.share_dir / "images", cfg.guest_agent),
+      admission([this] { return disk_free_mb(); }),
+      starts(std::max(2, static_cast<int>(std::thread::hardware_concurrency()))) {
   if (cfg.templates) templates.emplace(cfg.template_dir, cfg.template_ram_dir);
   snaps.emplace(cfg.data_dir / "snapshots");
   if (!cfg.accel.empty()) {
     accel = vmm::AccelVerdict{cfg.accel == "kvm" ? vmm::Accel::kvm : vmm::Accel::tcg,
                               "configured (accel=" + cfg.accel + ")", false};
   }
+}
+
+int64_t Engine::Impl::disk_free_mb() const {
+  if (cfg.disk_free_mb) return cfg.disk_free_mb();
+  struct statvfs st {};
+  if (::statvfs(cfg.data_dir.c_str(), &st) != 0) return -1;  // unknown: do not refuse on it
+  return static_cast<int64_t>(st.f_bavail) * static_cast<int64_t>(st.f_frsize) / (1024 * 1024);
 }
 
 std::vector<fs::path> Engine::Impl::disk_roots() const {
@@ -241,8 +251,7 @@ void Engine::Impl::finish_stop(Live& sb, State state, const std::string& reason,
   {
     // Its disk is gone: the admission goes before the record that says the
     // teardown is complete (a background delete's end, engine_reclaim.cc).
-    std::lock_guard lock(admit_mu);
-    admitted_disk_mb.erase(id);
+    admission.release(id);
   }
   try {
     sb.transition(State::stopping, state,
@@ -484,10 +493,7 @@ void Engine::Impl::recover_one(SandboxRecord rec) {
       sb->detached_execs = std::move(in_flight);
       journal.append(id, "adopted", adopted, Durability::sync);
       spdlog::info("sandbox {}: re-adopted (pid {})", id, sb->vm->pid());
-      {
-        std::lock_guard lock(admit_mu);
-        admitted_disk_mb[id] = rec.info.spec.disk_mb;
-      }
+      admission.admit(id, rec.info.spec.disk_mb);
       std::lock_guard lock(mu);
       live[id] = sb;
       return;

@@ -115,11 +115,11 @@ nlohmann::json Engine::changes(const std::string& id, const std::string& since, 
   // any conversion starts, released when the call ends however it ends.
   const int64_t scratch = scratch_mb(before) + scratch_mb(after);
   const std::string key = "changes/" + id;
-  impl_->reserve_disk(key, scratch,
-                      "this changes call's scratch space (" + std::to_string(scratch) +
-                          " MiB: raw copies of the disk layers it compares)",
-                      "");
-  ScopeGuard release([&] { impl_->release_disk(key); });
+  impl_->admission.reserve(key, scratch,
+                           "this changes call's scratch space (" + std::to_string(scratch) +
+                               " MiB: raw copies of the disk layers it compares)",
+                           "");
+  ScopeGuard release([&] { impl_->admission.release(key); });
   fs::path tmp = impl_->cfg.data_dir / "tmp";
   std::error_code ec;
   fs::create_directories(tmp, ec);

@@ -60,9 +60,10 @@ Error error_of(const std::function<void()>& f) {
 }
 
 TEST(DiskAdmission, NamesWhatDidNotFitAndNoPath) {
-  EXPECT_NO_THROW(check_disk_space(100, 60, 40, "x", "disk_mb"));
-  EXPECT_NO_THROW(check_disk_space(-1, 60, 400, "x", "disk_mb"));  // unknown: not refused
-  Error e = error_of([] { check_disk_space(100, 60, 41, "disk_mb=41", "disk_mb"); });
+  EXPECT_NO_THROW(lifecycle::check_disk_space(100, 60, 40, "x", "disk_mb"));
+  EXPECT_NO_THROW(
+      lifecycle::check_disk_space(-1, 60, 400, "x", "disk_mb"));  // unknown: not refused
+  Error e = error_of([] { lifecycle::check_disk_space(100, 60, 41, "disk_mb=41", "disk_mb"); });
   EXPECT_EQ(e.code(), Errc::unavailable);
   EXPECT_EQ(e.field(), "disk_mb");
   EXPECT_EQ(std::string(e.what()),

@@ -23,6 +23,7 @@
 #include "engine/engine.h"
 #include "engine/engine_metrics.h"
 #include "engine/launcher.h"
+#include "engine/lifecycle/admission.h"
 #include "engine/net/host/events.h"
 #include "engine/net/host/helper.h"
 #include "engine/registry/registry.h"
@@ -42,15 +43,9 @@ int64_t now_ms();
 // handed out; never visible on a user's sandbox.
 inline constexpr const char* kPoolMarker = "airlock.pool";
 
-// Snapshots and pause write whole files on the host's disk
-// (engine_snapshots.cc): below this much free space a failed write is
-// reported as a full disk (Error unavailable) whatever errno it carried.
-inline constexpr uint64_t kLowSpaceBytes = 16ull << 20;
-uint64_t free_bytes(const std::filesystem::path& dir);
-// Throws Error(unavailable, "no space left ... writing `writing`") if the
-// filesystem of `dir` has less than max(wanted, kLowSpaceBytes) free.
-void rethrow_if_disk_full(const std::filesystem::path& dir, const std::string& writing,
-                          uint64_t wanted);
+using lifecycle::free_bytes;
+using lifecycle::kLowSpaceBytes;
+using lifecycle::rethrow_if_disk_full;
 // "<prefix>" + 12 lowercase hex digits from getrandom.
 std::string random_id(const std::string& prefix);
 
@@ -118,12 +113,6 @@ Verdict classify_death(const std::filesystem::path& run_dir, int pid,
 bool memory_pressure(const std::filesystem::path& meminfo = "/proc/meminfo",
                      const std::filesystem::path& psi = "/proc/pressure/memory");
 
-// Disk admission: Error(unavailable, `field`, naming `what` and the
-// numbers) if `admitted_mb` + `want_mb` exceeds `free_mb` (< 0: unknown,
-// never refused). The message never names a host path: tenants read it.
-void check_disk_space(int64_t free_mb, int64_t admitted_mb, int64_t want_mb,
-                      const std::string& what, const std::string& field);
-
 // Warm pool (engine_pool.cc): one slot per shape (image, cpus, memory_mb,
 // disk_mb, NIC or not); several shapes of one image coexist.
 struct PoolKey {
@@ -154,19 +143,13 @@ struct Engine::Impl {
 
   // Wall-clock ms for timestamps shown to users (cfg.wall_clock_ms).
   int64_t wall_ms() const { return cfg.wall_clock_ms ? cfg.wall_clock_ms() : now_ms(); }
-  // Sandboxes admitted (starting or running, pool members included) and
-  // their disk_mb, for the free-space check.
-  // Also the scratch space of running `changes` calls, under "changes/<id>"
-  // (engine_changes.cc).
-  std::mutex admit_mu;
-  std::map<std::string, int64_t> admitted_disk_mb;
   // Free MiB of the data dir's filesystem (cfg.disk_free_mb), -1 if unknown.
   int64_t disk_free_mb() const;
-  // Reserves `mb` under `key` (admit_mu taken here) if it fits beside every
-  // reservation already made; else check_disk_space's Error.
-  void reserve_disk(const std::string& key, int64_t mb, const std::string& what,
-                    const std::string& field);
-  void release_disk(const std::string& key);
+  // The disk every admitted sandbox and running `changes` call holds
+  // (`changes` under "changes/<id>", engine_changes.cc), and the VM starts
+  // running at once (at most max(2, cores); more creates queue).
+  lifecycle::DiskAdmission admission;
+  lifecycle::StartSlots starts;
   // Sandboxes with a `changes` call running: one at a time per sandbox.
   std::mutex changes_mu;
   std::set<std::string> changes_running;
@@ -179,13 +162,6 @@ struct Engine::Impl {
 
   std::mutex accel_mu;
   std::optional<vmm::AccelVerdict> accel;
-
-  // VM starts (boots, clones, template builds) running at once: at most
-  // max_starts = max(2, cores); more creates queue (engine_lifecycle.cc).
-  std::mutex start_mu;
-  std::condition_variable start_cv;
-  int starts_running = 0;
-  int max_starts = std::max(2, static_cast<int>(std::thread::hardware_concurrency()));
 
   // Templates (engine_templates.cc). One build per key at a time: creates
   // of the same shape wait for it and then clone.

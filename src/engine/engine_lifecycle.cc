@@ -1,7 +1,6 @@
 // create() and destroy(): the boot watchdog and the guarantee that a failed
 // create leaves nothing behind (no QEMU, no run dir, no overlay).
 #include <spdlog/spdlog.h>
-#include <sys/statvfs.h>
 
 #include <algorithm>
 #include <chrono>
@@ -23,29 +22,6 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr int kBootAttempts = 2;  // the watchdog retries a failed boot once
-
-// One of Impl::max_starts concurrent VM starts, held for a scope.
-template <typename Impl>
-class StartSlot {
- public:
-  explicit StartSlot(Impl& impl) : impl_(impl) {
-    std::unique_lock lock(impl_.start_mu);
-    impl_.start_cv.wait(lock, [&] { return impl_.starts_running < impl_.max_starts; });
-    ++impl_.starts_running;
-  }
-  ~StartSlot() {
-    {
-      std::lock_guard lock(impl_.start_mu);
-      --impl_.starts_running;
-    }
-    impl_.start_cv.notify_one();
-  }
-  StartSlot(const StartSlot&) = delete;
-  StartSlot& operator=(const StartSlot&) = delete;
-
- private:
-  Impl& impl_;
-};
 
 // The network helper joins its sandbox's cgroup (the jail's, named after
 // the id), so its memory, cpu and pids count against the sandbox's limits.
@@ -259,7 +235,8 @@ SandboxInfo Engine::create_counted(const SandboxSpec& spec) {
   // anything exists (field "network.allow[i]", ...).
   SandboxSpec checked = spec;
   checked.network = nethost::normalize(spec.network);
-  if (nethost::enabled(checked.network)) nethost::binary(impl.cfg.guest_agent);  // fail before creating
+  if (nethost::enabled(checked.network))
+    nethost::binary(impl.cfg.guest_agent);  // fail before creating
   if (!checked.from.empty()) {
     // create --from: the snapshot decides image and shape (engine_snapshots.cc).
     snapshots::Snapshot snap = impl.prepare_from(checked);
@@ -311,38 +288,6 @@ SandboxInfo Engine::create_counted(const SandboxSpec& spec) {
   return impl.launch(checked, *img, accel, false)->info();
 }
 
-void check_disk_space(int64_t free_mb, int64_t admitted_mb, int64_t want_mb,
-                      const std::string& what, const std::string& field) {
-  if (free_mb < 0 || admitted_mb + want_mb <= free_mb) return;
-  throw Error(Errc::unavailable,
-              "not enough disk for " + what + ": the sandboxes and changes calls already " +
-                  "admitted hold " + std::to_string(admitted_mb) +
-                  " MiB in total and the host's data filesystem has " + std::to_string(free_mb) +
-                  " MiB free",
-              field);
-}
-
-int64_t Engine::Impl::disk_free_mb() const {
-  if (cfg.disk_free_mb) return cfg.disk_free_mb();
-  struct statvfs st {};
-  if (::statvfs(cfg.data_dir.c_str(), &st) != 0) return -1;  // unknown: do not refuse on it
-  return static_cast<int64_t>(st.f_bavail) * static_cast<int64_t>(st.f_frsize) / (1024 * 1024);
-}
-
-void Engine::Impl::reserve_disk(const std::string& key, int64_t mb, const std::string& what,
-                                const std::string& field) {
-  std::lock_guard lock(admit_mu);
-  int64_t sum = 0;
-  for (const auto& [k, held] : admitted_disk_mb) sum += held;
-  check_disk_space(disk_free_mb(), sum, mb, what, field);
-  admitted_disk_mb[key] = mb;
-}
-
-void Engine::Impl::release_disk(const std::string& key) {
-  std::lock_guard lock(admit_mu);
-  admitted_disk_mb.erase(key);
-}
-
 std::shared_ptr<Live> Engine::Impl::launch(const SandboxSpec& checked, const storage::Image& image,
                                            const vmm::AccelVerdict& accel, bool pooled,
                                            const snapshots::Snapshot* from) {
@@ -363,14 +308,14 @@ std::shared_ptr<Live> Engine::Impl::launch(const SandboxSpec& checked, const sto
   // Admission: the disk every admitted sandbox may fill must fit the data
   // dir's filesystem (overlays are sparse; their disk_mb is the promise).
   // Reserved under the id before the row exists.
-  auto unreserve = [&](const std::string& id) { release_disk(id); };
+  auto unreserve = [&](const std::string& id) { admission.release(id); };
   for (int tries = 0;; ++tries) {
     // A pool member has an internal name until its hand-out mints the id
     // its caller receives (take_pooled): no id a caller will get exists
     // before it gets it.
     info.id = random_id(pooled ? "pool-" : "sb-");
     rec.run_dir = impl.sandbox_dir(info.id);
-    reserve_disk(info.id, spec.disk_mb, "disk_mb=" + std::to_string(spec.disk_mb), "disk_mb");
+    admission.reserve(info.id, spec.disk_mb, "disk_mb=" + std::to_string(spec.disk_mb), "disk_mb");
     try {
       impl.registry.insert(rec);
       break;
@@ -408,7 +353,7 @@ std::shared_ptr<Live> Engine::Impl::launch(const SandboxSpec& checked, const sto
   // starting together only slow each other down until their agents miss the
   // boot deadline (50 concurrent creates on 2 cores did exactly that); a
   // queued create waits here instead, and its deadline starts when it runs.
-  StartSlot slot(impl);
+  lifecycle::StartSlots::Slot slot(impl.starts);
   auto t0 = std::chrono::steady_clock::now();
   std::optional<Impl::BootFailure> failure;
   std::optional<templates::Template> tpl;

@@ -281,10 +281,7 @@ void Engine::Impl::adopt_paused(const SandboxRecord& rec) {
   } catch (const std::exception& e) {
     spdlog::error("sandbox {}: audit: {}", rec.info.id, e.what());
   }
-  {
-    std::lock_guard lock(admit_mu);
-    admitted_disk_mb[rec.info.id] = rec.info.spec.disk_mb;
-  }
+  admission.admit(rec.info.id, rec.info.spec.disk_mb);
   std::lock_guard lock(mu);
   live[rec.info.id] = sb;
   spdlog::info("sandbox {}: re-adopted, paused", rec.info.id);

@@ -276,11 +276,7 @@ std::optional<SandboxInfo> Engine::Impl::take_pooled(const SandboxSpec& checked,
   const std::string member = sb->id();
   sb->hand_out(public_id);
   if (trace) trace->set_id(info.id);
-  {
-    std::lock_guard lock(admit_mu);
-    admitted_disk_mb.erase(member);
-    admitted_disk_mb[info.id] = info.spec.disk_mb;
-  }
+  admission.rename(member, info.id, info.spec.disk_mb);
   // If the hand-out cannot be recorded, the member goes (never a half-made
   // sandbox); the caller then boots a fresh one.
   bool renamed = false;
@@ -288,9 +284,7 @@ std::optional<SandboxInfo> Engine::Impl::take_pooled(const SandboxSpec& checked,
     if (!renamed) {
       // The write failed: the row is still the member's, and so is the end.
       sb->hand_out(member);
-      std::lock_guard lock(admit_mu);
-      admitted_disk_mb.erase(public_id);
-      admitted_disk_mb[member] = info.spec.disk_mb;
+      admission.rename(public_id, member, info.spec.disk_mb);
     }
     teardown(*sb, State::deleted, "pool hand-out failed", "deleted");
   });

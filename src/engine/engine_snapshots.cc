@@ -39,24 +39,6 @@ int64_t ms_since(std::chrono::steady_clock::time_point t0) {
 
 }  // namespace
 
-// Free bytes of the filesystem holding `dir` (0 if it cannot be read).
-uint64_t free_bytes(const fs::path& dir) {
-  struct statvfs st {};
-  if (::statvfs(dir.c_str(), &st) != 0) return 0;
-  return static_cast<uint64_t>(st.f_bavail) * st.f_frsize;
-}
-
-// A write under `dir` failed: if its filesystem is (nearly) full, that is
-// the cause the caller should hear (unavailable: free space and retry),
-// whatever errno the copy or QEMU's migration reported (a full tmpfs may
-// surface as EIO from copy_file_range, QEMU says "Unable to write").
-void rethrow_if_disk_full(const fs::path& dir, const std::string& writing, uint64_t wanted) {
-  if (free_bytes(dir) < std::max<uint64_t>(wanted, kLowSpaceBytes))
-    throw Error(Errc::unavailable, "no space left on the host's disk writing " + writing + " (" +
-                                       std::to_string(free_bytes(dir) >> 20) +
-                                       " MiB free): free some space and try again");
-}
-
 namespace {
 
 // Copies `from` to `to` (new file); a full disk is Error(unavailable)
