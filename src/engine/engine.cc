@@ -123,8 +123,8 @@ Engine::Impl::Impl(Config c)
               std::chrono::milliseconds(cfg.journal_anchor_lag_ms)),
       images(cfg.image_dir, cfg.share_dir / "images", cfg.guest_agent),
       admission([this] { return disk_free_mb(); }),
-      starts(std::max(2, static_cast<int>(std::thread::hardware_concurrency()))) {
-  if (cfg.templates) templates.emplace(cfg.template_dir, cfg.template_ram_dir);
+      starts(std::max(2, static_cast<int>(std::thread::hardware_concurrency()))),
+      templates(cfg, *launcher, journal, [this] { return disk_roots(); }) {
   snaps.emplace(cfg.data_dir / "snapshots");
   if (!cfg.accel.empty()) {
     accel = vmm::AccelVerdict{cfg.accel == "kvm" ? vmm::Accel::kvm : vmm::Accel::tcg,
@@ -141,7 +141,7 @@ int64_t Engine::Impl::disk_free_mb() const {
 
 std::vector<fs::path> Engine::Impl::disk_roots() const {
   std::vector<fs::path> roots{cfg.image_dir};
-  if (templates) roots.push_back(templates->root());
+  if (auto* t = templates.store()) roots.push_back(t->root());
   if (snaps) roots.push_back(snaps->root());
   return roots;
 }
@@ -647,8 +647,8 @@ nlohmann::json Engine::info() {
   }
   j["recipes"] = impl_->images.recipes();
   j["templates"] = nlohmann::json::array();
-  if (impl_->templates)
-    for (const auto& t : impl_->templates->list()) j["templates"].push_back(templates::to_json(t));
+  if (auto* store = impl_->templates.store())
+    for (const auto& t : store->list()) j["templates"].push_back(templates::to_json(t));
   j["templates_enabled"] = impl_->cfg.templates;
   j["pool"] = pool_info();
   j["pool_learn"] = {{"shapes", impl_->cfg.pool_learn_shapes},

@@ -50,8 +50,8 @@ std::vector<std::string> Engine::image_users(const std::string& name) {
     bool pooled = sb.spec.metadata.count(kPoolMarker) > 0;
     who.push_back((pooled ? "pool:" : "sandbox:") + sb.id);
   }
-  if (impl_->templates) {
-    for (const auto& t : impl_->templates->list())
+  if (auto* store = impl_->templates.store()) {
+    for (const auto& t : store->list())
       if (t.image == name) who.push_back("template:" + t.key);
   }
   if (impl_->snaps) {
@@ -159,8 +159,8 @@ nlohmann::json Engine::prune(bool dry_run) {
   // Templates no live sandbox was cloned from (a clone's overlay is backed
   // by its template's disk) go: they are rebuilt on demand, and otherwise
   // keep their image in use for ever (image rm names them).
-  if (impl.templates) {
-    for (const auto& t : impl.templates->list()) {
+  if (auto* store = impl.templates.store()) {
+    for (const auto& t : store->list()) {
       if (std::find(in_use.begin(), in_use.end(), t.dir) != in_use.end()) {
         note(t.disk);
         continue;
@@ -169,7 +169,7 @@ nlohmann::json Engine::prune(bool dry_run) {
       uint64_t ram = fs::file_size(t.ram, ec);
       freed += du(t.dir) + (ec ? 0 : ram);
       removed.push_back("template:" + t.key);
-      if (!dry_run) impl.templates->remove(t.key);
+      if (!dry_run) store->remove(t.key);
     }
   }
   for (const auto& n : impl.images.names_on_disk()) {

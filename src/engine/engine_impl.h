@@ -30,7 +30,7 @@
 #include "engine/sandbox.h"
 #include "engine/snapshots/snapshot_store.h"
 #include "engine/storage/image_store.h"
-#include "engine/templates/template_store.h"
+#include "engine/templates/service.h"
 #include "engine/trace.h"
 #include "engine/vmm/accel.h"
 #include "engine/vmm/sealed_ram.h"
@@ -82,9 +82,6 @@ class ActivityGuard {
   Live& sb_;
 };
 
-// Runs an image's warm-up commands on a guest channel (engine_pool.cc).
-nlohmann::json run_warmup(channel::GuestChannel& ch, const std::vector<std::string>& commands,
-                          const std::string& who);
 // False if the sandbox has a network helper and it is no longer running
 // (the reaper fails the sandbox: its VM would have lost its network).
 bool net_helper_alive(const Live& sb);
@@ -163,19 +160,9 @@ struct Engine::Impl {
   std::mutex accel_mu;
   std::optional<vmm::AccelVerdict> accel;
 
-  // Templates (engine_templates.cc). One build per key at a time: creates
-  // of the same shape wait for it and then clone.
-  std::optional<templates::TemplateStore> templates;
-  std::mutex tpl_mu;
-  std::map<std::string, std::shared_ptr<std::mutex>> tpl_building;
-  // Sealed memfd copies of template RAM files that clones map (one per
-  // template and file version, made at its first clone in this daemon's
-  // life; engine_templates.cc). By RAM path: {ino:ctime:size stamp, copy}.
-  std::mutex sealed_mu;
-  std::map<std::string, std::pair<std::string, std::shared_ptr<vmm::SealedRam>>> sealed;
-  // The sealed copy of `tpl`'s RAM, made now if there is none for this
-  // version of the file; Error as SealedRam::copy_of.
-  std::shared_ptr<vmm::SealedRam> sealed_ram(const templates::Template& tpl);
+  // Templates: the store, its build locks and the sealed RAM of clones
+  // (templates/service.h). Declared after what it refers to.
+  templates::TemplateService templates;
 
   explicit Impl(Config c);
 
@@ -335,15 +322,6 @@ struct Engine::Impl {
   std::optional<BootFailure> boot_once(Live& sb, const storage::Image& img, vmm::Accel accel,
                                        const templates::Template* tpl = nullptr,
                                        const snapshots::Snapshot* from = nullptr);
-  // The template for this create's shape, built now if there is none (the
-  // build is one boot plus a save). Never throws: nullopt = cold boot. What
-  // happened (template_invalid / template_built / template_failed) is
-  // appended to sandbox `id`'s journal.
-  std::optional<templates::Template> template_for(const storage::Image& img,
-                                                  const SandboxSpec& spec, vmm::Accel accel,
-                                                  const std::string& id);
-  templates::Template build_template(const storage::Image& img, const templates::Shape& shape,
-                                     vmm::Accel accel, const std::string& key);
   // A short guest operation on the running sandbox `id` (engine_ops.cc):
   // `path`, if given, is checked first; `op` runs a guest_client call on its
   // channel within kJsonOpTimeout. A failed call is rethrown as what it

@@ -119,7 +119,7 @@ std::optional<Engine::Impl::BootFailure> Engine::Impl::boot_once(Live& sb,
       fs::permissions(disk, fs::perms::owner_read | fs::perms::owner_write);
       vc.memory_file = tpl->ram;
       vc.memory_shared = false;
-      sealed = impl.sealed_ram(*tpl);  // held until QEMU has its own copy of the fd
+      sealed = impl.templates.sealed_ram(*tpl);  // held until QEMU has its own copy of the fd
       vc.memory_fd = sealed->fd();
       vc.incoming_state = tpl->state;
     } else if (from) {
@@ -357,7 +357,7 @@ std::shared_ptr<Live> Engine::Impl::launch(const SandboxSpec& checked, const sto
   auto t0 = std::chrono::steady_clock::now();
   std::optional<Impl::BootFailure> failure;
   std::optional<templates::Template> tpl;
-  if (!from) tpl = impl.template_for(*img, checked, accel.accel, id);
+  if (!from) tpl = impl.templates.for_create(*img, checked, accel.accel, id);
   if (tpl) {
     // A clone whose restore fails is destroyed and retried once; then the
     // template is suspect (removed, rebuilt by a later create) and this
@@ -378,7 +378,7 @@ std::shared_ptr<Live> Engine::Impl::launch(const SandboxSpec& checked, const sto
       }
     }
     if (failure) {
-      impl.templates->remove(tpl->key);
+      impl.templates.store()->remove(tpl->key);
       tpl.reset();
     }
   }

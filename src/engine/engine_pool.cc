@@ -19,6 +19,7 @@
 
 #include "common/error.h"
 #include "engine/channel/guest_client.h"
+#include "engine/channel/warmup.h"
 #include "engine/engine_impl.h"
 #include "engine/net/host/control.h"
 #include "engine/types_json.h"
@@ -86,35 +87,6 @@ bool memory_pressure(const std::filesystem::path& meminfo, const std::filesystem
   return false;
 }
 
-// The image's declared warm-up commands (ImageConfig::warmup), each as
-// `sh -c CMD` with a 60 s deadline, in order; none declared: `true`. Throws
-// (naming `who` and the command) if one fails or exits non-zero. Returns
-// one record per command (argv, exit_code, ms) for the caller's journal.
-nlohmann::json run_warmup(channel::GuestChannel& ch, const std::vector<std::string>& commands,
-                          const std::string& who) {
-  nlohmann::json done = nlohmann::json::array();
-  std::vector<std::vector<std::string>> argvs;
-  for (const auto& c : commands) argvs.push_back({"sh", "-c", c});
-  if (argvs.empty()) argvs.push_back({"true"});
-  for (const auto& argv : argvs) {
-    auto t0 = std::chrono::steady_clock::now();
-    channel::ExecHandlers h;
-    h.on_output = [](int, std::string_view) { return true; };
-    channel::ExecOutcome r = channel::run_exec(ch, ch.open_stream(), {.argv = argv}, nullptr, h,
-                                               channel::Clock::now() + std::chrono::seconds(60));
-    int code = r.exit_code.value_or(-1);  // none: a signal ended it
-    if (code != 0)
-      throw Error(Errc::internal, who + ": warm-up command " + nlohmann::json(argv).dump() +
-                                      " exited with " + std::to_string(code));
-    done.push_back({{"argv", argv},
-                    {"exit_code", code},
-                    {"ms", std::chrono::duration_cast<std::chrono::milliseconds>(
-                               std::chrono::steady_clock::now() - t0)
-                               .count()}});
-  }
-  return done;
-}
-
 // Under TCG a fresh QEMU translates every guest code path the first time it
 // runs, so the first exec in a new clone is slow; an interpreter's first
 // start also reads its files. A member therefore runs its image's warm-up
@@ -125,7 +97,7 @@ nlohmann::json run_warmup(channel::GuestChannel& ch, const std::vector<std::stri
 // member is not made ready) if a command failed.
 bool Engine::Impl::warm_up(Live& sb, const std::vector<std::string>& commands) {
   try {
-    for (auto& rec : run_warmup(*sb.channel, commands, "pool member " + sb.rec.info.id))
+    for (auto& rec : channel::run_warmup(*sb.channel, commands, "pool member " + sb.rec.info.id))
       journal.append(sb.rec.info.id, "pool_warmup", rec);
     sb.streams_at_ready = sb.channel->streams_opened();
     return true;

@@ -261,7 +261,8 @@ snapshots::Snapshot Engine::Impl::take_snapshot(Live& sb, const std::string& nam
         storage::disk_chain(st.dir / "layer.qcow2", disk_roots(), "sandbox " + id + "'s disk");
     // A template clone's overlay is backed by the template's disk, which a
     // prune may remove: the snapshot keeps its own link to it.
-    if (chain.size() > 1 && templates && storage::path_inside(chain[1].path, templates->root())) {
+    if (chain.size() > 1 && templates.store() &&
+        storage::path_inside(chain[1].path, templates.store()->root())) {
       fs::path base = st.dir / "base.qcow2";
       std::error_code ec;
       fs::create_hard_link(chain[1].path, base, ec);
