@@ -124,6 +124,7 @@ Engine::Impl::Impl(Config c)
       images(cfg.image_dir, cfg.share_dir / "images", cfg.guest_agent),
       admission([this] { return disk_free_mb(); }),
       starts(std::max(2, static_cast<int>(std::thread::hardware_concurrency()))),
+      table(registry),
       templates(cfg, *launcher, journal, [this] { return disk_roots(); }) {
   snaps.emplace(cfg.data_dir / "snapshots");
   if (!cfg.accel.empty()) {
@@ -174,30 +175,7 @@ vmm::AccelVerdict Engine::Impl::resolve_accel(const storage::Image& img) {
   return v;
 }
 
-std::shared_ptr<Live> Engine::Impl::running(const std::string& id) {
-  {
-    std::lock_guard lock(mu);
-    auto it = live.find(id);
-    if (it != live.end()) {
-      State st = it->second->state();
-      if (st == State::running) {
-        it->second->last_activity_ms = steady_ms();  // any call counts for idle_timeout
-        return it->second;
-      }
-      throw Error(Errc::conflict, "sandbox " + id + " is " + to_string(st) + ", not running");
-    }
-  }
-  auto rec = registry.get(id);
-  if (!rec) throw Error(Errc::not_found, "no sandbox " + id, "id");
-  std::string why = rec->info.reason.empty() ? "" : " (" + rec->info.reason + ")";
-  if (!rec->info.failure.empty()) why = " (" + rec->info.failure + ": " + rec->info.reason + ")";
-  // "running" in the registry but not live: the reaper or destroy() is
-  // tearing it down right now.
-  std::string state = rec->info.state == State::running ? "stopping" : to_string(rec->info.state);
-  throw Error(Errc::conflict, "sandbox " + id + " is " + state + why + ", not running");
-}
-
-bool Engine::Impl::teardown(Live& sb, State state, const std::string& reason,
+bool Engine::Impl::teardown(Sandbox& sb, State state, const std::string& reason,
                             const std::string& event, const std::string& failure,
                             const nlohmann::json& details, std::optional<State> only_from) {
   const std::string id = sb.id();
@@ -219,7 +197,7 @@ bool Engine::Impl::teardown(Live& sb, State state, const std::string& reason,
   return true;
 }
 
-void Engine::Impl::finish_stop(Live& sb, State state, const std::string& reason,
+void Engine::Impl::finish_stop(Sandbox& sb, State state, const std::string& reason,
                                const std::string& event, const std::string& failure,
                                const nlohmann::json& details) noexcept {
   const std::string id = sb.id();
@@ -264,29 +242,32 @@ void Engine::Impl::finish_stop(Live& sb, State state, const std::string& reason,
     std::lock_guard lock(sb.mu);
     sb.execs.clear();
   }
+  table.erase(id, &sb);
+}
+
+void Engine::Impl::stop_reaper() {
   {
-    std::lock_guard lock(mu);
-    auto it = live.find(id);
-    if (it != live.end() && it->second.get() == &sb) live.erase(it);
+    std::lock_guard lock(reaper_mu);
+    reaper_stopping = true;
   }
+  reaper_wake.notify_all();
+  if (reaper.joinable()) reaper.join();
 }
 
 void Engine::Impl::reaper_loop() {
-  std::unique_lock lock(mu);
-  while (!stopping) {
-    // A snapshot under the lock; every check (/proc, cgroups, sockets) runs
-    // outside it, so no engine call waits for the reaper.
-    std::vector<std::shared_ptr<Live>> snapshot;
-    snapshot.reserve(live.size());
-    for (auto& [id, sb] : live) snapshot.push_back(sb);
+  std::unique_lock lock(reaper_mu);
+  while (!reaper_stopping) {
     lock.unlock();
+    // A snapshot of the table; every check (/proc, cgroups, sockets) runs
+    // outside its lock, so no engine call waits for the reaper.
+    std::vector<std::shared_ptr<Sandbox>> snapshot = table.all();
     int64_t now = steady_ms();
     // Wake at the earliest expiry, and at least every second to notice QEMU
     // processes that died on their own.
     int64_t next = now + 1000;
     // Every check is in check_health (engine_failure.cc): expiry, idle,
     // QEMU gone, channel closed, network helper, agent ping.
-    std::vector<std::pair<std::shared_ptr<Live>, Verdict>> victims;
+    std::vector<std::pair<std::shared_ptr<Sandbox>, Verdict>> victims;
     for (auto& sb : snapshot) {
       // A paused sandbox's timeout clock keeps running (engine.h, pause()).
       if (sb->state() == State::paused && now >= sb->expires_steady_ms.load()) {
@@ -338,8 +319,8 @@ void Engine::Impl::reaper_loop() {
     snapshot.clear();
     lock.lock();
     if (!victims.empty()) continue;  // re-evaluate: time has passed
-    if (stopping) break;
-    wake.wait_for(lock, std::chrono::milliseconds(std::max<int64_t>(next - steady_ms(), 1)));
+    if (reaper_stopping) break;
+    reaper_wake.wait_for(lock, std::chrono::milliseconds(std::max<int64_t>(next - steady_ms(), 1)));
   }
 }
 
@@ -378,7 +359,7 @@ void Engine::Impl::close_interrupted_execs(const std::string& id) {
   }
 }
 
-void Engine::Impl::close_detached_execs(Live& sb, const std::string& why) {
+void Engine::Impl::close_detached_execs(Sandbox& sb, const std::string& why) {
   std::map<std::string, nlohmann::json> left;
   {
     std::lock_guard lock(sb.mu);
@@ -427,7 +408,7 @@ void Engine::Impl::recover_one(SandboxRecord rec) {
     }
   }
   const State was = rec.info.state;
-  auto sb = std::make_shared<Live>(rec, registry, journal);
+  auto sb = std::make_shared<Sandbox>(rec, registry, journal);
   if (img) {
     sb->image_env = img->config.env;
     sb->image_workdir = img->config.workdir;
@@ -494,8 +475,7 @@ void Engine::Impl::recover_one(SandboxRecord rec) {
       journal.append(id, "adopted", adopted, Durability::sync);
       spdlog::info("sandbox {}: re-adopted (pid {})", id, sb->vm->pid());
       admission.admit(id, rec.info.spec.disk_mb);
-      std::lock_guard lock(mu);
-      live[id] = sb;
+      table.put(id, sb);
       return;
     } catch (const std::exception& e) {
       reason = std::string("guest agent unreachable after daemon restart: ") + e.what();
@@ -551,12 +531,7 @@ Engine::Engine(Config config) : impl_(std::make_unique<Impl>(std::move(config)))
   try {
     impl_->pool_thread = std::thread([this] { impl_->pool_loop(); });
   } catch (...) {
-    {
-      std::lock_guard lock(impl_->mu);
-      impl_->stopping = true;
-    }
-    impl_->wake.notify_all();
-    impl_->reaper.join();
+    impl_->stop_reaper();
     throw;
   }
 }
@@ -572,19 +547,10 @@ Engine::~Engine() {
   impl_->drain_pool();
   // Deletes already answered finish before the engine goes.
   impl_->drain_reclaim();
-  {
-    std::lock_guard lock(impl_->mu);
-    impl_->stopping = true;
-  }
-  impl_->wake.notify_all();
-  if (impl_->reaper.joinable()) impl_->reaper.join();
+  impl_->stop_reaper();
   // Sandboxes keep running: Vm's destructor detaches, the next Engine on
   // this data_dir re-adopts them.
-  std::lock_guard lock(impl_->mu);
-  for (auto& [id, sb] : impl_->live) {
-    if (sb->channel) sb->channel->close("engine shut down");
-  }
-  impl_->live.clear();
+  impl_->table.close_all("engine shut down");
 }
 
 std::vector<SandboxInfo> Engine::list(const std::map<std::string, std::string>& filter, bool all) {

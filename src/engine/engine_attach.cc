@@ -61,7 +61,7 @@ struct Delivered {
 std::optional<ExecResult> Engine::attach_exec(const std::string& id, const std::string& exec_id,
                                               uint64_t offset, const AttachCallbacks& callbacks) {
   auto& impl = *impl_;
-  auto sb = impl.running(id);
+  auto sb = impl.table.running(id);
   ActivityGuard active(*sb);
   auto no_such = [&] {
     return Error(Errc::not_found,
@@ -110,7 +110,7 @@ std::optional<ExecResult> Engine::attach_exec(const std::string& id, const std::
     sb->attached_streams[exec_id] = stream;
   };
   struct Unregister {
-    Live& sb;
+    Sandbox& sb;
     const std::string& exec_id;
     ~Unregister() {
       std::lock_guard lock(sb.mu);

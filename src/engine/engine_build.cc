@@ -21,7 +21,7 @@ SandboxInfo Engine::create_on_image(const SandboxSpec& spec, const storage::Imag
 
 std::filesystem::path Engine::disk_path(const std::string& id) {
   // not_found / conflict unless running
-  return impl_->running(id)->run_dir() / "disk.qcow2";
+  return impl_->table.running(id)->run_dir() / "disk.qcow2";
 }
 
 nlohmann::json Engine::build_recipe(const recipes::BuildRequest& request,

@@ -73,7 +73,7 @@ nlohmann::json Engine::changes(const std::string& id, const std::string& since, 
           "since must be \"start\" or a snapshot's name; there is no snapshot '" + since + "'",
           "since");
   }
-  auto sb = impl_->running(id);
+  auto sb = impl_->table.running(id);
   ChangesSlot one_at_a_time(*impl_, id);
   ActivityGuard active(*sb);
   auto t0 = std::chrono::steady_clock::now();

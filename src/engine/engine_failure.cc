@@ -19,12 +19,12 @@
 
 namespace airlock::engine {
 
-bool net_helper_alive(const Live& sb) {
+bool net_helper_alive(const Sandbox& sb) {
   // Mode none has no helper; a re-adopted sandbox whose helper was already
   // gone has net_pid 0 and was recorded then (adopted.net_pid = null).
   pid_t pid;
   {
-    std::lock_guard lock(const_cast<Live&>(sb).mu);
+    std::lock_guard lock(const_cast<Sandbox&>(sb).mu);
     pid = sb.net_pid;
   }
   if (pid <= 0 || !sb.networked) return true;
@@ -156,8 +156,9 @@ Verdict classify_death(const fs::path& run_dir, int pid, const std::string& memo
   return v;
 }
 
-std::optional<Verdict> Engine::Impl::check_health(const std::shared_ptr<Live>& sbp, int64_t now) {
-  Live& sb = *sbp;
+std::optional<Verdict> Engine::Impl::check_health(const std::shared_ptr<Sandbox>& sbp,
+                                                  int64_t now) {
+  Sandbox& sb = *sbp;
   const auto& info = sb.rec.info;
   if (now >= sb.expires_steady_ms.load())
     return Verdict{State::timed_out, "",
@@ -228,7 +229,7 @@ std::optional<Verdict> Engine::Impl::check_health(const std::shared_ptr<Live>& s
       auto deadline =
           channel::Clock::now() + std::chrono::milliseconds(cfg.agent_ping_timeout_ms + 1000);
       // Its own thread: a hung agent must not stall the reaper. It holds
-      // only the Live (the channel's owner), never the engine. A ping that
+      // only the Sandbox (the channel's owner), never the engine. A ping that
       // fails leaves ping_in_flight set, so its age decides.
       std::thread([sbp, deadline] {
         try {

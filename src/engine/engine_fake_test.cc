@@ -15,7 +15,7 @@
 
 #include "engine/engine_fake_test_support.h"
 #include "engine/engine_impl.h"
-#include "engine/sandbox.h"
+#include "engine/sandbox/sandbox.h"
 #include "engine/types_json.h"
 
 namespace airlock::engine {

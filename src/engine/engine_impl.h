@@ -27,7 +27,8 @@
 #include "engine/net/host/events.h"
 #include "engine/net/host/helper.h"
 #include "engine/registry/registry.h"
-#include "engine/sandbox.h"
+#include "engine/sandbox/sandbox.h"
+#include "engine/sandbox/table.h"
 #include "engine/snapshots/snapshot_store.h"
 #include "engine/storage/image_store.h"
 #include "engine/templates/service.h"
@@ -53,7 +54,7 @@ std::string random_id(const std::string& prefix);
 // counts of a guest exec's end into `res`; a guest failure rethrown as what
 // it means for the sandbox (stopped, failed).
 void take_outcome(const channel::ExecOutcome& o, ExecResult& res);
-[[noreturn]] void rethrow_exec_error(Live& sb, const Error& e);
+[[noreturn]] void rethrow_exec_error(Sandbox& sb, const Error& e);
 // engine_attach.cc, for kill_exec: after a detached exec (nobody attached)
 // was signalled, attaches from `end` (its output so far) and waits up to
 // kKillCollect for its end, so its `exec` record is written as an attach
@@ -67,7 +68,7 @@ inline constexpr auto kKillCollect = std::chrono::seconds(10);
 // from construction to destruction (the end of the call counts too).
 class ActivityGuard {
  public:
-  explicit ActivityGuard(Live& sb) : sb_(sb) {
+  explicit ActivityGuard(Sandbox& sb) : sb_(sb) {
     sb_.last_activity_ms = steady_ms();
     ++sb_.busy;
   }
@@ -79,12 +80,12 @@ class ActivityGuard {
   ActivityGuard& operator=(const ActivityGuard&) = delete;
 
  private:
-  Live& sb_;
+  Sandbox& sb_;
 };
 
 // False if the sandbox has a network helper and it is no longer running
 // (the reaper fails the sandbox: its VM would have lost its network).
-bool net_helper_alive(const Live& sb);
+bool net_helper_alive(const Sandbox& sb);
 
 // Failure detection (engine_failure.cc; docs/design.md "Failure states").
 // What the reaper decided about a sandbox: the state to end it in, the
@@ -126,7 +127,7 @@ struct PoolSlot {
   // pool_learn_idle_s; a configured slot is never touched by learning.
   bool learned = false;
   int64_t last_used_ms = 0;  // steady_ms() of its last create (hit or miss)
-  std::deque<std::shared_ptr<Live>> ready;
+  std::deque<std::shared_ptr<Sandbox>> ready;
   int64_t hits = 0, misses = 0, replaced = 0, shed = 0;
 };
 
@@ -151,11 +152,15 @@ struct Engine::Impl {
   std::mutex changes_mu;
   std::set<std::string> changes_running;
 
-  std::mutex mu;                 // live, stopping (never held while checking a sandbox)
-  std::condition_variable wake;  // the reaper's
-  std::map<std::string, std::shared_ptr<Live>> live;
-  bool stopping = false;
+  // The live sandboxes (sandbox/table.h).
+  SandboxTable table;
+  // The reaper thread (engine.cc, engine_failure.cc): its own lock and wake.
+  std::mutex reaper_mu;  // reaper_stopping
+  std::condition_variable reaper_wake;
+  bool reaper_stopping = false;
   std::thread reaper;
+  // Stops and joins the reaper (engine shutdown).
+  void stop_reaper();
 
   std::mutex accel_mu;
   std::optional<vmm::AccelVerdict> accel;
@@ -175,8 +180,6 @@ struct Engine::Impl {
   std::vector<std::filesystem::path> disk_roots() const;
   // The verdict, probing once (with `img`'s kernel) if not configured.
   vmm::AccelVerdict resolve_accel(const storage::Image& img);
-  // The running sandbox `id`, or Error(not_found / conflict naming its state).
-  std::shared_ptr<Live> running(const std::string& id);
   // Moves the sandbox to `stopping` (false, nothing done, if it cannot go
   // there: someone else is already stopping it, or it ended), kills the VM
   // and the network helper, removes its files and moves it to `state` with
@@ -184,14 +187,14 @@ struct Engine::Impl {
   // e.g. the console tail). Removes it from `live`. Never throws.
   // `only_from`: back off (false) unless the sandbox is still in that state
   // once its op_mu is held (the reaper's verdicts are about a state it saw).
-  bool teardown(Live& sb, State state, const std::string& reason, const std::string& event,
+  bool teardown(Sandbox& sb, State state, const std::string& reason, const std::string& event,
                 const std::string& failure = {},
                 const nlohmann::json& details = nlohmann::json::object(),
                 std::optional<State> only_from = std::nullopt);
   // Background teardown (engine_reclaim.cc): moves `sb` to `stopping`
   // (false, nothing done, as teardown), closes its channel and queues the
   // rest (finish_stop to `deleted`) on the reclaim thread. Never throws.
-  bool teardown_async(const std::shared_ptr<Live>& sb, const std::string& reason);
+  bool teardown_async(const std::shared_ptr<Sandbox>& sb, const std::string& reason);
   void reclaim_loop();
   // Synchronous teardown to `deleted` of a live sandbox (an engine-internal
   // undo that must be complete when it returns, e.g. a failed fork's
@@ -209,7 +212,7 @@ struct Engine::Impl {
   bool settle_one(const std::string& id, std::chrono::milliseconds limit);
   std::mutex reclaim_mu;  // reclaim_queue, reclaim_stopping, reclaim_thread
   std::condition_variable reclaim_cv;
-  std::deque<std::pair<std::shared_ptr<Live>, std::string>> reclaim_queue;
+  std::deque<std::pair<std::shared_ptr<Sandbox>, std::string>> reclaim_queue;
   std::set<std::string> deleting;  // ids deleted by request, teardown not finished
   // The API's view of a registry row: a sandbox deleted by request whose
   // teardown is still running is shown `deleted` (it is out of service and
@@ -219,7 +222,7 @@ struct Engine::Impl {
   bool reclaim_stopping = false;
   std::thread reclaim_thread;
   // The rest of teardown for a sandbox already in `stopping`.
-  void finish_stop(Live& sb, State state, const std::string& reason, const std::string& event,
+  void finish_stop(Sandbox& sb, State state, const std::string& reason, const std::string& event,
                    const std::string& failure, const nlohmann::json& details) noexcept;
   // Re-adopts (or cleans up) one sandbox of the previous daemon (recover()).
   void recover_one(SandboxRecord rec);
@@ -229,7 +232,7 @@ struct Engine::Impl {
   // The exec_start records of `id`'s journal without an end record.
   std::map<std::string, nlohmann::json> open_execs(const std::string& id);
   // Journals `sb`'s detached execs nobody collected as `interrupted`.
-  void close_detached_execs(Live& sb, const std::string& why);
+  void close_detached_execs(Sandbox& sb, const std::string& why);
   // Re-adopts running sandboxes and cleans up dead ones (construction).
   void recover();
   // One boot attempt (engine_lifecycle.cc): fresh overlay, QEMU, agent
@@ -245,9 +248,9 @@ struct Engine::Impl {
   // with kPoolMarker, outside `live`, for the pool to hand out. Error as for
   // Engine::create; nothing left behind on failure.
   // `from`: a snapshot to start from instead of the image or a template.
-  std::shared_ptr<Live> launch(const SandboxSpec& checked, const storage::Image& img,
-                               const vmm::AccelVerdict& accel, bool pooled,
-                               const snapshots::Snapshot* from = nullptr);
+  std::shared_ptr<Sandbox> launch(const SandboxSpec& checked, const storage::Image& img,
+                                  const vmm::AccelVerdict& accel, bool pooled,
+                                  const snapshots::Snapshot* from = nullptr);
 
   // Snapshots, fork, pause (engine_snapshots.cc, engine_pause.cc).
   std::optional<snapshots::SnapshotStore> snaps;
@@ -262,8 +265,6 @@ struct Engine::Impl {
   std::filesystem::path paused_dir(const std::string& id) const {
     return cfg.data_dir / "paused" / id;
   }
-  // The live sandbox `id` (any state), or Error(not_found/conflict) as running().
-  std::shared_ptr<Live> live_sandbox(const std::string& id);
   // Who uses snapshot `name`: "sandbox sb-..." / "snapshot x" entries.
   std::vector<std::string> snapshot_users(const std::string& name, const std::string& except_id);
   // A checked spec for a create --from (image, shape taken from the
@@ -273,17 +274,18 @@ struct Engine::Impl {
   // With `split_ram` (fork), the RAM comes back there as a sealed memfd and
   // the snapshot holds dev.state (the stream without it) instead of
   // mem.state; if the stream cannot be split, mem.state as before.
-  snapshots::Snapshot take_snapshot(Live& sb, const std::string& name, bool memory, bool internal,
+  snapshots::Snapshot take_snapshot(Sandbox& sb, const std::string& name, bool memory,
+                                    bool internal,
                                     std::shared_ptr<vmm::SealedRam>* split_ram = nullptr);
   // Removes an internal (fork) snapshot once nothing uses it. Never throws.
   void release_internal_snapshot(const std::string& name, const std::string& except_id) noexcept;
   // A paused sandbox of the previous daemon: live again, still paused.
   void adopt_paused(const SandboxRecord& rec);
   // Pauses sb (held op_mu, running); the reaper's on_idle "pause" too.
-  void pause_locked(Live& sb, const std::string& reason);
+  void pause_locked(Sandbox& sb, const std::string& reason);
   // SIGKILLs sb's foreground execs and waits (up to `wait`) for their calls
   // to return: a pause ends them (engine_pause.cc).
-  void kill_foreground_execs(Live& sb, std::chrono::milliseconds wait);
+  void kill_foreground_execs(Sandbox& sb, std::chrono::milliseconds wait);
 
   // Warm pool (engine_pool.cc).
   std::mutex pool_mu;  // pool_slots, pool_retired, pool_counts, pool_stopping, pool_kicked
@@ -294,7 +296,7 @@ struct Engine::Impl {
   std::map<PoolKey, PoolSlot> pool_slots;
   // Members of slots removed on a create's path (a learned slot evicted):
   // the pool thread tears them down, off the create's hot path.
-  std::vector<std::shared_ptr<Live>> pool_retired;
+  std::vector<std::shared_ptr<Sandbox>> pool_retired;
   // Hits and misses per image since the daemon started (the metrics'
   // counters: slots come and go, counters must not go down).
   std::map<std::string, std::pair<int64_t, int64_t>> pool_counts;
@@ -314,12 +316,12 @@ struct Engine::Impl {
   void pool_loop();
   // Runs the image's warm-up commands (or `true`) in a new member and
   // records them (engine_pool.cc: why). False if one failed. Never throws.
-  bool warm_up(Live& sb, const std::vector<std::string>& commands);
+  bool warm_up(Sandbox& sb, const std::vector<std::string>& commands);
   // Kills every pool member (engine shutdown). Never throws.
   void drain_pool();
 
   // With `tpl`: a clone of it (restore, no boot) instead of a cold boot.
-  std::optional<BootFailure> boot_once(Live& sb, const storage::Image& img, vmm::Accel accel,
+  std::optional<BootFailure> boot_once(Sandbox& sb, const storage::Image& img, vmm::Accel accel,
                                        const templates::Template* tpl = nullptr,
                                        const snapshots::Snapshot* from = nullptr);
   // A short guest operation on the running sandbox `id` (engine_ops.cc):
@@ -337,7 +339,7 @@ struct Engine::Impl {
   // details["classify"] means "QEMU is gone": classify_death() says why
   // (outside `mu`). Also starts the agent ping when one is due.
   // `now` is steady_ms(). Called WITHOUT `mu` (it reads /proc and cgroups).
-  std::optional<Verdict> check_health(const std::shared_ptr<Live>& sb, int64_t now);
+  std::optional<Verdict> check_health(const std::shared_ptr<Sandbox>& sb, int64_t now);
 };
 
 }  // namespace airlock::engine

@@ -26,7 +26,7 @@ constexpr int kBootAttempts = 2;  // the watchdog retries a failed boot once
 // The network helper joins its sandbox's cgroup (the jail's, named after
 // the id), so its memory, cpu and pids count against the sandbox's limits.
 // Without a jail cgroup (e.g. no cgroup delegation) it stays where it is.
-void move_net_helper_to_cgroup(Live& sb) {
+void move_net_helper_to_cgroup(Sandbox& sb) {
   pid_t np;
   {
     std::lock_guard lock(sb.mu);
@@ -52,7 +52,7 @@ void move_net_helper_to_cgroup(Live& sb) {
 
 }  // namespace
 
-std::optional<Engine::Impl::BootFailure> Engine::Impl::boot_once(Live& sb,
+std::optional<Engine::Impl::BootFailure> Engine::Impl::boot_once(Sandbox& sb,
                                                                  const storage::Image& img,
                                                                  vmm::Accel accel,
                                                                  const templates::Template* tpl,
@@ -288,9 +288,10 @@ SandboxInfo Engine::create_counted(const SandboxSpec& spec) {
   return impl.launch(checked, *img, accel, false)->info();
 }
 
-std::shared_ptr<Live> Engine::Impl::launch(const SandboxSpec& checked, const storage::Image& image,
-                                           const vmm::AccelVerdict& accel, bool pooled,
-                                           const snapshots::Snapshot* from) {
+std::shared_ptr<Sandbox> Engine::Impl::launch(const SandboxSpec& checked,
+                                              const storage::Image& image,
+                                              const vmm::AccelVerdict& accel, bool pooled,
+                                              const snapshots::Snapshot* from) {
   auto& impl = *this;
   const storage::Image* img = &image;
   const SandboxSpec& spec = checked;
@@ -328,7 +329,7 @@ std::shared_ptr<Live> Engine::Impl::launch(const SandboxSpec& checked, const sto
     }
   }
   const std::string id = info.id;
-  auto sb = std::make_shared<Live>(rec, registry, journal);
+  auto sb = std::make_shared<Sandbox>(rec, registry, journal);
   sb->image_env = img->config.env;
   sb->image_workdir = img->config.workdir;
   sb->image_user = img->config.user;
@@ -439,23 +440,15 @@ std::shared_ptr<Live> Engine::Impl::launch(const SandboxSpec& checked, const sto
                   // The registry row was inserted before the start was
                   // known (clone, snapshot): GET reads it from there.
                   .write_record = true});
-  {
-    std::lock_guard lock(impl.mu);
-    impl.live[id] = sb;
-  }
-  undo.dismiss();          // commit: the sandbox is the caller's
-  impl.wake.notify_all();  // the reaper's earliest expiry may have changed
+  { impl.table.put(id, sb); }
+  undo.dismiss();                 // commit: the sandbox is the caller's
+  impl.reaper_wake.notify_all();  // the reaper's earliest expiry may have changed
   return sb;
 }
 
 void Engine::destroy(const std::string& id) {
   auto& impl = *impl_;
-  std::shared_ptr<Live> sb;
-  {
-    std::lock_guard lock(impl.mu);
-    auto it = impl.live.find(id);
-    if (it != impl.live.end()) sb = it->second;
-  }
+  std::shared_ptr<Sandbox> sb = impl.table.find(id);
   if (!sb) {
     auto rec = impl.registry.get(id);
     if (!rec) throw Error(Errc::not_found, "no sandbox " + id, "id");

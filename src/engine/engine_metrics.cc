@@ -120,11 +120,10 @@ void Engine::write_metrics(metrics::Writer& out) {
       spdlog::debug("metrics: journal of {}: {}", sb.id, e.what());
     }
   }
-  std::vector<std::shared_ptr<Live>> running;
+  std::vector<std::shared_ptr<Sandbox>> running;
   {
     // Copied out: impl.mu is never held while a sandbox is looked at.
-    std::lock_guard lock(impl.mu);
-    for (const auto& [id, sb] : impl.live) running.push_back(sb);
+    running = impl.table.all();
   }
   for (const auto& sb : running) {
     int pid = sb->info().pid;

@@ -18,7 +18,8 @@ namespace airlock::engine {
 namespace {
 
 // Conflict naming why if the sandbox has no network.
-std::shared_ptr<Live> networked(std::shared_ptr<Live> sb, const std::string& id, const char* what) {
+std::shared_ptr<Sandbox> networked(std::shared_ptr<Sandbox> sb, const std::string& id,
+                                   const char* what) {
   if (!sb->networked)
     throw Error(Errc::conflict, "sandbox " + id +
                                     " was created with network mode \"none\": it has no network "
@@ -55,7 +56,7 @@ nlohmann::json Engine::add_port(const std::string& id, int guest_port, int host_
                     " (airlockd --port-forward-range) or 0 (a free port there), got " +
                     std::to_string(host_port),
                 "host_port");
-  auto sb = networked(impl_->running(id), id, "forward a port to");
+  auto sb = networked(impl_->table.running(id), id, "forward a port to");
   std::lock_guard net_lock(sb->net_mu);
   nethost::Control control(sb->run_dir());
   int chosen = 0;
@@ -94,7 +95,7 @@ nlohmann::json Engine::add_port(const std::string& id, int guest_port, int host_
 }
 
 nlohmann::json Engine::list_ports(const std::string& id) {
-  auto sb = networked(impl_->running(id), id, "forward ports to");
+  auto sb = networked(impl_->table.running(id), id, "forward ports to");
   std::lock_guard net_lock(sb->net_mu);
   return nethost::Control(sb->run_dir()).ports();
 }
@@ -102,7 +103,7 @@ nlohmann::json Engine::list_ports(const std::string& id) {
 void Engine::remove_port(const std::string& id, int host_port) {
   if (host_port < 1 || host_port > 65535)
     throw Error(Errc::invalid_argument, "host_port must be 1..65535", "host_port");
-  auto sb = networked(impl_->running(id), id, "forward ports to");
+  auto sb = networked(impl_->table.running(id), id, "forward ports to");
   std::lock_guard net_lock(sb->net_mu);
   nethost::PortRemoved removed = nethost::Control(sb->run_dir()).remove_port(host_port);
   nlohmann::json rec{{"action", "remove"}, {"host", "127.0.0.1"}, {"host_port", host_port}};
@@ -113,7 +114,7 @@ void Engine::remove_port(const std::string& id, int host_port) {
 
 nlohmann::json Engine::set_network(const std::string& id, const nlohmann::json& policy) {
   auto& impl = *impl_;
-  auto sb = impl.running(id);
+  auto sb = impl.table.running(id);
   nlohmann::json normal = nethost::normalize(policy);  // field-named errors before any change
   std::lock_guard net_lock(sb->net_mu);                // one policy change at a time per sandbox
   if (!sb->networked)

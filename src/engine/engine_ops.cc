@@ -26,7 +26,7 @@ constexpr auto kExecGrace = std::chrono::seconds(30);
 
 // Streaming file transfers may legitimately take long under TCG; the
 // sandbox's life bounds them (the reaper kills the VM at expiry).
-channel::Deadline transfer_deadline(const Live& sb) {
+channel::Deadline transfer_deadline(const Sandbox& sb) {
   int64_t left_ms = std::max<int64_t>(sb.expires_steady_ms.load() - steady_ms(), 1000);
   return Clock::now() + std::chrono::milliseconds(std::min<int64_t>(left_ms, 3600 * 1000));
 }
@@ -34,7 +34,7 @@ channel::Deadline transfer_deadline(const Live& sb) {
 // A pause ends foreground execs (engine_pause.cc, kill_foreground_execs):
 // their callers get this, whether the kill's exit status or the channel's
 // close reached the call first.
-[[noreturn]] void throw_paused_during_call(Live& sb) {
+[[noreturn]] void throw_paused_during_call(Sandbox& sb) {
   throw Error(Errc::conflict, "sandbox " + sb.rec.info.id +
                                   " was paused during the call: a pause ends foreground execs "
                                   "(this one was killed); background execs survive it");
@@ -45,7 +45,7 @@ channel::Deadline transfer_deadline(const Live& sb) {
 // went away under the call (QEMU died, agent lost), the reaper notices
 // within about a second and classifies it; the call waits for that (5 s at
 // most) so its error names the cause (vmm_died, guest_panic, ...).
-[[noreturn]] void rethrow_for(Live& sb, const Error& e) {
+[[noreturn]] void rethrow_for(Sandbox& sb, const Error& e) {
   // Paused under the call (pause closes the channel): typed.
   if (State now = sb.state(); now == State::pausing || now == State::paused)
     throw_paused_during_call(sb);
@@ -101,14 +101,14 @@ void take_outcome(const channel::ExecOutcome& o, ExecResult& res) {
   res.truncated = res.stdout_dropped > 0 || res.stderr_dropped > 0;
 }
 
-[[noreturn]] void rethrow_exec_error(Live& sb, const Error& e) { rethrow_for(sb, e); }
+[[noreturn]] void rethrow_exec_error(Sandbox& sb, const Error& e) { rethrow_for(sb, e); }
 
 namespace {
 
 // The guest exec request for `request` (argv, env, cwd, user, timeout, limits).
 // An exec giving neither argv nor cmd (and no pty) runs the image's
 // Entrypoint + Cmd, as `docker run IMAGE` does; `copy` holds the result.
-const ExecRequest& with_image_command(const Live& sb, const ExecRequest& r, ExecRequest& copy) {
+const ExecRequest& with_image_command(const Sandbox& sb, const ExecRequest& r, ExecRequest& copy) {
   if (r.pty || !r.argv.empty() || !r.cmd.empty() || sb.image_argv.empty()) return r;
   copy = r;
   copy.argv = sb.image_argv;
@@ -117,7 +117,7 @@ const ExecRequest& with_image_command(const Live& sb, const ExecRequest& r, Exec
 
 // What the guest runs for `request`: argv (cmd through /bin/sh -c), env,
 // cwd, user, timeout, limits and the output cap.
-channel::ExecParams exec_params(const Live& sb, const ExecRequest& request) {
+channel::ExecParams exec_params(const Sandbox& sb, const ExecRequest& request) {
   channel::ExecParams p;
   p.argv =
       request.cmd.empty() ? request.argv : std::vector<std::string>{"/bin/sh", "-c", request.cmd};
@@ -208,7 +208,7 @@ ExecResult Engine::exec_counted(const std::string& id, const ExecRequest& given,
                                 const ExecCallbacks& callbacks) {
   auto& impl = *impl_;
   Trace trace("exec", id);
-  auto sb = impl.running(id);
+  auto sb = impl.table.running(id);
   ActivityGuard active(*sb);
   ExecRequest with_image;
   const ExecRequest& request = with_image_command(*sb, given, with_image);
@@ -365,7 +365,7 @@ ExecResult Engine::exec_counted(const std::string& id, const ExecRequest& given,
 }
 
 void Engine::kill_exec(const std::string& id, const std::string& exec_id, int signal) {
-  auto sb = impl_->running(id);
+  auto sb = impl_->table.running(id);
   if (signal < 1 || signal > 64)
     throw Error(Errc::invalid_argument, "signal must be between 1 and 64", "signal");
   uint32_t stream = 0;
@@ -402,7 +402,7 @@ void Engine::kill_exec(const std::string& id, const std::string& exec_id, int si
 
 ExecStatus Engine::exec_background_counted(const std::string& id, const ExecRequest& given) {
   auto& impl = *impl_;
-  auto sb = impl.running(id);
+  auto sb = impl.table.running(id);
   ActivityGuard active(*sb);
   ExecRequest with_image;
   const ExecRequest& request = with_image_command(*sb, given, with_image);
@@ -450,7 +450,7 @@ std::vector<ExecStatus> Engine::list_execs(const std::string& id) {
 ExecStatus Engine::wait_exec(const std::string& id, const std::string& exec_id, double timeout_s) {
   if (!(timeout_s >= 0) || timeout_s > 3600)
     throw Error(Errc::invalid_argument, "wait must be between 0 and 3600 seconds", "wait");
-  auto sb = impl_->running(id);
+  auto sb = impl_->table.running(id);
   ActivityGuard active(*sb);
   auto ms = static_cast<int64_t>(timeout_s * 1000);
   channel::Job job;
@@ -475,7 +475,7 @@ uint64_t Engine::write_file(const std::string& id, const std::string& path, uint
 
 uint64_t Engine::write_file_as(const std::string& id, const std::string& path, uint32_t mode,
                                const ChunkSource& source, const std::string& owner) {
-  auto sb = impl_->running(id);
+  auto sb = impl_->table.running(id);
   ActivityGuard active(*sb);
   validate_guest_path(path);
   if (mode > 07777) throw Error(Errc::invalid_argument, "mode must be at most 07777", "mode");
@@ -507,7 +507,7 @@ uint64_t Engine::write_file_as(const std::string& id, const std::string& path, u
 }
 
 uint64_t Engine::read_file(const std::string& id, const std::string& path, const ChunkSink& sink) {
-  auto sb = impl_->running(id);
+  auto sb = impl_->table.running(id);
   ActivityGuard active(*sb);
   validate_guest_path(path);
   uint64_t n;
@@ -523,7 +523,7 @@ uint64_t Engine::read_file(const std::string& id, const std::string& path, const
 
 void Engine::Impl::guest_op(const std::string& id, const std::optional<std::string>& path,
                             const nlohmann::json* audit, const GuestOp& op) {
-  auto sb = running(id);
+  auto sb = table.running(id);
   ActivityGuard active(*sb);
   if (path) validate_guest_path(*path);
   try {

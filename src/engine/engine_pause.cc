@@ -29,18 +29,7 @@ int64_t ms_since(std::chrono::steady_clock::time_point t0) {
 
 }  // namespace
 
-std::shared_ptr<Live> Engine::Impl::live_sandbox(const std::string& id) {
-  {
-    std::lock_guard lock(mu);
-    auto it = live.find(id);
-    if (it != live.end()) return it->second;
-  }
-  auto rec = registry.get(id);
-  if (!rec) throw Error(Errc::not_found, "no sandbox " + id, "id");
-  throw Error(Errc::conflict, "sandbox " + id + " is " + to_string(rec->info.state));
-}
-
-void Engine::Impl::kill_foreground_execs(Live& sb, std::chrono::milliseconds wait) {
+void Engine::Impl::kill_foreground_execs(Sandbox& sb, std::chrono::milliseconds wait) {
   std::vector<uint32_t> streams;
   {
     std::lock_guard lock(sb.mu);
@@ -69,7 +58,7 @@ void Engine::Impl::kill_foreground_execs(Live& sb, std::chrono::milliseconds wai
                wait.count());
 }
 
-void Engine::Impl::pause_locked(Live& sb, const std::string& reason) {
+void Engine::Impl::pause_locked(Sandbox& sb, const std::string& reason) {
   const std::string id = sb.id();
   auto t0 = std::chrono::steady_clock::now();
   sb.transition(State::running, State::pausing, {.reason = reason, .event = "pausing"});
@@ -157,7 +146,7 @@ void Engine::Impl::pause_locked(Live& sb, const std::string& reason) {
 
 SandboxInfo Engine::pause(const std::string& id) {
   auto& impl = *impl_;
-  auto sb = impl.live_sandbox(id);
+  auto sb = impl.table.live(id);
   std::lock_guard op(sb->op_mu);
   State st = sb->state();
   if (st != State::running)
@@ -168,7 +157,7 @@ SandboxInfo Engine::pause(const std::string& id) {
 
 SandboxInfo Engine::resume(const std::string& id) {
   auto& impl = *impl_;
-  auto sb = impl.live_sandbox(id);
+  auto sb = impl.table.live(id);
   std::lock_guard op(sb->op_mu);
   State st = sb->state();
   if (st != State::paused)
@@ -269,12 +258,12 @@ SandboxInfo Engine::resume(const std::string& id) {
   sb->last_ping_ms = 0;
   fs::remove_all(dir, ec);
   impl.metrics.snapshot_op("resume", took / 1000.0);
-  impl.wake.notify_all();
+  impl.reaper_wake.notify_all();
   return sb->info();
 }
 
 void Engine::Impl::adopt_paused(const SandboxRecord& rec) {
-  auto sb = std::make_shared<Live>(rec, registry, journal);
+  auto sb = std::make_shared<Sandbox>(rec, registry, journal);
   sb->expires_steady_ms = steady_ms() + std::max<int64_t>(rec.info.expires_at_ms - wall_ms(), 0);
   try {
     journal.append(rec.info.id, "adopted", {{"state", "paused"}}, Durability::sync);
@@ -282,8 +271,7 @@ void Engine::Impl::adopt_paused(const SandboxRecord& rec) {
     spdlog::error("sandbox {}: audit: {}", rec.info.id, e.what());
   }
   admission.admit(rec.info.id, rec.info.spec.disk_mb);
-  std::lock_guard lock(mu);
-  live[rec.info.id] = sb;
+  table.put(rec.info.id, sb);
   spdlog::info("sandbox {}: re-adopted, paused", rec.info.id);
 }
 

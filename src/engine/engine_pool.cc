@@ -52,7 +52,7 @@ nlohmann::json deny_everything() {
   return {{"mode", "allowlist"}, {"allow", nlohmann::json::array()}};
 }
 
-bool member_alive(Live& sb) {
+bool member_alive(Sandbox& sb) {
   return sb.vm && sb.vm->alive() && sb.channel && !sb.channel->closed();
 }
 
@@ -95,7 +95,7 @@ bool memory_pressure(const std::filesystem::path& meminfo, const std::filesystem
 // and the channel's stream count afterwards is recorded: take_pooled hands
 // out only a member whose channel carried nothing since. Returns false (the
 // member is not made ready) if a command failed.
-bool Engine::Impl::warm_up(Live& sb, const std::vector<std::string>& commands) {
+bool Engine::Impl::warm_up(Sandbox& sb, const std::vector<std::string>& commands) {
   try {
     for (auto& rec : channel::run_warmup(*sb.channel, commands, "pool member " + sb.rec.info.id))
       journal.append(sb.rec.info.id, "pool_warmup", rec);
@@ -153,8 +153,8 @@ std::optional<SandboxInfo> Engine::Impl::take_pooled(const SandboxSpec& checked,
     if (trace) trace->mark(phase);
   };
   const PoolKey key = key_of(checked);
-  std::shared_ptr<Live> sb;
-  std::vector<std::shared_ptr<Live>> dead;
+  std::shared_ptr<Sandbox> sb;
+  std::vector<std::shared_ptr<Sandbox>> dead;
   {
     std::lock_guard lock(pool_mu);
     const int64_t now = steady_ms();
@@ -291,12 +291,9 @@ std::optional<SandboxInfo> Engine::Impl::take_pooled(const SandboxSpec& checked,
     sb->net_events.reset();
     sb->net_events = nethost::attach_events(journal, info.id, sb->run_dir(), sb->net_pid, &metrics);
   }
-  {
-    std::lock_guard lock(mu);
-    live[info.id] = sb;
-  }
+  { table.put(info.id, sb); }
   undo.dismiss();
-  wake.notify_all();  // the reaper's earliest expiry
+  reaper_wake.notify_all();  // the reaper's earliest expiry
   auto out = sb->info();
   mark("live");
   return out;
@@ -315,7 +312,7 @@ void Engine::Impl::pool_loop() {
     more = pool_kicked = false;
     if (pool_stopping) break;
     // Collect what to do under the lock; do it (slow: VMs) outside.
-    std::vector<std::shared_ptr<Live>> drop;
+    std::vector<std::shared_ptr<Sandbox>> drop;
     drop.swap(pool_retired);
     std::optional<PoolKey> fill;  // the shape to make one member of
     bool pressure = false;
@@ -414,7 +411,7 @@ void Engine::Impl::pool_loop() {
 }
 
 void Engine::Impl::drain_pool() {
-  std::vector<std::shared_ptr<Live>> all;
+  std::vector<std::shared_ptr<Sandbox>> all;
   {
     std::lock_guard lock(pool_mu);
     all.swap(pool_retired);
@@ -468,7 +465,7 @@ nlohmann::json Engine::set_pool(const std::string& image, int size, const nlohma
   }
   if (!known) throw Error(Errc::invalid_argument, "unknown image '" + image + "'", "image");
   const PoolKey key{image, spec.cpus, spec.memory_mb, spec.disk_mb, networked};
-  std::deque<std::shared_ptr<Live>> old;
+  std::deque<std::shared_ptr<Sandbox>> old;
   {
     std::lock_guard lock(impl.pool_mu);
     if (size == 0) {

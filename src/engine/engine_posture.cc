@@ -24,7 +24,7 @@ bool maps_template_ram(const std::vector<std::string>& argv) {
 }  // namespace
 
 nlohmann::json Engine::posture(const std::string& id) {
-  auto sb = impl_->running(id);
+  auto sb = impl_->table.running(id);
   pid_t pid = sb->vm ? sb->vm->pid() : -1;
   nlohmann::json p;
   try {

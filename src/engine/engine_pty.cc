@@ -11,7 +11,7 @@ namespace airlock::engine {
 
 namespace {
 
-uint32_t pty_stream(Live& sb, const std::string& id, const std::string& exec_id) {
+uint32_t pty_stream(Sandbox& sb, const std::string& id, const std::string& exec_id) {
   std::lock_guard lock(sb.mu);
   auto it = sb.execs.find(exec_id);
   if (it != sb.execs.end()) return it->second;
@@ -24,7 +24,7 @@ uint32_t pty_stream(Live& sb, const std::string& id, const std::string& exec_id)
 }  // namespace
 
 void Engine::pty_input(const std::string& id, const std::string& exec_id, std::string_view bytes) {
-  auto sb = impl_->running(id);
+  auto sb = impl_->table.running(id);
   ActivityGuard active(*sb);
   uint32_t stream = pty_stream(*sb, id, exec_id);
   if (!sb->channel->send_input(stream, bytes))
@@ -33,7 +33,7 @@ void Engine::pty_input(const std::string& id, const std::string& exec_id, std::s
 
 void Engine::pty_resize(const std::string& id, const std::string& exec_id, int cols, int rows) {
   validate_pty_size(cols, rows);
-  auto sb = impl_->running(id);
+  auto sb = impl_->table.running(id);
   sb->channel->resize(pty_stream(*sb, id, exec_id), cols, rows);
 }
 

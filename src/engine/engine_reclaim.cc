@@ -16,7 +16,7 @@
 
 namespace airlock::engine {
 
-bool Engine::Impl::teardown_async(const std::shared_ptr<Live>& sb, const std::string& reason) {
+bool Engine::Impl::teardown_async(const std::shared_ptr<Sandbox>& sb, const std::string& reason) {
   // Never under a running pause/resume/snapshot (as teardown): wait for it.
   std::unique_lock op(sb->op_mu);
   try {
@@ -77,12 +77,7 @@ bool Engine::Impl::deleted_view(SandboxInfo& info) {
 }
 
 void Engine::Impl::destroy_now(const std::string& id, const std::string& reason) {
-  std::shared_ptr<Live> sb;
-  {
-    std::lock_guard lock(mu);
-    auto it = live.find(id);
-    if (it != live.end()) sb = it->second;
-  }
+  std::shared_ptr<Sandbox> sb = table.find(id);
   if (sb) teardown(*sb, State::deleted, reason, "deleted");
 }
 

@@ -136,7 +136,7 @@ snapshots::Snapshot Engine::Impl::prepare_from(SandboxSpec& checked) {
   }
 }
 
-snapshots::Snapshot Engine::Impl::take_snapshot(Live& sb, const std::string& name, bool memory,
+snapshots::Snapshot Engine::Impl::take_snapshot(Sandbox& sb, const std::string& name, bool memory,
                                                 bool internal,
                                                 std::shared_ptr<vmm::SealedRam>* split_ram) {
   const std::string id = sb.id();
@@ -328,7 +328,7 @@ snapshots::Snapshot Engine::Impl::take_snapshot(Live& sb, const std::string& nam
 nlohmann::json Engine::snapshot(const std::string& id, const std::string& name, bool memory) {
   auto& impl = *impl_;
   snapshots::check_name(name);
-  auto sb = impl.live_sandbox(id);
+  auto sb = impl.table.live(id);
   std::lock_guard op(sb->op_mu);
   auto t0 = std::chrono::steady_clock::now();
   auto s = impl.take_snapshot(*sb, name, memory, false);
@@ -453,7 +453,7 @@ std::vector<SandboxInfo> Engine::fork(const std::string& id, int count) {
     throw Error(Errc::invalid_argument, "count must be 1..16, got " + std::to_string(count),
                 "count");
   auto t0 = std::chrono::steady_clock::now();
-  auto sb = impl.live_sandbox(id);
+  auto sb = impl.table.live(id);
   Phases ph("fork of " + id + " x" + std::to_string(count));
   std::string name = random_id("fork-");
   SandboxSpec spec;

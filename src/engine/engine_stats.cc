@@ -46,12 +46,7 @@ uint64_t rss_bytes(int pid) {
 nlohmann::json Engine::stats(const std::string& id) {
   auto& impl = *impl_;
   SandboxInfo info = get(id);  // Error(not_found)
-  std::shared_ptr<Live> sb;
-  {
-    std::lock_guard lock(impl.mu);
-    auto it = impl.live.find(id);
-    if (it != impl.live.end()) sb = it->second;
-  }
+  std::shared_ptr<Sandbox> sb = impl.table.find(id);
   nlohmann::json j = {
       {"id", id},
       {"state", to_string(info.state)},

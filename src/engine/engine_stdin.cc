@@ -14,7 +14,7 @@ namespace {
 // A background exec: the guest's job holds the pipe (and so survives a
 // daemon restart); it alone knows whether the stdin is open, and refuses a
 // second concurrent writer.
-StdinWrite write_job_stdin(Live& sb, const std::string& exec_id, const ChunkSource& source,
+StdinWrite write_job_stdin(Sandbox& sb, const std::string& exec_id, const ChunkSource& source,
                            bool eof) {
   // The process may not read for a long time; the sandbox's life bounds it.
   int64_t left_ms = std::max<int64_t>(sb.expires_steady_ms.load() - steady_ms(), 1000);
@@ -37,7 +37,7 @@ StdinWrite write_job_stdin(Live& sb, const std::string& exec_id, const ChunkSour
 StdinWrite Engine::write_stdin(const std::string& id, const std::string& exec_id,
                                const ChunkSource& source, bool eof,
                                const std::function<bool()>& cancelled) {
-  auto sb = impl_->running(id);
+  auto sb = impl_->table.running(id);
   ActivityGuard active(*sb);
   std::shared_ptr<StdinPipe> pipe;
   bool running = false;

@@ -14,7 +14,7 @@ SandboxInfo Engine::set_timeout(const std::string& id, int seconds) {
                 "timeout must be between " + std::to_string(limits::kTimeoutS.min) + " and " +
                     std::to_string(limits::kTimeoutS.max) + " seconds",
                 "timeout");
-  auto sb = impl.running(id);  // not_found / conflict unless running
+  auto sb = impl.table.running(id);  // not_found / conflict unless running
   int64_t expires_at = impl.wall_ms() + int64_t{seconds} * 1000;
   SandboxSpec spec;
   {

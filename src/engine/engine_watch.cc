@@ -20,7 +20,7 @@ constexpr auto kWatchStartTimeout = std::chrono::seconds(60);
 WatchEnd Engine::watch_files(const std::string& id, const std::string& path, bool recursive,
                              const WatchCallbacks& callbacks) {
   auto& impl = *impl_;
-  auto sb = impl.running(id);
+  auto sb = impl.table.running(id);
   validate_guest_path(path);
   // Only the start counts as activity: a watch alone does not keep an idle
   // sandbox alive (idle_timeout is about work done in it).

@@ -17,7 +17,7 @@
 #include "common/subprocess.h"
 #include "engine/engine.h"
 #include "engine/recipes/install.h"
-#include "engine/sandbox.h"
+#include "engine/sandbox/sandbox.h"
 #include "engine/storage/digest.h"
 #include "engine/storage/image_name.h"
 

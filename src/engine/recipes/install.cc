@@ -10,7 +10,7 @@
 #include "engine/confine/confine.h"
 #include "engine/engine.h"
 #include "engine/recipes/builder.h"
-#include "engine/sandbox.h"
+#include "engine/sandbox/sandbox.h"
 #include "engine/storage/disk_chain.h"
 
 namespace airlock::recipes {

@@ -178,7 +178,4 @@ class Sandbox {
   nlohmann::json network_;
 };
 
-// Old name, for code written against the previous struct.
-using Live = Sandbox;
-
 }  // namespace airlock::engine

@@ -1,4 +1,4 @@
-#include "engine/sandbox.h"
+#include "engine/sandbox/sandbox.h"
 
 #include <spdlog/spdlog.h>
 
