@@ -142,6 +142,7 @@ type sandboxSpec struct {
 	Timeout  int               `json:"timeout"`
 	Metadata map[string]string `json:"metadata,omitempty"`
 	Network  *networkPolicy    `json:"network,omitempty"`
+	Ports    []int             `json:"-"` // guest TCP ports the pod's network namespace forwards (ports.go)
 }
 
 type networkPolicy struct {
@@ -352,4 +353,20 @@ func (a *airlock) runSync(ctx context.Context, sid string, argv []string) error 
 			return nil
 		}
 	}
+}
+
+type portForward struct {
+	Host     string `json:"host"`
+	HostPort int    `json:"host_port"`
+}
+
+// forwardPort has airlockd forward a free loopback port of its host to the guest's TCP port.
+func (a *airlock) forwardPort(ctx context.Context, sid string, guestPort int) (*portForward, error) {
+	var pf portForward
+	err := a.call(ctx, "POST", "/v1/sandboxes/"+url.PathEscape(sid)+"/ports", map[string]int{"guest_port": guestPort},
+		&pf)
+	if err != nil {
+		return nil, err
+	}
+	return &pf, nil
 }

@@ -45,7 +45,8 @@ type container struct {
 	init    *process
 	execs   map[string]*process
 
-	guestDir string // an app container of a pod: its copy in the pod's VM ("": the sandbox is its own)
+	guestDir string   // an app container of a pod: its copy in the pod's VM ("": the sandbox is its own)
+	ports    forwards // airlock.dev/ports: the pod IP's ports relayed to the guest
 	initMu   sync.Mutex
 	initUp   bool // a pod's sandbox container: airlock-ctr-init is in its VM
 }
@@ -281,10 +282,15 @@ func (s *service) createVM(ctx context.Context, r *taskAPI.CreateTaskRequest, sp
 	if err := writeRecord(r.Bundle, record{Sandbox: sb.ID, Socket: cfg.Socket}); err != nil {
 		return nil, err
 	}
+	c := &container{id: r.ID, bundle: r.Bundle, sandbox: sb.ID, client: client, execs: map[string]*process{},
+		init: newProcess("", spec.Process, r.Stdin, r.Stdout, r.Stderr, r.Terminal)}
+	if err := c.ports.start(ctx, client, sb.ID, netnsPath(spec), shape.Ports); err != nil {
+		c.ports.close()
+		return nil, err
+	}
 	log.G(ctx).Infof("container %s runs in airlock sandbox %s (image %s: %d ms, sandbox %d ms)", r.ID, sb.ID,
 		img.Name, t1.Sub(t0).Milliseconds(), time.Since(t1).Milliseconds())
-	return &container{id: r.ID, bundle: r.Bundle, sandbox: sb.ID, client: client, execs: map[string]*process{},
-		init: newProcess("", spec.Process, r.Stdin, r.Stdout, r.Stderr, r.Terminal)}, nil
+	return c, nil
 }
 
 // shapeOf reads cpus and memory from the spec's resources, then the
@@ -321,6 +327,21 @@ func shapeOf(spec *specs.Spec) (*sandboxSpec, error) {
 				mode)
 		}
 		sh.Network = &networkPolicy{Mode: mode}
+	}
+	if v, ok := spec.Annotations[annotationPorts]; ok {
+		ports, err := parsePorts(v)
+		if err != nil {
+			return nil, err
+		}
+		if sh.Network != nil && sh.Network.Mode == "none" {
+			return nil, errdefs.ToGRPCf(errdefs.ErrInvalidArgument,
+				"annotation %s needs a network: airlock.dev/network none gives the VM no interface", annotationPorts)
+		}
+		if sh.Network == nil {
+			// An interface for the inbound forwards, no egress.
+			sh.Network = &networkPolicy{Mode: "allowlist"}
+		}
+		sh.Ports = ports
 	}
 	return sh, nil
 }
@@ -400,6 +421,7 @@ func (s *service) Delete(ctx context.Context, r *taskAPI.DeleteRequest) (*taskAP
 // destroy deletes the sandbox (waiting until its VM is gone), or an app
 // container's copy in its pod's VM, and unmounts the rootfs.
 func (c *container) destroy(ctx context.Context) error {
+	c.ports.close()
 	var err error
 	if c.guestDir != "" {
 		err = c.removeFromPod(ctx)

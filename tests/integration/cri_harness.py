@@ -18,8 +18,10 @@ K8S_NS = "k8s.io"
 PAUSE_IMG = "localhost/airlock-test/pause:1"
 APP_IMG = "localhost/airlock-test/app:1"
 BUSYBOX = "/bin/busybox"
-APPLETS = ["sh", "echo", "uname", "sleep", "cat", "ls", "true", "id", "seq"]
+APPLETS = ["sh", "echo", "uname", "sleep", "cat", "ls", "true", "id", "seq", "httpd"]
+POD_SUBNET = "10.244.7.0/24"  # the CNI bridge's, inside the test's own network namespace
 SHIM_SOCKETS = "/run/containerd/s"  # containerd 1.6 puts every shim's socket here
+NETNS = "/run/netns"  # where containerd's CRI pins a pod's network namespace
 
 
 def have_containerd():
@@ -59,9 +61,20 @@ class Containerd:
     """containerd --config <dir>/config.toml, CRI on; stop() ends it and
     whatever it started."""
 
-    def __init__(self, d, airlock_socket, runtime_config=None):
+    def __init__(self, d, airlock_socket, runtime_config=None, netns=None):
+        """netns: the name of a network namespace (`ip netns add`) containerd
+        runs in (its mount namespace stays the host's); pods of network POD
+        then get an IP of POD_SUBNET on a CNI bridge inside it."""
         self.dir = d
         os.makedirs(os.path.join(d, "cni"), exist_ok=True)
+        prefix = []
+        if netns:
+            prefix = ["nsenter", f"--net=/run/netns/{netns}"]
+            with open(os.path.join(d, "cni", "10-bridge.conflist"), "w") as f:
+                json.dump({"cniVersion": "0.4.0", "name": "airlock-test", "plugins": [
+                    {"type": "bridge", "bridge": "altest0", "isGateway": True, "ipMasq": False,
+                     "ipam": {"type": "host-local", "ranges": [[{"subnet": POD_SUBNET}]],
+                              "dataDir": os.path.join(d, "cni-ipam")}}]}, f)
         self.sock = os.path.join(d, "containerd.sock")
         self.cfg = os.path.join(d, "config.toml")
         options = ""
@@ -95,11 +108,11 @@ state = "{d}/state"
     pod_annotations = ["airlock.dev/*"]
     container_annotations = ["airlock.dev/*"]
 {options}""")
-        self.sockets_before = entries(SHIM_SOCKETS)
+        self.sockets_before, self.netns_before = entries(SHIM_SOCKETS), entries(NETNS)
         env = dict(os.environ, PATH=harness.BIN + ":" + os.environ.get("PATH", "/usr/bin:/bin"),
                    AIRLOCK_SOCKET=airlock_socket)
         self.log = open(os.path.join(d, "containerd.log"), "wb")
-        self.proc = subprocess.Popen(["containerd", "--config", self.cfg], env=env, stdout=self.log,
+        self.proc = subprocess.Popen(prefix + ["containerd", "--config", self.cfg], env=env, stdout=self.log,
                                      stderr=subprocess.STDOUT)
         deadline = time.time() + 30
         while time.time() < deadline:
@@ -146,6 +159,10 @@ state = "{d}/state"
     def new_shim_sockets(self):
         return entries(SHIM_SOCKETS) - self.sockets_before
 
+    def new_netns(self):
+        """Pod network namespaces (cni-...) made since containerd started and still pinned."""
+        return {n for n in entries(NETNS) - self.netns_before if n.startswith("cni-")}
+
     def stop(self):
         if self.proc is None:
             return
@@ -169,4 +186,6 @@ state = "{d}/state"
                 pass
         for m in sorted(self.mounts(), reverse=True):
             subprocess.run(["umount", "-l", m], capture_output=True)
+        for n in self.new_netns():
+            subprocess.run(["ip", "netns", "del", n], capture_output=True)
         self.proc = None

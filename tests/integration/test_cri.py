@@ -7,9 +7,12 @@ one shim per pod) and handler `runc` (the honest baseline). The CRI client
 is cri_client.py (the CRI v1 subset in cri/runtime_v1.proto); images are
 OCI tars built here and imported with `ctr -n k8s.io image import`."""
 
+import ipaddress
 import os
 import re
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 import unittest
@@ -22,6 +25,8 @@ SHIM = "containerd-shim-airlock-v2"
 SKIP = None
 if not cri_harness.have_containerd():
     SKIP = "containerd, ctr and runc are not installed (scripts/setup.sh installs them)"
+elif not harness.netns_available():
+    SKIP = "network namespaces are not available (root and `ip netns`)"
 elif not os.path.exists(os.path.join(harness.BIN, SHIM)):
     SKIP = f"{SHIM} was not built (no Go toolchain at configure time)"
 else:
@@ -63,7 +68,7 @@ class CriSequence:
             harness.IMAGE_DIR = shared
         cls.ctd = None
         try:
-            cls.ctd = cri_harness.Containerd(os.path.join(cls.tmp, "ctd"), cls.sock)
+            cls.ctd = cri_harness.Containerd(os.path.join(cls.tmp, "ctd"), cls.sock, netns=cls.NS)
             for name, marker, cmd in ((cri_harness.PAUSE_IMG, "pod-marker", ["sleep", "2147483647"]),
                                       (cri_harness.APP_IMG, "app-marker", ["sh"])):
                 tar = os.path.join(cls.tmp, marker + ".tar")
@@ -87,15 +92,17 @@ class CriSequence:
             super().tearDownClass()
             shutil.rmtree(cls.images_tmp, ignore_errors=True)
 
-    def pod_config(self, name, annotations=None):
+    def pod_config(self, name, annotations=None, network=None):
+        """A pod on the node's network (NODE) unless network is POD (the CNI bridge)."""
         logs = os.path.join(self.tmp, "pods", name)
         os.makedirs(logs, exist_ok=True)
         pb = self.pb
+        network = pb.NODE if network is None else network
         return pb.PodSandboxConfig(
             metadata=pb.PodSandboxMetadata(name=name, uid="uid-" + name, namespace="default"),
             log_directory=logs, annotations=annotations or {},
             linux=pb.LinuxPodSandboxConfig(security_context=pb.LinuxSandboxSecurityContext(
-                namespace_options=pb.NamespaceOption(network=pb.NODE, pid=pb.CONTAINER, ipc=pb.POD))))
+                namespace_options=pb.NamespaceOption(network=network, pid=pb.CONTAINER, ipc=pb.POD))))
 
     def container_config(self, name, image=cri_harness.APP_IMG, command=APP_CMD):
         pb = self.pb
@@ -130,6 +137,7 @@ class CriSequence:
         self.assertEqual(self.ctd.shims(), [], "a shim process is left")
         self.assertEqual(self.ctd.mounts(), [], "a mount is left")
         self.assertEqual(self.ctd.new_shim_sockets(), set(), "a shim socket is left")
+        self.assertEqual(self.ctd.new_netns(), set(), "a pod network namespace is left")
         self.assertEqual(list(self.cri.call("ListPodSandbox").items), [])
         self.assertEqual(self.ctd.ctr("container", "ls", "-q").stdout.split(), [])
 
@@ -215,10 +223,43 @@ class CriSequence:
         self.cri.call("RemovePodSandbox", pod_sandbox_id=pod)
         self.assertAllGone()
 
+    def fetch(self, url):
+        """The body of url fetched from inside the test's network namespace ("" on failure)."""
+        get = "import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1], timeout=5).read().decode())"
+        r = subprocess.run(["ip", "netns", "exec", self.NS, sys.executable, "-c", get, url], capture_output=True,
+                           text=True, timeout=30)
+        return r.stdout if r.returncode == 0 else ""
+
+    def test_the_pod_ip_reaches_a_port_in_the_container(self):
+        """A pod on a CNI bridge: an HTTP server in its app container answers on
+        the pod IP (under airlock: the shim's listener in the pod's network
+        namespace relays to airlockd's forward into the guest)."""
+        pb = self.pb
+        config = self.pod_config("web", annotations={"airlock.dev/ports": "8080"}, network=pb.POD)
+        pod = self.cri.call("RunPodSandbox", config=config, runtime_handler=self.HANDLER).pod_sandbox_id
+        ip = self.cri.call("PodSandboxStatus", pod_sandbox_id=pod).status.network.ip
+        self.assertTrue(ipaddress.ip_address(ip) in ipaddress.ip_network(cri_harness.POD_SUBNET), ip)
+        cid = self.cri.call("CreateContainer", pod_sandbox_id=pod, sandbox_config=config,
+                            config=self.container_config("web", command=["httpd", "-f", "-p", "8080", "-h", "/"])
+                            ).container_id
+        self.cri.call("StartContainer", container_id=cid)
+        body = self.wait_for("the server to answer on the pod IP",
+                             lambda: self.fetch(f"http://{ip}:8080/app-marker"), timeout=30)
+        self.assertEqual(body, "app-marker\n")
+        if self.HANDLER == "airlock":
+            self.assertEqual(len(self.vms()), 1, self.vms())
+        self.cri.call("StopContainer", container_id=cid, timeout=0)
+        self.cri.call("RemoveContainer", container_id=cid)
+        self.cri.call("StopPodSandbox", pod_sandbox_id=pod)
+        self.cri.call("RemovePodSandbox", pod_sandbox_id=pod)
+        self.assertEqual(self.fetch(f"http://{ip}:8080/app-marker"), "")
+        self.assertAllGone()
+
     def test_bad_pod_annotations_are_refused_and_leave_nothing(self):
         """airlock.dev/ annotations out of range: RunPodSandbox fails naming the
         key (runc ignores them: the pod runs)."""
-        for key, value in (("airlock.dev/memory_mb", "8"), ("airlock.dev/cpus", "many")):
+        for key, value in (("airlock.dev/memory_mb", "8"), ("airlock.dev/cpus", "many"),
+                           ("airlock.dev/ports", "70000")):
             config = self.pod_config("bad", annotations={key: value})
             if self.HANDLER == "runc":
                 pod = self.cri.call("RunPodSandbox", config=config, runtime_handler=self.HANDLER).pod_sandbox_id
@@ -233,12 +274,12 @@ class CriSequence:
 
 
 @unittest.skipIf(SKIP, SKIP)
-class CriAirlockTest(CriSequence, harness.DaemonTestCase):
+class CriAirlockTest(CriSequence, harness.NetnsDaemonTestCase):
     HANDLER = "airlock"
 
 
 @unittest.skipIf(SKIP, SKIP)
-class CriRuncTest(CriSequence, harness.DaemonTestCase):
+class CriRuncTest(CriSequence, harness.NetnsDaemonTestCase):
     HANDLER = "runc"
 
 
