@@ -4,6 +4,7 @@ the caller owns, and the tiny OCI images the CRI tests and bench/cri_start.py
 import into its k8s.io namespace. No network: pods use the node's network
 namespace (no CNI), images come from tars built here."""
 
+import hashlib
 import json
 import os
 import shutil
@@ -48,6 +49,13 @@ def busybox_image(name, marker, cmd):
     index["manifests"][0]["platform"] = {"architecture": "amd64", "os": "linux"}
     files["index.json"] = json.dumps(index).encode()
     return oci_build.pack(files)
+
+
+def shim_socket_name(address, namespace, shim_id):
+    """The name of a shim's socket in SHIM_SOCKETS (containerd 1.6's
+    shim.SocketAddress: sha256 of containerd's address, namespace and the
+    shim's id, which is its pod's for a pod's containers)."""
+    return hashlib.sha256(os.path.join(address, namespace, shim_id).encode()).hexdigest()
 
 
 def entries(d):
@@ -103,12 +111,14 @@ state = "{d}/state"
     default_runtime_name = "runc"
   [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
     runtime_type = "io.containerd.runc.v2"
+  [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+    Root = "{d}/runc"
   [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.airlock]
     runtime_type = "io.containerd.airlock.v2"
     pod_annotations = ["airlock.dev/*"]
     container_annotations = ["airlock.dev/*"]
 {options}""")
-        self.sockets_before, self.netns_before = entries(SHIM_SOCKETS), entries(NETNS)
+        self.netns_before = entries(NETNS)
         env = dict(os.environ, PATH=harness.BIN + ":" + os.environ.get("PATH", "/usr/bin:/bin"),
                    AIRLOCK_SOCKET=airlock_socket)
         self.log = open(os.path.join(d, "containerd.log"), "wb")
@@ -156,8 +166,10 @@ state = "{d}/state"
         with open("/proc/self/mountinfo") as f:
             return [l.split()[4] for l in f if l.split()[4].startswith(self.dir)]
 
-    def new_shim_sockets(self):
-        return entries(SHIM_SOCKETS) - self.sockets_before
+    def shim_sockets_of(self, ids):
+        """Shim sockets left of these pod and container ids (other
+        containerds' shims, e.g. a suite running alongside, are not counted)."""
+        return {n for n in entries(SHIM_SOCKETS) if n in {shim_socket_name(self.sock, K8S_NS, i) for i in ids}}
 
     def new_netns(self):
         """Pod network namespaces (cni-...) made since containerd started and still pinned."""

@@ -121,6 +121,20 @@ class CriSequence:
             time.sleep(0.2)
         self.fail(f"timed out waiting for {what}\n" + self.ctd.tail())
 
+    def setUp(self):
+        self.ids = []  # pods and containers made: their shims' sockets must go
+
+    def run_pod(self, config):
+        pod = self.cri.call("RunPodSandbox", config=config, runtime_handler=self.HANDLER).pod_sandbox_id
+        self.ids.append(pod)
+        return pod
+
+    def create(self, pod, config, sandbox_config):
+        cid = self.cri.call("CreateContainer", pod_sandbox_id=pod, config=config,
+                            sandbox_config=sandbox_config).container_id
+        self.ids.append(cid)
+        return cid
+
     def vms(self):
         return harness.qemu_pids_for(self.data_dir)
 
@@ -136,7 +150,7 @@ class CriSequence:
         self.assertEqual(self.vms(), [])
         self.assertEqual(self.ctd.shims(), [], "a shim process is left")
         self.assertEqual(self.ctd.mounts(), [], "a mount is left")
-        self.assertEqual(self.ctd.new_shim_sockets(), set(), "a shim socket is left")
+        self.assertEqual(self.ctd.shim_sockets_of(self.ids), set(), "a shim socket is left")
         self.assertEqual(self.ctd.new_netns(), set(), "a pod network namespace is left")
         self.assertEqual(list(self.cri.call("ListPodSandbox").items), [])
         self.assertEqual(self.ctd.ctr("container", "ls", "-q").stdout.split(), [])
@@ -147,14 +161,13 @@ class CriSequence:
         self.assertEqual((v.runtime_name, v.runtime_api_version), ("containerd", "v1"))
 
         config = self.pod_config("pod1")
-        pod = self.cri.call("RunPodSandbox", config=config, runtime_handler=self.HANDLER).pod_sandbox_id
+        pod = self.run_pod(config)
         st = self.cri.call("PodSandboxStatus", pod_sandbox_id=pod).status
         self.assertEqual((st.state, st.runtime_handler), (pb.SANDBOX_READY, self.HANDLER))
         listed = self.cri.call("ListPodSandbox", filter=pb.PodSandboxFilter(id=pod)).items
         self.assertEqual([p.id for p in listed], [pod])
 
-        cid = self.cri.call("CreateContainer", pod_sandbox_id=pod, config=self.container_config("app"),
-                            sandbox_config=config).container_id
+        cid = self.create(pod, self.container_config("app"), config)
         self.cri.call("StartContainer", container_id=cid)
         self.assertEqual(self.cri.call("ContainerStatus", container_id=cid).status.state, pb.CONTAINER_RUNNING)
         if self.HANDLER == "airlock":
@@ -162,6 +175,9 @@ class CriSequence:
             self.assertEqual(len(self.vms()), 1, self.vms())
             self.assertEqual(len(self.api.call("GET", "/v1/sandboxes")), 1)
         self.assertEqual(len(self.ctd.shims()), 1, self.ctd.shims())
+        # The pod's one shim socket, named after the pod (the app container's shares it).
+        self.assertEqual(len(self.ctd.shim_sockets_of([pod])), 1)
+        self.assertEqual(self.ctd.shim_sockets_of([cid]), set())
 
         r = self.cri.call("ExecSync", container_id=cid, timeout=60,
                           cmd=["sh", "-c", 'echo "exec $GREETING"; echo exec-err >&2; cat /app-marker; exit 7'])
@@ -179,7 +195,7 @@ class CriSequence:
         # A second app container of the pod, on a terminal, in the same VM.
         term = self.container_config("term", command=["sh", "-c", "tty; echo term-ok; exec sleep 600"])
         term.tty = True
-        tid = self.cri.call("CreateContainer", pod_sandbox_id=pod, config=term, sandbox_config=config).container_id
+        tid = self.create(pod, term, config)
         self.cri.call("StartContainer", container_id=tid)
         tlog = os.path.join(config.log_directory, "term", "0.log")
         self.wait_for("the terminal container's output", lambda: "term-ok" in read(tlog), timeout=30)
@@ -236,12 +252,10 @@ class CriSequence:
         namespace relays to airlockd's forward into the guest)."""
         pb = self.pb
         config = self.pod_config("web", annotations={"airlock.dev/ports": "8080"}, network=pb.POD)
-        pod = self.cri.call("RunPodSandbox", config=config, runtime_handler=self.HANDLER).pod_sandbox_id
+        pod = self.run_pod(config)
         ip = self.cri.call("PodSandboxStatus", pod_sandbox_id=pod).status.network.ip
         self.assertTrue(ipaddress.ip_address(ip) in ipaddress.ip_network(cri_harness.POD_SUBNET), ip)
-        cid = self.cri.call("CreateContainer", pod_sandbox_id=pod, sandbox_config=config,
-                            config=self.container_config("web", command=["httpd", "-f", "-p", "8080", "-h", "/"])
-                            ).container_id
+        cid = self.create(pod, self.container_config("web", command=["httpd", "-f", "-p", "8080", "-h", "/"]), config)
         self.cri.call("StartContainer", container_id=cid)
         body = self.wait_for("the server to answer on the pod IP",
                              lambda: self.fetch(f"http://{ip}:8080/app-marker"), timeout=30)
@@ -262,7 +276,7 @@ class CriSequence:
                            ("airlock.dev/ports", "70000")):
             config = self.pod_config("bad", annotations={key: value})
             if self.HANDLER == "runc":
-                pod = self.cri.call("RunPodSandbox", config=config, runtime_handler=self.HANDLER).pod_sandbox_id
+                pod = self.run_pod(config)
                 self.cri.call("StopPodSandbox", pod_sandbox_id=pod)
                 self.cri.call("RemovePodSandbox", pod_sandbox_id=pod)
                 continue
