@@ -19,10 +19,13 @@ PACKAGES="
   runsc
   containerd runc containernetworking-plugins
   golang-go golang-github-containerd-containerd-dev golang-github-containerd-ttrpc-dev
+  python3-grpcio python3-protobuf protobuf-compiler
 "
 # containerd ... ttrpc-dev: the containerd shim (shim/, Go in GOPATH mode on
 # Debian's Go sources, built offline) and tests/integration/test_containerd.py
 # (a private containerd, runc as the honest baseline, CNI plugins for pods).
+# python3-grpcio ... protobuf-compiler: test_cri.py's CRI v1 client (the
+# subset in tests/integration/cri/runtime_v1.proto, compiled at test time).
 # runsc: gVisor, the peer bench/start.py measures against in the same run.
 # libext2fs-dev: airlock diff reads the guest's ext4 disk layers on the host.
 # libtomlplusplus-dev: parses image recipes (airlock.toml, src/engine/recipes).

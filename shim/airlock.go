@@ -84,9 +84,18 @@ func readError(method, path string, resp *http.Response) error {
 
 // do sends one request; a non-2xx answer is returned as an error (body read).
 func (a *airlock) do(ctx context.Context, method, path string, body io.Reader, ctype string) (*http.Response, error) {
+	return a.doSized(ctx, method, path, body, -1, ctype)
+}
+
+// doSized is do with the body's length given (-1: the reader's own, if known).
+func (a *airlock) doSized(ctx context.Context, method, path string, body io.Reader, size int64,
+	ctype string) (*http.Response, error) {
 	req, err := http.NewRequestWithContext(ctx, method, "http://airlockd"+path, body)
 	if err != nil {
 		return nil, err
+	}
+	if size >= 0 {
+		req.ContentLength = size
 	}
 	if ctype != "" {
 		req.Header.Set("Content-Type", ctype)
@@ -133,6 +142,7 @@ type sandboxSpec struct {
 	Timeout  int               `json:"timeout"`
 	Metadata map[string]string `json:"metadata,omitempty"`
 	Network  *networkPolicy    `json:"network,omitempty"`
+	Ports    []int             `json:"-"` // guest TCP ports the pod's network namespace forwards (ports.go)
 }
 
 type networkPolicy struct {
@@ -296,4 +306,67 @@ func (a *airlock) pty(ctx context.Context, sid string, start *ptyStart) (*websoc
 		return nil, err
 	}
 	return ws, nil
+}
+
+// mkdir makes a guest directory and its parents.
+func (a *airlock) mkdir(ctx context.Context, sid, path string) error {
+	return a.call(ctx, "POST", "/v1/sandboxes/"+url.PathEscape(sid)+"/files/mkdir",
+		map[string]interface{}{"path": path, "parents": true}, nil)
+}
+
+// putFile writes size bytes of body to a guest file of the given octal mode.
+func (a *airlock) putFile(ctx context.Context, sid, path string, body io.Reader, size int64, mode string) error {
+	resp, err := a.doSized(ctx, "PUT", "/v1/sandboxes/"+url.PathEscape(sid)+"/files?path="+url.QueryEscape(path)+
+		"&mode="+mode, body, size, "application/octet-stream")
+	if err != nil {
+		return err
+	}
+	resp.Body.Close()
+	return nil
+}
+
+// runSync runs argv as root in the sandbox and waits; a failure (exit
+// status not 0) is an error carrying its stderr.
+func (a *airlock) runSync(ctx context.Context, sid string, argv []string) error {
+	root := uint32(0)
+	stream, err := a.exec(ctx, sid, &execRequest{Argv: argv, User: &root, Timeout: 600, OutputLimit: 64 << 10})
+	if err != nil {
+		return err
+	}
+	defer stream.close()
+	var stderr []byte
+	for {
+		ev, err := stream.next()
+		if err != nil {
+			return fmt.Errorf("%s in sandbox %s: %v", argv[0], sid, err)
+		}
+		switch ev.Type {
+		case "stderr", "stdout":
+			stderr = append(stderr, ev.Data...)
+		case "error":
+			return streamError(ev.Error)
+		case "exit":
+			if st := ev.exitStatus(); st != 0 {
+				return fmt.Errorf("%s in sandbox %s: exit status %d: %s: %w", strings.Join(argv, " "), sid, st,
+					strings.TrimSpace(string(stderr)), errdefs.ErrUnknown)
+			}
+			return nil
+		}
+	}
+}
+
+type portForward struct {
+	Host     string `json:"host"`
+	HostPort int    `json:"host_port"`
+}
+
+// forwardPort has airlockd forward a free loopback port of its host to the guest's TCP port.
+func (a *airlock) forwardPort(ctx context.Context, sid string, guestPort int) (*portForward, error) {
+	var pf portForward
+	err := a.call(ctx, "POST", "/v1/sandboxes/"+url.PathEscape(sid)+"/ports", map[string]int{"guest_port": guestPort},
+		&pf)
+	if err != nil {
+		return nil, err
+	}
+	return &pf, nil
 }

@@ -5,6 +5,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"os"
@@ -52,7 +53,8 @@ func (s *airlockShim) StartShim(ctx context.Context, opts shim.StartOpts) (_ str
 	if err != nil {
 		return "", err
 	}
-	address, err := shim.SocketAddress(ctx, opts.Address, opts.ID)
+	// A pod's containers share the shim of its sandbox container (and its VM).
+	address, err := shim.SocketAddress(ctx, opts.Address, shimGroup(opts.ID, bundleAnnotations()))
 	if err != nil {
 		return "", err
 	}
@@ -118,15 +120,15 @@ func (s *airlockShim) Cleanup(ctx context.Context) (*taskAPI.DeleteResponse, err
 	if err != nil {
 		return nil, err
 	}
-	if rec, err := readRecord(bundle); err == nil {
+	if rec, err := readRecord(bundle); err == nil && rec.Sandbox != "" {
 		err := newAirlock(rec.Socket).call(ctx, "DELETE", "/v1/sandboxes/"+rec.Sandbox+"?wait=true", nil, nil)
 		if err != nil {
 			log.G(ctx).WithError(err).Warn("delete of the container's sandbox")
 		}
-		os.Remove(filepath.Join(bundle, recordFile))
-	} else if !os.IsNotExist(err) {
+	} else if err != nil && !os.IsNotExist(err) {
 		log.G(ctx).WithError(err).Warn("reading the container's record")
 	}
+	os.Remove(filepath.Join(bundle, recordFile))
 	if err := mount.UnmountAll(filepath.Join(bundle, "rootfs"), 0); err != nil {
 		log.G(ctx).WithError(err).Warn("unmount of the rootfs")
 	}
@@ -135,4 +137,20 @@ func (s *airlockShim) Cleanup(ctx context.Context) (*taskAPI.DeleteResponse, err
 		shim.RemoveSocket(address)
 	}
 	return &taskAPI.DeleteResponse{ExitedAt: time.Now(), ExitStatus: 128 + uint32(syscall.SIGKILL)}, nil
+}
+
+// bundleAnnotations are the OCI spec's annotations of the bundle `start`
+// runs in (its working directory); none if it cannot be read.
+func bundleAnnotations() map[string]string {
+	data, err := os.ReadFile("config.json")
+	if err != nil {
+		return nil
+	}
+	var spec struct {
+		Annotations map[string]string `json:"annotations"`
+	}
+	if json.Unmarshal(data, &spec) != nil {
+		return nil
+	}
+	return spec.Annotations
 }

@@ -1,7 +1,8 @@
 package main
 
-// The containerd.task.v2.Task service of the shim: one container per shim,
-// one airlock sandbox (microVM) per container, its processes airlock execs.
+// The containerd.task.v2.Task service of the shim: a container of its own,
+// or a pod's containers (one shim per pod), in one airlock sandbox (microVM)
+// each; the processes are airlock execs.
 
 import (
 	"context"
@@ -43,6 +44,11 @@ type container struct {
 	rootfs  string // mounted by Create, unmounted by Delete
 	init    *process
 	execs   map[string]*process
+
+	guestDir string   // an app container of a pod: its copy in the pod's VM ("": the sandbox is its own)
+	ports    forwards // airlock.dev/ports: the pod IP's ports relayed to the guest
+	initMu   sync.Mutex
+	initUp   bool // a pod's sandbox container: airlock-ctr-init is in its VM
 }
 
 type service struct {
@@ -159,8 +165,10 @@ func readSpec(bundle string) (*specs.Spec, error) {
 	return &spec, nil
 }
 
-// Create mounts the rootfs, imports it as an airlock image (once per
-// content) and boots the container's sandbox; the process runs at Start.
+// Create mounts the rootfs and, for a container of its own or a pod's
+// sandbox container, imports it as an airlock image (once per content)
+// and boots the container's sandbox; an app container of a pod gets a copy
+// of its rootfs in the pod's VM instead (createInPod). The process runs at Start.
 func (s *service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *taskAPI.CreateTaskResponse, retErr error) {
 	s.mu.Lock()
 	if _, ok := s.containers[r.ID]; ok {
@@ -187,28 +195,66 @@ func (s *service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *
 	if err != nil {
 		return nil, err
 	}
-	shape, err := shapeOf(spec)
+	kind, podID := podRole(spec.Annotations)
+	var shape *sandboxSpec
+	if kind != containerTypeContainer {
+		if shape, err = shapeOf(spec); err != nil {
+			return nil, err
+		}
+	}
+	rootfs, unmount, err := mountRootfs(r)
 	if err != nil {
 		return nil, err
 	}
-	rootfs := filepath.Join(r.Bundle, "rootfs")
-	if len(r.Rootfs) > 0 {
-		var mounts []mount.Mount
-		for _, m := range r.Rootfs {
-			mounts = append(mounts, mount.Mount{Type: m.Type, Source: m.Source, Options: m.Options})
+	defer func() {
+		if retErr != nil {
+			unmount()
 		}
-		if err := os.MkdirAll(rootfs, 0o711); err != nil {
-			return nil, err
-		}
-		if err := mount.All(mounts, rootfs); err != nil {
-			return nil, errdefs.ToGRPCf(errdefs.ErrUnknown, "mounting rootfs: %v", err)
-		}
-		defer func() {
-			if retErr != nil {
-				mount.UnmountAll(rootfs, 0)
-			}
-		}()
+	}()
+	var c *container
+	if kind == containerTypeContainer {
+		c, err = s.createInPod(ctx, r, spec, cfg, podID, rootfs)
+	} else {
+		c, err = s.createVM(ctx, r, spec, cfg, shape, rootfs)
 	}
+	if err != nil {
+		return nil, err
+	}
+	if len(r.Rootfs) > 0 {
+		c.rootfs = rootfs
+	}
+	s.mu.Lock()
+	s.containers[r.ID] = c
+	s.mu.Unlock()
+	s.send(&eventstypes.TaskCreate{ContainerID: r.ID, Bundle: r.Bundle, Rootfs: r.Rootfs,
+		IO:         &eventstypes.TaskIO{Stdin: r.Stdin, Stdout: r.Stdout, Stderr: r.Stderr, Terminal: r.Terminal},
+		Checkpoint: r.Checkpoint})
+	return &taskAPI.CreateTaskResponse{}, nil
+}
+
+// mountRootfs mounts the request's rootfs on the bundle's rootfs dir (none
+// given: the bundle's rootfs is used as it is); unmount undoes it.
+func mountRootfs(r *taskAPI.CreateTaskRequest) (string, func(), error) {
+	rootfs := filepath.Join(r.Bundle, "rootfs")
+	if len(r.Rootfs) == 0 {
+		return rootfs, func() {}, nil
+	}
+	var mounts []mount.Mount
+	for _, m := range r.Rootfs {
+		mounts = append(mounts, mount.Mount{Type: m.Type, Source: m.Source, Options: m.Options})
+	}
+	if err := os.MkdirAll(rootfs, 0o711); err != nil {
+		return "", nil, err
+	}
+	if err := mount.All(mounts, rootfs); err != nil {
+		return "", nil, errdefs.ToGRPCf(errdefs.ErrUnknown, "mounting rootfs: %v", err)
+	}
+	return rootfs, func() { mount.UnmountAll(rootfs, 0) }, nil
+}
+
+// createVM boots the container's own sandbox from its rootfs.
+func (s *service) createVM(ctx context.Context, r *taskAPI.CreateTaskRequest, spec *specs.Spec, cfg *config,
+	shape *sandboxSpec, rootfs string) (_ *container, retErr error) {
 	client := newAirlock(cfg.Socket)
 	t0 := time.Now()
 	img, err := client.ensureImage(ctx, rootfs)
@@ -238,18 +284,13 @@ func (s *service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *
 	}
 	c := &container{id: r.ID, bundle: r.Bundle, sandbox: sb.ID, client: client, execs: map[string]*process{},
 		init: newProcess("", spec.Process, r.Stdin, r.Stdout, r.Stderr, r.Terminal)}
-	if len(r.Rootfs) > 0 {
-		c.rootfs = rootfs
+	if err := c.ports.start(ctx, client, sb.ID, netnsPath(spec), shape.Ports); err != nil {
+		c.ports.close()
+		return nil, err
 	}
-	s.mu.Lock()
-	s.containers[r.ID] = c
-	s.mu.Unlock()
-	s.send(&eventstypes.TaskCreate{ContainerID: r.ID, Bundle: r.Bundle, Rootfs: r.Rootfs,
-		IO:         &eventstypes.TaskIO{Stdin: r.Stdin, Stdout: r.Stdout, Stderr: r.Stderr, Terminal: r.Terminal},
-		Checkpoint: r.Checkpoint})
 	log.G(ctx).Infof("container %s runs in airlock sandbox %s (image %s: %d ms, sandbox %d ms)", r.ID, sb.ID,
 		img.Name, t1.Sub(t0).Milliseconds(), time.Since(t1).Milliseconds())
-	return &taskAPI.CreateTaskResponse{}, nil
+	return c, nil
 }
 
 // shapeOf reads cpus and memory from the spec's resources, then the
@@ -286,6 +327,21 @@ func shapeOf(spec *specs.Spec) (*sandboxSpec, error) {
 				mode)
 		}
 		sh.Network = &networkPolicy{Mode: mode}
+	}
+	if v, ok := spec.Annotations[annotationPorts]; ok {
+		ports, err := parsePorts(v)
+		if err != nil {
+			return nil, err
+		}
+		if sh.Network != nil && sh.Network.Mode == "none" {
+			return nil, errdefs.ToGRPCf(errdefs.ErrInvalidArgument,
+				"annotation %s needs a network: airlock.dev/network none gives the VM no interface", annotationPorts)
+		}
+		if sh.Network == nil {
+			// An interface for the inbound forwards, no egress.
+			sh.Network = &networkPolicy{Mode: "allowlist"}
+		}
+		sh.Ports = ports
 	}
 	return sh, nil
 }
@@ -362,9 +418,16 @@ func (s *service) Delete(ctx context.Context, r *taskAPI.DeleteRequest) (*taskAP
 	return &taskAPI.DeleteResponse{Pid: pid, ExitStatus: status, ExitedAt: at}, nil
 }
 
-// destroy deletes the sandbox (waiting until its VM is gone) and unmounts the rootfs.
+// destroy deletes the sandbox (waiting until its VM is gone), or an app
+// container's copy in its pod's VM, and unmounts the rootfs.
 func (c *container) destroy(ctx context.Context) error {
-	err := c.client.call(ctx, "DELETE", "/v1/sandboxes/"+c.sandbox+"?wait=true", nil, nil)
+	c.ports.close()
+	var err error
+	if c.guestDir != "" {
+		err = c.removeFromPod(ctx)
+	} else {
+		err = c.client.call(ctx, "DELETE", "/v1/sandboxes/"+c.sandbox+"?wait=true", nil, nil)
+	}
 	if err != nil && !errdefs.IsNotFound(err) {
 		return err
 	}
@@ -397,6 +460,9 @@ func (s *service) Exec(ctx context.Context, r *taskAPI.ExecProcessRequest) (*pty
 	if _, ok := c.execs[r.ExecID]; ok {
 		s.mu.Unlock()
 		return nil, errdefs.ToGRPCf(errdefs.ErrAlreadyExists, "exec %s already exists", r.ExecID)
+	}
+	if c.guestDir != "" {
+		spec = inPod(c.guestDir, spec)
 	}
 	c.execs[r.ExecID] = newProcess(r.ExecID, spec, r.Stdin, r.Stdout, r.Stderr, r.Terminal)
 	s.mu.Unlock()

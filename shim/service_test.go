@@ -3,6 +3,7 @@ package main
 import (
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -80,5 +81,37 @@ func TestEnvMapAndExitStatus(t *testing.T) {
 	}
 	if s := (&execEvent{Signal: &sig}).exitStatus(); s != 143 {
 		t.Errorf("SIGTERM -> %d, want 143", s)
+	}
+}
+
+func TestShapePortsGiveAnInterfaceWithoutEgress(t *testing.T) {
+	sh, err := shapeOf(&specs.Spec{Annotations: map[string]string{annotationPorts: "8080, 9090"}})
+	if err != nil || !reflect.DeepEqual(sh.Ports, []int{8080, 9090}) || sh.Network == nil ||
+		sh.Network.Mode != "allowlist" {
+		t.Fatalf("shapeOf(ports) = %+v, %v; want the ports and an allowlist of nothing", sh, err)
+	}
+	sh, err = shapeOf(&specs.Spec{Annotations: map[string]string{annotationPorts: "80", "airlock.dev/network": "open"}})
+	if err != nil || sh.Network.Mode != "open" {
+		t.Fatalf("ports with network open: %+v, %v", sh, err)
+	}
+	for _, bad := range []map[string]string{{annotationPorts: "0"}, {annotationPorts: "80,80"},
+		{annotationPorts: "http"}, {annotationPorts: "70000"}, {annotationPorts: ""},
+		{annotationPorts: "1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17"},
+		{annotationPorts: "80", "airlock.dev/network": "none"}} {
+		_, err := shapeOf(&specs.Spec{Annotations: bad})
+		if !errdefs.IsInvalidArgument(errdefs.FromGRPC(err)) || !strings.Contains(err.Error(), annotationPorts) {
+			t.Errorf("%v: %v, want InvalidArgument naming %s", bad, err, annotationPorts)
+		}
+	}
+}
+
+func TestNetnsPathIsTheSpecsNetworkNamespace(t *testing.T) {
+	spec := &specs.Spec{Linux: &specs.Linux{Namespaces: []specs.LinuxNamespace{{Type: specs.PIDNamespace},
+		{Type: specs.NetworkNamespace, Path: "/var/run/netns/cni-1"}}}}
+	if p := netnsPath(spec); p != "/var/run/netns/cni-1" {
+		t.Fatalf("netnsPath = %q", p)
+	}
+	if p := netnsPath(&specs.Spec{}); p != "" {
+		t.Fatalf("no linux section: %q, want the shim's own", p)
 	}
 }
