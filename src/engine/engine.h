@@ -395,13 +395,10 @@ class Engine {
   // network flows), "age_s"}. Error(not_found) for an unknown id.
   nlohmann::json stats(const std::string& id);
 
- private:
-  SandboxInfo create_counted(const SandboxSpec& spec);  // create() without the metrics
-  ExecResult exec_counted(const std::string& id, const ExecRequest& request,
-                          const ExecCallbacks& callbacks);
-  ExecStatus exec_background_counted(const std::string& id, const ExecRequest& request);
-
+  // The engine's services (engine_impl.h); opaque outside the engine.
   struct Impl;
+
+ private:
   std::unique_ptr<Impl> impl_;
 };
 

@@ -50,6 +50,72 @@ void move_net_helper_to_cgroup(Sandbox& sb) {
   }
 }
 
+// The boot's disk: a clone's copy of its template's empty overlay (backing:
+// the template's frozen disk), a fresh overlay over a snapshot's read-only
+// layer, or over the image's rootfs; and what QEMU loads with it (a
+// template's or a memory snapshot's state and RAM). Returns the sealed RAM
+// QEMU maps, if any: held until QEMU has its own copy of the fd.
+std::shared_ptr<vmm::SealedRam> prepare_disk(Engine::Impl& impl, vmm::VmConfig& vc,
+                                             const storage::Image& img,
+                                             const templates::Template* tpl,
+                                             const snapshots::Snapshot* from, const fs::path& disk,
+                                             int disk_mb) {
+  std::shared_ptr<vmm::SealedRam> sealed;
+  if (tpl) {
+    // A clone: the template's empty overlay (backing: the template's
+    // frozen disk), its RAM mapped copy-on-write, its device state loaded.
+    fs::copy_file(tpl->clone, disk);
+    fs::permissions(disk, fs::perms::owner_read | fs::perms::owner_write);
+    vc.memory_file = tpl->ram;
+    vc.memory_shared = false;
+    sealed = impl.templates.sealed_ram(*tpl);
+    vc.memory_fd = sealed->fd();
+    vc.incoming_state = tpl->state;
+  } else if (from) {
+    // A snapshot: a fresh overlay over its read-only layer; a memory
+    // snapshot also brings the whole VM (its own RAM, no template).
+    storage::create_overlay(from->layer(), disk, static_cast<uint64_t>(disk_mb), "qcow2");
+    if (from->memory) {
+      vc.incoming_state = from->mem_state();
+      vc.incoming_full = true;
+      vc.ram_block = from->ram_block;
+      if (from->files.contains("dev.state")) {
+        // A fork: the source's RAM mapped copy-on-write, device state only.
+        {
+          std::lock_guard lock(impl.snap_mu);
+          if (auto it = impl.fork_ram.find(from->name); it != impl.fork_ram.end())
+            sealed = it->second;
+        }
+        if (!sealed)
+          throw Error(Errc::unavailable, "the memory of fork snapshot " + from->name + " is gone");
+        vc.memory_fd = sealed->fd();
+        vc.incoming_state = from->dir / "dev.state";
+      }
+    }
+  } else {
+    // A build layer (recipes/builder.cc) is a qcow2 file; images are raw.
+    storage::create_overlay(img.rootfs, disk, static_cast<uint64_t>(disk_mb),
+                            img.rootfs.extension() == ".qcow2" ? "qcow2" : "raw");
+  }
+  return sealed;
+}
+
+// The hello of a new boot: its hostname and a fresh machine id; a memory
+// snapshot was saved with its channel open, so the guest may be in the
+// middle of a frame (resync). No resync for a clone: the template's host
+// closed its channel after a complete hello exchange, so the saved guest is
+// between frames. The network: slirp's fixed addresses (v4 and v6) and this
+// sandbox's own MAC (a clone would otherwise keep the template's).
+channel::HelloParams hello_for(const std::string& id, const snapshots::Snapshot* from,
+                               bool networked) {
+  channel::HelloParams hello;
+  hello.hostname = id;
+  hello.resync = from && from->memory;
+  hello.machine_id = random_id("") + random_id("") + random_id("").substr(0, 8);
+  if (networked) hello.network = nethost::hello_network(id);
+  return hello;
+}
+
 }  // namespace
 
 std::optional<Engine::Impl::BootFailure> Engine::Impl::boot_once(Sandbox& sb,
@@ -112,44 +178,7 @@ std::optional<Engine::Impl::BootFailure> Engine::Impl::boot_once(Sandbox& sb,
   });
   Phases ph("boot " + info.id);
   try {
-    if (tpl) {
-      // A clone: the template's empty overlay (backing: the template's
-      // frozen disk), its RAM mapped copy-on-write, its device state loaded.
-      fs::copy_file(tpl->clone, disk);
-      fs::permissions(disk, fs::perms::owner_read | fs::perms::owner_write);
-      vc.memory_file = tpl->ram;
-      vc.memory_shared = false;
-      sealed = impl.templates.sealed_ram(*tpl);  // held until QEMU has its own copy of the fd
-      vc.memory_fd = sealed->fd();
-      vc.incoming_state = tpl->state;
-    } else if (from) {
-      // A snapshot: a fresh overlay over its read-only layer; a memory
-      // snapshot also brings the whole VM (its own RAM, no template).
-      storage::create_overlay(from->layer(), disk, static_cast<uint64_t>(info.spec.disk_mb),
-                              "qcow2");
-      if (from->memory) {
-        vc.incoming_state = from->mem_state();
-        vc.incoming_full = true;
-        vc.ram_block = from->ram_block;
-        if (from->files.contains("dev.state")) {
-          // A fork: the source's RAM mapped copy-on-write, device state only.
-          {
-            std::lock_guard lock(impl.snap_mu);
-            if (auto it = impl.fork_ram.find(from->name); it != impl.fork_ram.end())
-              sealed = it->second;
-          }
-          if (!sealed)
-            throw Error(Errc::unavailable,
-                        "the memory of fork snapshot " + from->name + " is gone");
-          vc.memory_fd = sealed->fd();
-          vc.incoming_state = from->dir / "dev.state";
-        }
-      }
-    } else {
-      // A build layer (recipes/builder.cc) is a qcow2 file; images are raw.
-      storage::create_overlay(img.rootfs, disk, static_cast<uint64_t>(info.spec.disk_mb),
-                              img.rootfs.extension() == ".qcow2" ? "qcow2" : "raw");
-    }
+    sealed = prepare_disk(impl, vc, img, tpl, from, disk, info.spec.disk_mb);
     ph.mark("overlay");
     if (networked) {
       // The helper listens before QEMU starts: QEMU connects its NIC once,
@@ -174,17 +203,7 @@ std::optional<Engine::Impl::BootFailure> Engine::Impl::boot_once(Sandbox& sb,
     if (networked) move_net_helper_to_cgroup(sb);
     sb.channel = channel::GuestChannel::connect(sb.vm->agent_socket(), deadline);
     ph.mark("channel");
-    channel::HelloParams hello;
-    hello.hostname = info.id;
-    // A memory snapshot was saved with its channel open: the guest may be
-    // in the middle of a frame.
-    hello.resync = from && from->memory;
-    hello.machine_id = random_id("") + random_id("") + random_id("").substr(0, 8);
-    // No resync for a clone: the template's host closed its channel after
-    // a complete hello exchange, so the saved guest is between frames.
-    // The network: slirp's fixed addresses (v4 and v6) and this sandbox's
-    // own MAC (a clone would otherwise keep the template's).
-    if (networked) hello.network = nethost::hello_network(info.id);
+    channel::HelloParams hello = hello_for(info.id, from, networked);
     sb.channel->hello(hello, deadline);
     ph.mark("hello");
     attempt.dismiss();
@@ -207,60 +226,35 @@ std::optional<Engine::Impl::BootFailure> Engine::Impl::boot_once(Sandbox& sb,
   // launch(), whose own guard removes the rest.
 }
 
-SandboxInfo Engine::create(const SandboxSpec& spec) {
-  auto& impl = *impl_;
-  // Counted by start path and outcome, timed for GET /metrics.
+namespace {
+
+// create --from: the snapshot decides image and shape (engine_snapshots.cc);
+// it cannot be deleted while the sandbox starts from it.
+SandboxInfo create_from_snapshot(Engine::Impl& impl, SandboxSpec& checked) {
+  snapshots::Snapshot snap = impl.prepare_from(checked);
+  struct Restoring {
+    Engine::Impl& impl;
+    std::string name;
+    ~Restoring() {
+      std::lock_guard lock(impl.snap_mu);
+      if (--impl.snap_restoring[name] == 0) impl.snap_restoring.erase(name);
+    }
+  } restoring{impl, snap.name};
+  auto simg = impl.images.find(checked.image);
+  if (!simg)
+    throw Error(Errc::unavailable,
+                "image " + checked.image + " of snapshot " + snap.name + " is gone", "from");
+  vmm::AccelVerdict accel = impl.resolve_accel(*simg);
   auto t0 = std::chrono::steady_clock::now();
-  auto seconds = [&] {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  };
-  try {
-    SandboxInfo info = create_counted(spec);
-    impl.metrics.create_done(info.start, "ok", seconds());
-    return info;
-  } catch (const Error& e) {
-    impl.metrics.create_done("none", std::string(to_string(e.code())), seconds());
-    throw;
-  } catch (...) {
-    impl.metrics.create_done("none", "internal", seconds());
-    throw;
-  }
+  SandboxInfo made = impl.launch(checked, *simg, accel, false, &snap)->info();
+  impl.metrics.snapshot_op(
+      "restore", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  return made;
 }
 
-SandboxInfo Engine::create_counted(const SandboxSpec& spec) {
-  auto& impl = *impl_;
-  Trace trace("create", "-");
-  validate_spec(spec);
-  // The egress policy, normalised; a bad entry is refused here, before
-  // anything exists (field "network.allow[i]", ...).
-  SandboxSpec checked = spec;
-  checked.network = nethost::normalize(spec.network);
-  if (nethost::enabled(checked.network))
-    nethost::binary(impl.cfg.guest_agent);  // fail before creating
-  if (!checked.from.empty()) {
-    // create --from: the snapshot decides image and shape (engine_snapshots.cc).
-    snapshots::Snapshot snap = impl.prepare_from(checked);
-    struct Restoring {  // the snapshot cannot be deleted while this runs
-      Impl& impl;
-      std::string name;
-      ~Restoring() {
-        std::lock_guard lock(impl.snap_mu);
-        if (--impl.snap_restoring[name] == 0) impl.snap_restoring.erase(name);
-      }
-    } restoring{impl, snap.name};
-    auto simg = impl.images.find(checked.image);
-    if (!simg)
-      throw Error(Errc::unavailable,
-                  "image " + checked.image + " of snapshot " + snap.name + " is gone", "from");
-    vmm::AccelVerdict accel = impl.resolve_accel(*simg);
-    auto t0 = std::chrono::steady_clock::now();
-    SandboxInfo made = impl.launch(checked, *simg, accel, false, &snap)->info();
-    impl.metrics.snapshot_op(
-        "restore", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-    return made;
-  }
-  // The image: a built one, or a built-in recipe built now (a no-op when its
-  // inputs did not change).
+// The image a create boots: a built one, or a built-in recipe built now (a
+// no-op when its inputs did not change).
+storage::Image image_for_create(Engine::Impl& impl, const SandboxSpec& spec) {
   auto recipes = impl.images.recipes();
   bool is_recipe = std::find(recipes.begin(), recipes.end(), spec.image) != recipes.end();
   std::optional<storage::Image> img;
@@ -279,14 +273,148 @@ SandboxInfo Engine::create_counted(const SandboxSpec& spec) {
     spdlog::info("building image {} on demand", spec.image);
     img = impl.images.build(spec.image);
   }
-  validate_disk_fits(checked, img->rootfs_bytes);
+  return *img;
+}
+
+// create() without the metrics: checks, then a pool member, a clone or a
+// cold boot (or a snapshot's restore).
+SandboxInfo create_sandbox(Engine::Impl& impl, const SandboxSpec& spec) {
+  Trace trace("create", "-");
+  validate_spec(spec);
+  // The egress policy, normalised; a bad entry is refused here, before
+  // anything exists (field "network.allow[i]", ...).
+  SandboxSpec checked = spec;
+  checked.network = nethost::normalize(spec.network);
+  if (nethost::enabled(checked.network))
+    nethost::binary(impl.cfg.guest_agent);  // fail before creating
+  if (!checked.from.empty()) return create_from_snapshot(impl, checked);
+  storage::Image img = image_for_create(impl, spec);
+  validate_disk_fits(checked, img.rootfs_bytes);
   trace.mark("image");
   // A warm pool member of this image and shape, if there is one: ready at
   // once (engine_pool.cc).
   if (auto pooled = impl.take_pooled(checked, &trace)) return *pooled;
-  vmm::AccelVerdict accel = impl.resolve_accel(*img);
-  return impl.launch(checked, *img, accel, false)->info();
+  vmm::AccelVerdict accel = impl.resolve_accel(img);
+  return impl.launch(checked, img, accel, false)->info();
 }
+
+}  // namespace
+
+SandboxInfo Engine::create(const SandboxSpec& spec) {
+  auto& impl = *impl_;
+  // Counted by start path and outcome, timed for GET /metrics.
+  auto t0 = std::chrono::steady_clock::now();
+  auto seconds = [&] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
+  try {
+    SandboxInfo info = create_sandbox(impl, spec);
+    impl.metrics.create_done(info.start, "ok", seconds());
+    return info;
+  } catch (const Error& e) {
+    impl.metrics.create_done("none", std::string(to_string(e.code())), seconds());
+    throw;
+  } catch (...) {
+    impl.metrics.create_done("none", "internal", seconds());
+    throw;
+  }
+}
+
+namespace {
+
+// A new registry row (`starting`) under a fresh id, with its disk reserved
+// first: the disk every admitted sandbox may fill must fit the data dir's
+// filesystem (overlays are sparse; their disk_mb is the promise).
+SandboxRecord register_new(Engine::Impl& impl, const SandboxSpec& checked,
+                           const vmm::AccelVerdict& accel, bool pooled) {
+  const SandboxSpec& spec = checked;
+  SandboxRecord rec;
+  auto& info = rec.info;
+  info.spec = checked;
+  info.state = State::starting;
+  info.accel = vmm::to_string(accel.accel);
+  info.start = "boot";
+  info.created_at_ms = impl.wall_ms();
+  info.expires_at_ms = info.created_at_ms + int64_t{spec.timeout_s} * 1000;
+  // A pool member is marked so a restarted daemon drops it rather than
+  // reporting it as a user's failed sandbox.
+  if (pooled) info.spec.metadata[kPoolMarker] = spec.image;
+  for (int tries = 0;; ++tries) {
+    // A pool member has an internal name until its hand-out mints the id
+    // its caller receives (take_pooled): no id a caller will get exists
+    // before it gets it.
+    info.id = random_id(pooled ? "pool-" : "sb-");
+    rec.run_dir = impl.sandbox_dir(info.id);
+    impl.admission.reserve(info.id, spec.disk_mb, "disk_mb=" + std::to_string(spec.disk_mb),
+                           "disk_mb");
+    try {
+      impl.registry.insert(rec);
+      return rec;
+    } catch (const Error& e) {
+      impl.admission.release(info.id);
+      if (e.code() != Errc::conflict || tries > 5) throw;  // 48 random bits collided
+    } catch (...) {
+      impl.admission.release(info.id);
+      throw;
+    }
+  }
+}
+
+void journal_or_log(Engine::Impl& impl, const std::string& id, const char* event,
+                    const nlohmann::json& fields) {
+  try {
+    impl.journal.append(id, event, fields, Durability::sync);
+  } catch (const std::exception& e) {
+    spdlog::error("sandbox {}: audit: {}", id, e.what());
+  }
+}
+
+// Boots `sb`: a clone of its shape's template if there is one (`tpl`), else
+// (or if the clone failed twice) a cold boot or a snapshot's restore, each
+// retried once. The last attempt's failure, or nullopt; `tpl` is left set
+// only if the sandbox is a clone of it.
+std::optional<Engine::Impl::BootFailure> boot_with_retries(
+    Engine::Impl& impl, Sandbox& sb, const storage::Image& img, vmm::Accel accel,
+    const snapshots::Snapshot* from, std::optional<templates::Template>& tpl) {
+  const std::string& id = sb.rec.info.id;
+  std::optional<Engine::Impl::BootFailure> failure;
+  if (tpl) {
+    // A clone whose restore fails is destroyed and retried once; then the
+    // template is suspect (removed, rebuilt by a later create) and this
+    // create falls back to a cold boot.
+    for (int attempt = 1; attempt <= kBootAttempts; ++attempt) {
+      failure = impl.boot_once(sb, img, accel, &*tpl);
+      if (!failure) break;
+      spdlog::warn("sandbox {}: clone attempt {} failed: {}", id, attempt, failure->cause);
+      journal_or_log(impl, id, "clone_failed",
+                     {{"attempt", attempt},
+                      {"template", tpl->key},
+                      {"cause", failure->cause},
+                      {"console_tail", failure->console}});
+    }
+    if (failure) {
+      impl.templates.store()->remove(tpl->key);
+      tpl.reset();
+    }
+  }
+  for (int attempt = 1; !tpl && attempt <= kBootAttempts; ++attempt) {
+    failure = impl.boot_once(sb, img, accel, nullptr, from);
+    if (!failure) break;
+    spdlog::warn("sandbox {}: boot attempt {} failed: {}", id, attempt, failure->cause);
+    try {
+      impl.journal.append(
+          id, "boot_failed",
+          {{"attempt", attempt}, {"cause", failure->cause}, {"console_tail", failure->console}},
+          Durability::sync);
+      if (attempt < kBootAttempts) impl.journal.append(id, "retry", {{"attempt", attempt + 1}});
+    } catch (const std::exception& e) {
+      spdlog::error("sandbox {}: audit: {}", id, e.what());
+    }
+  }
+  return failure;
+}
+
+}  // namespace
 
 std::shared_ptr<Sandbox> Engine::Impl::launch(const SandboxSpec& checked,
                                               const storage::Image& image,
@@ -295,40 +423,8 @@ std::shared_ptr<Sandbox> Engine::Impl::launch(const SandboxSpec& checked,
   auto& impl = *this;
   const storage::Image* img = &image;
   const SandboxSpec& spec = checked;
-  SandboxRecord rec;
-  auto& info = rec.info;
-  info.spec = checked;
-  info.state = State::starting;
-  info.accel = vmm::to_string(accel.accel);
-  info.start = "boot";
-  info.created_at_ms = wall_ms();
-  info.expires_at_ms = info.created_at_ms + int64_t{spec.timeout_s} * 1000;
-  // A pool member is marked so a restarted daemon drops it rather than
-  // reporting it as a user's failed sandbox.
-  if (pooled) info.spec.metadata[kPoolMarker] = spec.image;
-  // Admission: the disk every admitted sandbox may fill must fit the data
-  // dir's filesystem (overlays are sparse; their disk_mb is the promise).
-  // Reserved under the id before the row exists.
-  auto unreserve = [&](const std::string& id) { admission.release(id); };
-  for (int tries = 0;; ++tries) {
-    // A pool member has an internal name until its hand-out mints the id
-    // its caller receives (take_pooled): no id a caller will get exists
-    // before it gets it.
-    info.id = random_id(pooled ? "pool-" : "sb-");
-    rec.run_dir = impl.sandbox_dir(info.id);
-    admission.reserve(info.id, spec.disk_mb, "disk_mb=" + std::to_string(spec.disk_mb), "disk_mb");
-    try {
-      impl.registry.insert(rec);
-      break;
-    } catch (const Error& e) {
-      unreserve(info.id);
-      if (e.code() != Errc::conflict || tries > 5) throw;  // 48 random bits collided
-    } catch (...) {
-      unreserve(info.id);
-      throw;
-    }
-  }
-  const std::string id = info.id;
+  SandboxRecord rec = register_new(impl, checked, accel, pooled);
+  const std::string id = rec.info.id;
   auto sb = std::make_shared<Sandbox>(rec, registry, journal);
   sb->image_env = img->config.env;
   sb->image_workdir = img->config.workdir;
@@ -340,7 +436,7 @@ std::shared_ptr<Sandbox> Engine::Impl::launch(const SandboxSpec& checked,
   // point: `failed` with the reason, nothing else left.
   std::string fail_reason = "create aborted by an error during or after boot";
   ScopeGuard undo([&] {
-    if (!teardown(*sb, State::failed, fail_reason, "failed", "boot_failed")) unreserve(id);
+    if (!teardown(*sb, State::failed, fail_reason, "failed", "boot_failed")) admission.release(id);
   });
   std::error_code ec;
   fs::create_directories(sb->run_dir(), ec);
@@ -356,47 +452,10 @@ std::shared_ptr<Sandbox> Engine::Impl::launch(const SandboxSpec& checked,
   // queued create waits here instead, and its deadline starts when it runs.
   lifecycle::StartSlots::Slot slot(impl.starts);
   auto t0 = std::chrono::steady_clock::now();
-  std::optional<Impl::BootFailure> failure;
   std::optional<templates::Template> tpl;
   if (!from) tpl = impl.templates.for_create(*img, checked, accel.accel, id);
-  if (tpl) {
-    // A clone whose restore fails is destroyed and retried once; then the
-    // template is suspect (removed, rebuilt by a later create) and this
-    // create falls back to a cold boot.
-    for (int attempt = 1; attempt <= kBootAttempts; ++attempt) {
-      failure = impl.boot_once(*sb, *img, accel.accel, &*tpl);
-      if (!failure) break;
-      spdlog::warn("sandbox {}: clone attempt {} failed: {}", id, attempt, failure->cause);
-      try {
-        impl.journal.append(id, "clone_failed",
-                            {{"attempt", attempt},
-                             {"template", tpl->key},
-                             {"cause", failure->cause},
-                             {"console_tail", failure->console}},
-                            Durability::sync);
-      } catch (const std::exception& e) {
-        spdlog::error("sandbox {}: audit: {}", id, e.what());
-      }
-    }
-    if (failure) {
-      impl.templates.store()->remove(tpl->key);
-      tpl.reset();
-    }
-  }
-  for (int attempt = 1; !tpl && attempt <= kBootAttempts; ++attempt) {
-    failure = impl.boot_once(*sb, *img, accel.accel, nullptr, from);
-    if (!failure) break;
-    spdlog::warn("sandbox {}: boot attempt {} failed: {}", id, attempt, failure->cause);
-    try {
-      impl.journal.append(
-          id, "boot_failed",
-          {{"attempt", attempt}, {"cause", failure->cause}, {"console_tail", failure->console}},
-          Durability::sync);
-      if (attempt < kBootAttempts) impl.journal.append(id, "retry", {{"attempt", attempt + 1}});
-    } catch (const std::exception& e) {
-      spdlog::error("sandbox {}: audit: {}", id, e.what());
-    }
-  }
+  std::optional<Impl::BootFailure> failure =
+      boot_with_retries(impl, *sb, *img, accel.accel, from, tpl);
   sb->rec.info.start = tpl ? "clone" : from && from->memory ? "snapshot" : "boot";
   if (failure) {
     fail_reason = "boot failed: " + failure->cause;

@@ -170,13 +170,269 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 }  // namespace
 
+namespace {
+
+// One foreground exec, step by step: its stream in the sandbox's exec table
+// (and stdin pipe), the start on record, the guest's run with the caller's
+// callbacks, and the end on record with the SHA-256 of exactly the bytes
+// handed to the caller, hashed here on the host as they pass (never the
+// guest's word).
+class ForegroundExec {
+ public:
+  ForegroundExec(Engine::Impl& impl, std::shared_ptr<Sandbox> sb, const std::string& id,
+                 const ExecRequest& request, const ExecCallbacks& callbacks, Trace& trace)
+      : impl_(impl),
+        sb_(std::move(sb)),
+        id_(id),
+        request_(request),
+        callbacks_(callbacks),
+        trace_(trace) {}
+
+  ExecResult run() {
+    prepare();
+    // The start is on record before the guest runs anything: a daemon killed
+    // mid-exec leaves exec_start without an end; the next daemon's recover()
+    // marks it detached (attach_exec writes the end) or, if the sandbox is
+    // gone, closes it as `interrupted`.
+    try {
+      impl_.journal.append(id_, "exec_start", audit_);  // write(2) survives a daemon kill
+    } catch (...) {
+      finish();
+      throw;
+    }
+    trace_.mark("journal_start");
+    channel::ExecOutcome r;
+    try {
+      r = channel::run_exec(*sb_->channel, stream_, params_, stdin_source(), handlers(), deadline_);
+    } catch (const Error& e) {
+      fail(e);
+    }
+    finish();
+    complete(r);
+    return std::move(result_);
+  }
+
+ private:
+  // The guest's parameters, the exec id (named in the guest too: if this
+  // daemon dies, the exec runs on there, detached, keeping its last
+  // exec_buffer_bytes of output for attach_exec; a pty exec too: its
+  // terminal output), its stream and stdin pipe, and the start record.
+  void prepare() {
+    params_ = exec_params(*sb_, request_);
+    if (request_.timeout_s > 0) {
+      deadline_ = Clock::now() +
+                  std::chrono::milliseconds(static_cast<int64_t>(request_.timeout_s * 1000)) +
+                  kExecGrace;
+    }
+    result_.exec_id = random_id("ex-");
+    params_.exec_id = result_.exec_id;
+    params_.output_buffer_bytes = impl_.cfg.exec_buffer_bytes;
+    stream_ = sb_->channel->open_stream();
+    {
+      std::lock_guard lock(sb_->mu);
+      sb_->execs[result_.exec_id] = stream_;
+    }
+    if (request_.stdin_stream) {
+      params_.stdin_stream = true;  // open, fed by write_stdin() (GuestChannel::exec)
+      pipe_ = std::make_shared<StdinPipe>();
+      pipe_->stream = stream_;
+      std::lock_guard lock(sb_->mu);
+      sb_->stdin_pipes[result_.exec_id] = pipe_;
+    }
+    audit_ = {{"exec_id", result_.exec_id},
+              {"argv", params_.argv},
+              {"cwd", params_.cwd.value_or("~")},
+              {"user", request_.user.empty() ? "root" : request_.user},
+              {"env_keys", env_keys(request_)}};
+    if (request_.pty) audit_["pty"] = true;
+    t0_ = std::chrono::steady_clock::now();
+  }
+
+  channel::ChunkSource stdin_source() {
+    if (!request_.stdin_data) return {};
+    auto sent = std::make_shared<size_t>(0);
+    const std::string* data = &*request_.stdin_data;
+    return [data, sent, this]() -> std::optional<std::string> {
+      if (*sent >= data->size()) return std::nullopt;
+      std::string chunk = data->substr(*sent, 64 * 1024);
+      *sent += chunk.size();
+      result_.stdin_bytes += chunk.size();
+      return chunk;
+    };
+  }
+
+  channel::ExecHandlers handlers() {
+    channel::ExecHandlers h;
+    h.on_start = [this](int pid) {
+      if (callbacks_.on_start) callbacks_.on_start(result_.exec_id, pid);
+    };
+    h.on_output = [this](int ch, std::string_view bytes) {
+      (ch == 1 ? result_.stdout_bytes : result_.stderr_bytes) += bytes.size();
+      (ch == 1 ? out_hash_ : err_hash_).update(bytes);
+      return callbacks_.on_output ? callbacks_.on_output(ch, bytes) : true;
+    };
+    return h;
+  }
+
+  int64_t elapsed_ms() const {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() -
+                                                                 t0_)
+        .count();
+  }
+
+  // The exec is out of the sandbox's tables; its pipe, if any, ended.
+  void finish() {
+    std::lock_guard lock(sb_->mu);
+    sb_->execs.erase(result_.exec_id);
+    if (!pipe_) return;
+    pipe_->ended = true;
+    result_.stdin_bytes = pipe_->total;
+    // Forget the oldest ended pipes beyond the cap (ids are random, so
+    // "oldest" is approximate: any ended one will do).
+    size_t ended = 0;
+    for (auto& [k, p] : sb_->stdin_pipes) ended += p->ended ? 1 : 0;
+    for (auto it = sb_->stdin_pipes.begin();
+         ended > Sandbox::kMaxEndedStdinPipes && it != sb_->stdin_pipes.end();) {
+      if (it->second->ended && it->first != result_.exec_id) {
+        it = sb_->stdin_pipes.erase(it);
+        --ended;
+      } else {
+        ++it;
+      }
+    }
+  }
+
+  // The guest run failed: its end on record with the error, then the error
+  // as what it means for the sandbox.
+  [[noreturn]] void fail(const Error& e) {
+    finish();
+    audit_["error"] = e.what();
+    audit_["duration_ms"] = elapsed_ms();
+    try {
+      impl_.journal.append(id_, "exec", audit_);
+    } catch (const std::exception& a) {
+      spdlog::error("sandbox {}: audit: {}", id_, a.what());
+    }
+    rethrow_for(*sb_, e);
+  }
+
+  void complete(const channel::ExecOutcome& r) {
+    result_.duration_ms = elapsed_ms();
+    // The guest's response is untrusted (the client took only well-typed
+    // fields). The byte counts are what the host delivered plus what the
+    // guest says it dropped beyond the cap; the duration is the host's.
+    int64_t host_ms = result_.duration_ms;
+    take_outcome(r, result_);
+    result_.duration_ms = host_ms;
+    result_.stdout_bytes += result_.stdout_dropped;
+    result_.stderr_bytes += result_.stderr_dropped;
+    // The host's own deadline (the guest did not report in time) is a timeout too.
+    if (result_.timed_out && (result_.reason == "killed" || result_.reason == "signaled"))
+      result_.reason = "timeout";
+    trace_.mark("guest");
+    // The guest's own account (integers or nothing: it is untrusted and only
+    // logged): request to reply inside the agent, and the process's life.
+    trace_.note("agent_us", static_cast<int64_t>(r.agent_us));
+    trace_.note("run_us", static_cast<int64_t>(r.run_us));
+    if (Trace::enabled()) {
+      // ... and its phases (api/guest-protocol.md §5, spawn_us), the same way.
+      for (const char* k : channel::kSpawnPhases) {
+        auto it = r.spawn_us.find(k);
+        uint64_t us = it == r.spawn_us.end() ? 0 : it->second;
+        trace_.note((std::string("agent_") + k).c_str(), static_cast<int64_t>(us));
+      }
+    }
+    audit_.update(to_json(result_));
+    audit_["stdout_sha256"] = out_hash_.hex();
+    audit_["stderr_sha256"] = err_hash_.hex();
+    // Killed by a pause (kill_foreground_execs): on record as such, typed.
+    State now = sb_->state();
+    bool paused = result_.signal == SIGKILL && (now == State::pausing || now == State::paused);
+    if (paused) audit_["ended_by"] = "pause";
+    impl_.journal.append(id_, "exec", audit_);
+    trace_.mark("journal_end");
+    if (paused) throw_paused_during_call(*sb_);
+  }
+
+  Engine::Impl& impl_;
+  std::shared_ptr<Sandbox> sb_;
+  const std::string& id_;
+  const ExecRequest& request_;
+  const ExecCallbacks& callbacks_;
+  Trace& trace_;
+  channel::ExecParams params_;
+  std::optional<channel::Deadline> deadline_;
+  ExecResult result_;
+  uint32_t stream_ = 0;
+  std::shared_ptr<StdinPipe> pipe_;
+  Sha256 out_hash_, err_hash_;
+  nlohmann::json audit_;
+  std::chrono::steady_clock::time_point t0_;
+};
+
+// exec() without the metrics: the lookup and checks, then the run.
+ExecResult run_foreground(Engine::Impl& impl, const std::string& id, const ExecRequest& given,
+                          const ExecCallbacks& callbacks) {
+  Trace trace("exec", id);
+  auto sb = impl.table.running(id);
+  ActivityGuard active(*sb);
+  ExecRequest with_image;
+  const ExecRequest& request = with_image_command(*sb, given, with_image);
+  validate_exec(request);
+  validate_exec_extras(request);
+  if (request.background)
+    throw Error(Errc::invalid_argument, "a background exec is started with exec_background()",
+                "background");
+  trace.mark("lookup");
+  return ForegroundExec(impl, sb, id, request, callbacks, trace).run();
+}
+
+// exec_background() without the metrics.
+ExecStatus start_background(Engine::Impl& impl, const std::string& id, const ExecRequest& given) {
+  auto sb = impl.table.running(id);
+  ActivityGuard active(*sb);
+  ExecRequest with_image;
+  const ExecRequest& request = with_image_command(*sb, given, with_image);
+  validate_exec(request);
+  validate_exec_extras(request);
+  if (request.stdin_data)
+    throw Error(Errc::invalid_argument, "a background exec takes no stdin", "stdin");
+  channel::ExecParams params = exec_params(*sb, request);
+  params.stdin_stream = request.stdin_stream;  // a pipe fed by write_stdin() (job_stdin)
+  const std::string exec_id = random_id("ex-");
+  params.exec_id = exec_id;
+  // (null: a pty exec without a command, which has neither.)
+  nlohmann::json audit{
+      {"exec_id", exec_id},
+      {"argv", params.argv.empty() ? nlohmann::json() : nlohmann::json(params.argv)},
+      {"cwd", params.cwd ? nlohmann::json(*params.cwd) : nlohmann::json()},
+      {"user", request.user.empty() ? "root" : request.user},
+      {"env_keys", env_keys(request)},
+      {"background", true}};
+  ExecStatus s;
+  try {
+    s = status_of(channel::start_background(*sb->channel, params, Clock::now() + kJsonOpTimeout));
+  } catch (const channel::GuestReplyError&) {
+    throw;  // not a job this sandbox can name: nothing on record
+  } catch (const Error& e) {
+    audit["error"] = e.what();
+    impl.journal.append(id, "exec", audit);
+    rethrow_for(*sb, e);
+  }
+  audit["pid"] = s.pid;
+  impl.journal.append(id, "exec", audit);
+  return s;
+}
+
+}  // namespace
+
 // exec() and exec_background() are counted by outcome and timed for GET
-// /metrics; the *_counted bodies do the work.
+// /metrics; run_foreground and start_background do the work.
 ExecResult Engine::exec(const std::string& id, const ExecRequest& request,
                         const ExecCallbacks& callbacks) {
   auto t0 = std::chrono::steady_clock::now();
   try {
-    ExecResult r = exec_counted(id, request, callbacks);
+    ExecResult r = run_foreground(*impl_, id, request, callbacks);
     impl_->metrics.exec_done("foreground", r.reason.empty() ? "exited" : r.reason,
                              seconds_since(t0));
     return r;
@@ -192,7 +448,7 @@ ExecResult Engine::exec(const std::string& id, const ExecRequest& request,
 ExecStatus Engine::exec_background(const std::string& id, const ExecRequest& request) {
   auto t0 = std::chrono::steady_clock::now();
   try {
-    ExecStatus st = exec_background_counted(id, request);
+    ExecStatus st = start_background(*impl_, id, request);
     impl_->metrics.exec_done("background", "started", seconds_since(t0));
     return st;
   } catch (const Error& e) {
@@ -202,166 +458,6 @@ ExecStatus Engine::exec_background(const std::string& id, const ExecRequest& req
     impl_->metrics.exec_done("background", "internal", seconds_since(t0));
     throw;
   }
-}
-
-ExecResult Engine::exec_counted(const std::string& id, const ExecRequest& given,
-                                const ExecCallbacks& callbacks) {
-  auto& impl = *impl_;
-  Trace trace("exec", id);
-  auto sb = impl.table.running(id);
-  ActivityGuard active(*sb);
-  ExecRequest with_image;
-  const ExecRequest& request = with_image_command(*sb, given, with_image);
-  validate_exec(request);
-  validate_exec_extras(request);
-  if (request.background)
-    throw Error(Errc::invalid_argument, "a background exec is started with exec_background()",
-                "background");
-  trace.mark("lookup");
-
-  channel::ExecParams params = exec_params(*sb, request);
-  std::optional<channel::Deadline> deadline;
-  if (request.timeout_s > 0) {
-    deadline = Clock::now() +
-               std::chrono::milliseconds(static_cast<int64_t>(request.timeout_s * 1000)) +
-               kExecGrace;
-  }
-
-  ExecResult result;
-  result.exec_id = random_id("ex-");
-  // Named in the guest too: if this daemon dies, the exec runs on there,
-  // detached, keeping its last exec_buffer_bytes of output for attach_exec
-  // (a pty exec too: its terminal output).
-  params.exec_id = result.exec_id;
-  params.output_buffer_bytes = impl.cfg.exec_buffer_bytes;
-  uint32_t stream = sb->channel->open_stream();
-  {
-    std::lock_guard lock(sb->mu);
-    sb->execs[result.exec_id] = stream;
-  }
-  std::shared_ptr<StdinPipe> pipe;
-  if (request.stdin_stream) {
-    params.stdin_stream = true;  // open, fed by write_stdin() (GuestChannel::exec)
-    pipe = std::make_shared<StdinPipe>();
-    pipe->stream = stream;
-    std::lock_guard lock(sb->mu);
-    sb->stdin_pipes[result.exec_id] = pipe;
-  }
-  channel::ChunkSource stdin_source;
-  if (request.stdin_data) {
-    auto sent = std::make_shared<size_t>(0);
-    const std::string* data = &*request.stdin_data;
-    stdin_source = [data, sent, &result]() -> std::optional<std::string> {
-      if (*sent >= data->size()) return std::nullopt;
-      std::string chunk = data->substr(*sent, 64 * 1024);
-      *sent += chunk.size();
-      result.stdin_bytes += chunk.size();
-      return chunk;
-    };
-  }
-  channel::ExecHandlers handlers;
-  handlers.on_start = [&](int pid) {
-    if (callbacks.on_start) callbacks.on_start(result.exec_id, pid);
-  };
-  // The journal records the SHA-256 of exactly the bytes handed to the
-  // caller, hashed here on the host as they pass (never the guest's word).
-  Sha256 out_hash, err_hash;
-  handlers.on_output = [&](int ch, std::string_view bytes) {
-    (ch == 1 ? result.stdout_bytes : result.stderr_bytes) += bytes.size();
-    (ch == 1 ? out_hash : err_hash).update(bytes);
-    return callbacks.on_output ? callbacks.on_output(ch, bytes) : true;
-  };
-
-  nlohmann::json audit{{"exec_id", result.exec_id},
-                       {"argv", params.argv},
-                       {"cwd", params.cwd.value_or("~")},
-                       {"user", request.user.empty() ? "root" : request.user},
-                       {"env_keys", env_keys(request)}};
-  if (request.pty) audit["pty"] = true;
-  auto t0 = std::chrono::steady_clock::now();
-  auto finish = [&] {
-    std::lock_guard lock(sb->mu);
-    sb->execs.erase(result.exec_id);
-    if (!pipe) return;
-    pipe->ended = true;
-    result.stdin_bytes = pipe->total;
-    // Forget the oldest ended pipes beyond the cap (ids are random, so
-    // "oldest" is approximate: any ended one will do).
-    size_t ended = 0;
-    for (auto& [k, p] : sb->stdin_pipes) ended += p->ended ? 1 : 0;
-    for (auto it = sb->stdin_pipes.begin();
-         ended > Sandbox::kMaxEndedStdinPipes && it != sb->stdin_pipes.end();) {
-      if (it->second->ended && it->first != result.exec_id) {
-        it = sb->stdin_pipes.erase(it);
-        --ended;
-      } else {
-        ++it;
-      }
-    }
-  };
-  // The start is on record before the guest runs anything: a daemon killed
-  // mid-exec leaves exec_start without an end; the next daemon's recover()
-  // marks it detached (attach_exec writes the end) or, if the sandbox is
-  // gone, closes it as `interrupted`.
-  try {
-    impl.journal.append(id, "exec_start", audit);  // write(2) survives a daemon kill
-  } catch (...) {
-    finish();
-    throw;
-  }
-  trace.mark("journal_start");
-  channel::ExecOutcome r;
-  try {
-    r = channel::run_exec(*sb->channel, stream, params, stdin_source, handlers, deadline);
-  } catch (const Error& e) {
-    finish();
-    audit["error"] = e.what();
-    audit["duration_ms"] =
-        std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0)
-            .count();
-    try {
-      impl.journal.append(id, "exec", audit);
-    } catch (const std::exception& a) {
-      spdlog::error("sandbox {}: audit: {}", id, a.what());
-    }
-    rethrow_for(*sb, e);
-  }
-  finish();
-  result.duration_ms =
-      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0)
-          .count();
-  // The guest's response is untrusted (the client took only well-typed
-  // fields). The byte counts are what the host delivered plus what the
-  // guest says it dropped beyond the cap; the duration is the host's.
-  int64_t host_ms = result.duration_ms;
-  take_outcome(r, result);
-  result.duration_ms = host_ms;
-  result.stdout_bytes += result.stdout_dropped;
-  result.stderr_bytes += result.stderr_dropped;
-  // The host's own deadline (the guest did not report in time) is a timeout too.
-  if (result.timed_out && (result.reason == "killed" || result.reason == "signaled"))
-    result.reason = "timeout";
-  trace.mark("guest");
-  // The guest's own account (integers or nothing: it is untrusted and only
-  // logged): request to reply inside the agent, and the process's life.
-  trace.note("agent_us", static_cast<int64_t>(r.agent_us));
-  trace.note("run_us", static_cast<int64_t>(r.run_us));
-  if (Trace::enabled()) {
-    // ... and its phases (api/guest-protocol.md §5, spawn_us), the same way.
-    for (const char* k : channel::kSpawnPhases)
-      trace.note((std::string("agent_") + k).c_str(), static_cast<int64_t>(r.spawn_us[k]));
-  }
-  audit.update(to_json(result));
-  audit["stdout_sha256"] = out_hash.hex();
-  audit["stderr_sha256"] = err_hash.hex();
-  // Killed by a pause (kill_foreground_execs): on record as such, typed.
-  State now = sb->state();
-  bool paused = result.signal == SIGKILL && (now == State::pausing || now == State::paused);
-  if (paused) audit["ended_by"] = "pause";
-  impl.journal.append(id, "exec", audit);
-  trace.mark("journal_end");
-  if (paused) throw_paused_during_call(*sb);
-  return result;
 }
 
 void Engine::kill_exec(const std::string& id, const std::string& exec_id, int signal) {
@@ -398,43 +494,6 @@ void Engine::kill_exec(const std::string& id, const std::string& exec_id, int si
   // Nobody attached: collect its end here, so the journal records it as an
   // attach would (an attached client receives the end itself).
   if (r.collect) collect_detached_end(*this, id, exec_id, r.end);
-}
-
-ExecStatus Engine::exec_background_counted(const std::string& id, const ExecRequest& given) {
-  auto& impl = *impl_;
-  auto sb = impl.table.running(id);
-  ActivityGuard active(*sb);
-  ExecRequest with_image;
-  const ExecRequest& request = with_image_command(*sb, given, with_image);
-  validate_exec(request);
-  validate_exec_extras(request);
-  if (request.stdin_data)
-    throw Error(Errc::invalid_argument, "a background exec takes no stdin", "stdin");
-  channel::ExecParams params = exec_params(*sb, request);
-  params.stdin_stream = request.stdin_stream;  // a pipe fed by write_stdin() (job_stdin)
-  const std::string exec_id = random_id("ex-");
-  params.exec_id = exec_id;
-  // (null: a pty exec without a command, which has neither.)
-  nlohmann::json audit{
-      {"exec_id", exec_id},
-      {"argv", params.argv.empty() ? nlohmann::json() : nlohmann::json(params.argv)},
-      {"cwd", params.cwd ? nlohmann::json(*params.cwd) : nlohmann::json()},
-      {"user", request.user.empty() ? "root" : request.user},
-      {"env_keys", env_keys(request)},
-      {"background", true}};
-  ExecStatus s;
-  try {
-    s = status_of(channel::start_background(*sb->channel, params, Clock::now() + kJsonOpTimeout));
-  } catch (const channel::GuestReplyError&) {
-    throw;  // not a job this sandbox can name: nothing on record
-  } catch (const Error& e) {
-    audit["error"] = e.what();
-    impl.journal.append(id, "exec", audit);
-    rethrow_for(*sb, e);
-  }
-  audit["pid"] = s.pid;
-  impl.journal.append(id, "exec", audit);
-  return s;
 }
 
 std::vector<ExecStatus> Engine::list_execs(const std::string& id) {

@@ -148,18 +148,19 @@ PoolSlot* Engine::Impl::learn_shape(const PoolKey& key, int64_t now) {
   return &slot;
 }
 
-std::optional<SandboxInfo> Engine::Impl::take_pooled(const SandboxSpec& checked, Trace* trace) {
-  auto mark = [&](const char* phase) {
-    if (trace) trace->mark(phase);
-  };
-  const PoolKey key = key_of(checked);
+namespace {
+
+// A ready member of `key`'s shape, out of its slot's queue (so it is handed
+// out once), or null: a miss, which teaches the pool the shape. Members
+// found dead or touched on the way are torn down in the background.
+std::shared_ptr<Sandbox> pop_ready(Engine::Impl& impl, const PoolKey& key) {
   std::shared_ptr<Sandbox> sb;
   std::vector<std::shared_ptr<Sandbox>> dead;
   {
-    std::lock_guard lock(pool_mu);
+    std::lock_guard lock(impl.pool_mu);
     const int64_t now = steady_ms();
-    auto it = pool_slots.find(key);
-    PoolSlot* slot = it == pool_slots.end() ? nullptr : &it->second;
+    auto it = impl.pool_slots.find(key);
+    PoolSlot* slot = it == impl.pool_slots.end() ? nullptr : &it->second;
     while (slot && !slot->ready.empty() && !sb) {
       auto cand = slot->ready.front();
       slot->ready.pop_front();
@@ -171,18 +172,74 @@ std::optional<SandboxInfo> Engine::Impl::take_pooled(const SandboxSpec& checked,
     }
     // A miss teaches the pool this shape (or grows its learned slot); the
     // pool thread makes the member on its next tick.
-    if (!sb && (!slot || slot->learned)) slot = learn_shape(key, now);
+    if (!sb && (!slot || slot->learned)) slot = impl.learn_shape(key, now);
     if (slot) {
       slot->last_used_ms = now;
       slot->replaced += static_cast<int64_t>(dead.size());
       ++(sb ? slot->hits : slot->misses);
-      auto& counts = pool_counts[key.image];
+      auto& counts = impl.pool_counts[key.image];
       ++(sb ? counts.first : counts.second);
     }
   }
   // The refill starts on the pool's next tick (<= 500 ms), not at once, so
   // the new QEMU does not compete for the CPU with the caller's first exec.
-  for (auto& d : dead) teardown_async(d, "pool member died while idle");
+  for (auto& d : dead) impl.teardown_async(d, "pool member died while idle");
+  return sb;
+}
+
+// Makes the member the caller's inside: the host's clock and the public id
+// as its name, the normal cpu weight, the caller's network policy. False
+// (the member torn down, the caller boots a fresh sandbox) if one failed.
+bool adapt_member(Engine::Impl& impl, const std::shared_ptr<Sandbox>& sb,
+                  const SandboxSpec& checked, const std::string& public_id,
+                  const std::function<void(const char*)>& mark) {
+  auto& info = sb->rec.info;
+  try {
+    sb->channel->post_host_time(public_id);
+  } catch (const std::exception& e) {
+    spdlog::warn("pool member {}: clock at hand-out not sent: {}", sb->id(), e.what());
+    impl.teardown_async(sb, "pool hand-out failed: the clock was not set");
+    return false;
+  }
+  mark("clock");
+  // The member waited at cfg.pool_cpu_weight (its clone and warm-up yielded
+  // to sandboxes in use); from here it is one of them. A cgroup that cannot
+  // be written ends the member, as above.
+  try {
+    if (impl.cfg.pool_cpu_weight != vmm::kDefaultCpuWeight)
+      sb->vm->set_cpu_weight(vmm::kDefaultCpuWeight);
+  } catch (const std::exception& e) {
+    spdlog::warn("pool member {}: cpu weight at hand-out not set: {}", sb->id(), e.what());
+    impl.teardown_async(sb, "pool hand-out failed: the cpu weight was not set");
+    return false;
+  }
+  mark("weight");
+  if (sb->networked) {
+    // The caller's policy replaces deny-everything in the helper before the
+    // create returns (the helper answers once it is in force), so the first
+    // packet after the create already meets it. A refusal ends the member;
+    // the caller then boots a fresh sandbox.
+    try {
+      nethost::Control(sb->run_dir()).set_policy(checked.network);
+    } catch (const std::exception& e) {
+      spdlog::warn("pool member {}: policy at hand-out refused: {}", sb->id(), e.what());
+      impl.teardown_async(sb, "pool hand-out failed: the network policy was not applied");
+      return false;
+    }
+    impl.journal.append(info.id, "net_policy", {{"policy", checked.network}});
+    mark("policy");
+  }
+  return true;
+}
+
+}  // namespace
+
+std::optional<SandboxInfo> Engine::Impl::take_pooled(const SandboxSpec& checked, Trace* trace) {
+  auto mark = [&](const char* phase) {
+    if (trace) trace->mark(phase);
+  };
+  const PoolKey key = key_of(checked);
+  std::shared_ptr<Sandbox> sb = pop_ready(*this, key);
   if (!sb) return std::nullopt;
   mark("take");
 
@@ -204,41 +261,7 @@ std::optional<SandboxInfo> Engine::Impl::take_pooled(const SandboxSpec& checked,
   // here and the guest named after it with the clock; the sandbox takes it
   // (hand_out) below, once nothing but the record can fail.
   const std::string public_id = random_id("sb-");
-  try {
-    sb->channel->post_host_time(public_id);
-  } catch (const std::exception& e) {
-    spdlog::warn("pool member {}: clock at hand-out not sent: {}", sb->id(), e.what());
-    teardown_async(sb, "pool hand-out failed: the clock was not set");
-    return std::nullopt;
-  }
-  mark("clock");
-  // The member waited at cfg.pool_cpu_weight (its clone and warm-up yielded
-  // to sandboxes in use); from here it is one of them. A cgroup that cannot
-  // be written ends the member, as above.
-  try {
-    if (cfg.pool_cpu_weight != vmm::kDefaultCpuWeight)
-      sb->vm->set_cpu_weight(vmm::kDefaultCpuWeight);
-  } catch (const std::exception& e) {
-    spdlog::warn("pool member {}: cpu weight at hand-out not set: {}", sb->id(), e.what());
-    teardown_async(sb, "pool hand-out failed: the cpu weight was not set");
-    return std::nullopt;
-  }
-  mark("weight");
-  if (sb->networked) {
-    // The caller's policy replaces deny-everything in the helper before the
-    // create returns (the helper answers once it is in force), so the first
-    // packet after the create already meets it. A refusal ends the member;
-    // the caller then boots a fresh sandbox.
-    try {
-      nethost::Control(sb->run_dir()).set_policy(checked.network);
-    } catch (const std::exception& e) {
-      spdlog::warn("pool member {}: policy at hand-out refused: {}", sb->id(), e.what());
-      teardown_async(sb, "pool hand-out failed: the network policy was not applied");
-      return std::nullopt;
-    }
-    journal.append(info.id, "net_policy", {{"policy", checked.network}});
-    mark("policy");
-  }
+  if (!adapt_member(*this, sb, checked, public_id, mark)) return std::nullopt;
   sb->set_network(checked.network);
   sb->expires_steady_ms = steady_ms() + int64_t{checked.timeout_s} * 1000;
   // Until here the member had only its internal name (its run dir, jail,

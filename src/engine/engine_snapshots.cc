@@ -136,6 +136,88 @@ snapshots::Snapshot Engine::Impl::prepare_from(SandboxSpec& checked) {
   }
 }
 
+namespace {
+
+// Before a snapshot: the guest's page cache first, so what its programs
+// wrote is on the disk, and its journal checkpointed (the agent's sync op),
+// so the layer reads right without a journal replay (the filesystem diff
+// reads it so; a fork's diff since its start reads its internal layer as
+// the "before"). The sync runs before the source stops, so it is not in its
+// pause. Then its RAM mapped into QEMU while it still runs, so that the save
+// does not take a page fault per page with the guest stopped (a fresh
+// clone's first save: ~0.7 s of pause; vmm/ram_prefault.h). Once per QEMU.
+// Returns the bytes prefaulted (on record: 0 once this QEMU was saved before).
+uint64_t settle_guest(Sandbox& sb, State from, bool memory, Phases& ph) {
+  const std::string& id = sb.rec.info.id;
+  if (from == State::running && sb.channel) {
+    try {
+      channel::sync(*sb.channel, channel::Clock::now() + std::chrono::seconds(30));
+    } catch (const std::exception& e) {
+      spdlog::warn("sandbox {}: sync before snapshot: {}", id, e.what());
+    }
+  }
+  ph.mark("guest sync");
+  uint64_t prefaulted = 0;
+  if (from == State::running && memory && sb.vm) {
+    try {
+      prefaulted = sb.vm->prefault_ram();
+    } catch (const std::exception& e) {
+      spdlog::warn("sandbox {}: prefault before snapshot: {}", id, e.what());
+    }
+  }
+  ph.mark("prefault");
+  return prefaulted;
+}
+
+// A template clone's overlay is backed by the template's disk (`base_src`),
+// which a prune may remove: the snapshot keeps its own link to it, and the
+// layer is rebased onto that link.
+void keep_template_base(const fs::path& base_src, const fs::path& dir) {
+  fs::path base = dir / "base.qcow2";
+  std::error_code ec;
+  fs::create_hard_link(base_src, base, ec);
+  if (ec) copy_or_throw(base_src, base);
+  // The layer's header is the sandbox QEMU's writing: qemu-img parses
+  // it confined (-u: the new backing name is written, never opened).
+  confine::Scratch scratch(dir);
+  std::string layer = scratch.give(dir / "layer.qcow2", true);
+  confine::Limits lim;
+  lim.timeout = std::chrono::seconds(60);
+  lim.file_bytes = 1 << 20;  // a header rewrite; the layer does not grow
+  auto r = confine::run(scratch.exec(
+      {"qemu-img", "rebase", "-u", "-f", "qcow2", "-F", "qcow2", "-b", "base.qcow2", layer},
+      "qemu-img", lim));
+  if (!r.ok())
+    throw Error(Errc::internal, "qemu-img rebase of the snapshot layer failed: " + r.describe());
+}
+
+// A fork's save: the RAM into a sealed memfd its forks map copy-on-write;
+// the source continues before the split (vmm::Vm::save_memory_split). A
+// stream that does not split leaves *split_ram null (the caller saves the
+// whole state); an error after the layer was taken is the snapshot's.
+void save_split(Sandbox& sb, const fs::path& dir, const std::function<void()>& take_layer,
+                const bool& layer_taken, std::shared_ptr<vmm::SealedRam>* split_ram) {
+  const std::string& id = sb.rec.info.id;
+  try {
+    auto r = sb.vm->save_memory_split(dir / "dev.state", std::chrono::seconds(120), take_layer,
+                                      dir / "mem.state");
+    *split_ram = r.ram;
+    if (!r.ram)
+      spdlog::warn("sandbox {}: fork: the saved state does not split ({}); whole instead", id,
+                   r.error);
+  } catch (const Error& e) {
+    if (layer_taken) {
+      rethrow_if_disk_full(dir, (dir / "layer.qcow2").string(), 0);
+      throw;
+    }
+    spdlog::warn("sandbox {}: fork: cannot split the saved state ({}); full state instead", id,
+                 e.what());
+    split_ram->reset();
+  }
+}
+
+}  // namespace
+
 snapshots::Snapshot Engine::Impl::take_snapshot(Sandbox& sb, const std::string& name, bool memory,
                                                 bool internal,
                                                 std::shared_ptr<vmm::SealedRam>* split_ram) {
@@ -147,31 +229,7 @@ snapshots::Snapshot Engine::Impl::take_snapshot(Sandbox& sb, const std::string& 
                                     "be snapshotted");
   auto t0 = std::chrono::steady_clock::now();
   Phases ph("snapshot " + name + " of " + id);
-  // The guest's page cache first, so what its programs wrote is on the disk,
-  // and its journal checkpointed (the agent's sync op), so the layer reads
-  // right without a journal replay (the filesystem diff reads it so; a
-  // fork's diff since its start reads its internal layer as the "before").
-  // The sync runs before the source stops, so it is not in its pause.
-  if (from == State::running && sb.channel) {
-    try {
-      channel::sync(*sb.channel, channel::Clock::now() + std::chrono::seconds(30));
-    } catch (const std::exception& e) {
-      spdlog::warn("sandbox {}: sync before snapshot: {}", id, e.what());
-    }
-  }
-  ph.mark("guest sync");
-  // Its RAM mapped into QEMU while it still runs, so that the save below
-  // does not take a page fault per page with the guest stopped (a fresh
-  // clone's first save: ~0.7 s of pause; vmm/ram_prefault.h). Once per QEMU.
-  uint64_t prefaulted = 0;  // on record: 0 once this QEMU has been saved before
-  if (from == State::running && memory && sb.vm) {
-    try {
-      prefaulted = sb.vm->prefault_ram();
-    } catch (const std::exception& e) {
-      spdlog::warn("sandbox {}: prefault before snapshot: {}", id, e.what());
-    }
-  }
-  ph.mark("prefault");
+  uint64_t prefaulted = settle_guest(sb, from, memory, ph);
   snapshots::Staging st = snaps->stage(name);  // conflict if the name is taken
   ScopeGuard drop([&] { snaps->abandon(st); });
   sb.transition(from, State::snapshotting,
@@ -211,26 +269,7 @@ snapshots::Snapshot Engine::Impl::take_snapshot(Sandbox& sb, const std::string& 
     if (from == State::running) {
       if (memory) {
         stop();
-        if (split_ram) {
-          // A fork: the RAM into a sealed memfd its forks map copy-on-write;
-          // the source continues before the split (vmm::Vm::save_memory_split).
-          try {
-            auto r = sb.vm->save_memory_split(st.dir / "dev.state", std::chrono::seconds(120),
-                                              take_layer, st.dir / "mem.state");
-            *split_ram = r.ram;
-            if (!r.ram)
-              spdlog::warn("sandbox {}: fork: the saved state does not split ({}); whole instead",
-                           id, r.error);
-          } catch (const Error& e) {
-            if (layer_taken) {
-              rethrow_if_disk_full(st.dir, (st.dir / "layer.qcow2").string(), 0);
-              throw;
-            }
-            spdlog::warn("sandbox {}: fork: cannot split the saved state ({}); full state instead",
-                         id, e.what());
-            split_ram->reset();
-          }
-        }
+        if (split_ram) save_split(sb, st.dir, take_layer, layer_taken, split_ram);
         try {
           if (!layer_taken) sb.vm->save_memory(st.dir / "mem.state", std::chrono::seconds(120));
         } catch (const Error&) {
@@ -259,28 +298,9 @@ snapshots::Snapshot Engine::Impl::take_snapshot(Sandbox& sb, const std::string& 
     // image save opens it (storage/disk_chain.h).
     auto chain =
         storage::disk_chain(st.dir / "layer.qcow2", disk_roots(), "sandbox " + id + "'s disk");
-    // A template clone's overlay is backed by the template's disk, which a
-    // prune may remove: the snapshot keeps its own link to it.
     if (chain.size() > 1 && templates.store() &&
-        storage::path_inside(chain[1].path, templates.store()->root())) {
-      fs::path base = st.dir / "base.qcow2";
-      std::error_code ec;
-      fs::create_hard_link(chain[1].path, base, ec);
-      if (ec) copy_or_throw(chain[1].path, base);
-      // The layer's header is the sandbox QEMU's writing: qemu-img parses
-      // it confined (-u: the new backing name is written, never opened).
-      confine::Scratch scratch(st.dir);
-      std::string layer = scratch.give(st.dir / "layer.qcow2", true);
-      confine::Limits lim;
-      lim.timeout = std::chrono::seconds(60);
-      lim.file_bytes = 1 << 20;  // a header rewrite; the layer does not grow
-      auto r = confine::run(scratch.exec(
-          {"qemu-img", "rebase", "-u", "-f", "qcow2", "-F", "qcow2", "-b", "base.qcow2", layer},
-          "qemu-img", lim));
-      if (!r.ok())
-        throw Error(Errc::internal,
-                    "qemu-img rebase of the snapshot layer failed: " + r.describe());
-    }
+        storage::path_inside(chain[1].path, templates.store()->root()))
+      keep_template_base(chain[1].path, st.dir);
   } catch (...) {
     back();
     try {
