@@ -140,19 +140,33 @@ std::string SubprocessResult::describe() const {
   return what;
 }
 
-SubprocessResult run_command(const std::vector<std::string>& argv,
-                             const SubprocessOptions& options) {
-  if (argv.empty() || argv[0].empty())
-    throw Error(Errc::invalid_argument, "run_command: empty argv", "argv");
+namespace {
 
-  SubprocessResult result;
-  result.command = quote_command(argv);
+// posix_spawnp searches the PATH of the *calling* process; honour a PATH
+// override from options.env by searching it ourselves.
+std::string resolve_program(const std::string& argv0, const SubprocessOptions& options) {
+  std::string program = argv0;
+  for (const auto& [k, v] : options.env) {
+    if (k != "PATH" || program.find('/') != std::string::npos) continue;
+    std::string_view dirs(v);
+    while (true) {
+      auto colon = dirs.find(':');
+      std::string cand = std::string(dirs.substr(0, colon)) + "/" + argv0;
+      if (::access(cand.c_str(), X_OK) == 0) {
+        program = cand;
+        break;
+      }
+      if (colon == std::string_view::npos) break;
+      dirs.remove_prefix(colon + 1);
+    }
+  }
+  return program;
+}
 
-  Fd out_r, out_w, err_r, err_w, in_r, in_w;
-  make_pipe(out_r, out_w);
-  make_pipe(err_r, err_w);
-  if (!options.input.empty()) make_pipe(in_r, in_w);
-
+// Starts the child on the given pipe ends (in_fd < 0: /dev/null) and sets
+// `start` just before it runs. Throws naming `command` if it cannot start.
+pid_t spawn_child(const std::vector<std::string>& argv, const SubprocessOptions& options, int in_fd,
+                  int out_fd, int err_fd, const std::string& command, Clock::time_point& start) {
   posix_spawn_file_actions_t fa;
   posix_spawn_file_actions_init(&fa);
   posix_spawnattr_t attr;
@@ -166,12 +180,12 @@ SubprocessResult run_command(const std::vector<std::string>& argv,
     }
   } cleanup{&fa, &attr};
 
-  if (in_r.fd >= 0)
-    posix_spawn_file_actions_adddup2(&fa, in_r.fd, 0);
+  if (in_fd >= 0)
+    posix_spawn_file_actions_adddup2(&fa, in_fd, 0);
   else
     posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
-  posix_spawn_file_actions_adddup2(&fa, out_w.fd, 1);
-  posix_spawn_file_actions_adddup2(&fa, err_w.fd, 2);
+  posix_spawn_file_actions_adddup2(&fa, out_fd, 1);
+  posix_spawn_file_actions_adddup2(&fa, err_fd, 2);
   if (!options.cwd.empty()) posix_spawn_file_actions_addchdir_np(&fa, options.cwd.c_str());
 
   // Own process group (so a timeout kills grandchildren too); default signal
@@ -193,55 +207,48 @@ SubprocessResult run_command(const std::vector<std::string>& argv,
   std::vector<std::string> argv_copy = argv;
   for (auto& a : argv_copy) args.push_back(a.data());
   args.push_back(nullptr);
+  std::string program = resolve_program(argv[0], options);
 
-  // posix_spawnp searches the PATH of the *calling* process; honour a PATH
-  // override from options.env by searching it ourselves.
-  std::string program = argv[0];
-  for (const auto& [k, v] : options.env) {
-    if (k != "PATH" || program.find('/') != std::string::npos) continue;
-    std::string_view dirs(v);
-    while (true) {
-      auto colon = dirs.find(':');
-      std::string cand = std::string(dirs.substr(0, colon)) + "/" + argv[0];
-      if (::access(cand.c_str(), X_OK) == 0) {
-        program = cand;
-        break;
-      }
-      if (colon == std::string_view::npos) break;
-      dirs.remove_prefix(colon + 1);
-    }
-  }
-
-  auto start = Clock::now();
+  start = Clock::now();
   pid_t pid = -1;
   int rc = ::posix_spawnp(&pid, program.c_str(), &fa, &attr, args.data(), envp.data());
   if (rc != 0) {
     throw Error(rc == ENOENT || rc == EACCES ? Errc::not_found : Errc::internal,
-                "cannot run `" + result.command + "`: " + std::strerror(rc));
+                "cannot run `" + command + "`: " + std::strerror(rc));
   }
-  out_w.reset();
-  err_w.reset();
-  in_r.reset();
+  return pid;
+}
 
-  // A pidfd tells us when the child itself exits, even if a grandchild keeps
-  // the output pipes open.
-  Fd pidfd(static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)));
+// How long one poll may sleep: until the deadline or the next tick, at most
+// a minute; -1 when there is neither.
+int poll_timeout_ms(Clock::time_point now, Clock::time_point wait_until) {
+  if (wait_until == Clock::time_point::max()) return -1;
+  auto ms = std::chrono::ceil<std::chrono::milliseconds>(wait_until - now).count();
+  return static_cast<int>(std::clamp<long long>(ms, 0, 60'000));
+}
 
-  Sink out_sink{OutputStream::out,  &result.out, &result.out_truncated,
-                options.max_output, &options,    {}};
-  Sink err_sink{OutputStream::err,  &result.err, &result.err_truncated,
-                options.max_output, &options,    {}};
-  std::size_t input_off = 0;
-  if (in_w.fd >= 0) ::fcntl(in_w.fd, F_SETFL, O_NONBLOCK);
-
-  const bool has_deadline = options.timeout.count() > 0;
-  const auto deadline = start + options.timeout;
-  auto next_tick = start + options.tick_interval;
+// The parent's side of a running child: its pipes and pidfd, polled until it
+// exits (or the deadline), capturing output and feeding input. `exited` and
+// `status` say what is known when run() returns or throws.
+struct Pump {
+  const SubprocessOptions& options;
+  SubprocessResult& result;
+  pid_t pid;
+  Fd& out_r;
+  Fd& err_r;
+  Fd& in_w;
+  Fd& pidfd;
+  Sink& out_sink;
+  Sink& err_sink;
   bool exited = false;
   int status = 0;
+  std::size_t input_off = 0;
   char buf[65536];
 
-  try {
+  void run(Clock::time_point start) {
+    const bool has_deadline = options.timeout.count() > 0;
+    const auto deadline = start + options.timeout;
+    auto next_tick = start + options.tick_interval;
     while (true) {
       auto now = Clock::now();
       if (has_deadline && now >= deadline) {
@@ -267,11 +274,7 @@ SubprocessResult run_command(const std::vector<std::string>& argv,
       auto wait_until = Clock::time_point::max();
       if (has_deadline) wait_until = deadline;
       if (options.on_tick) wait_until = std::min(wait_until, next_tick);
-      int timeout_ms = -1;
-      if (wait_until != Clock::time_point::max()) {
-        auto ms = std::chrono::ceil<std::chrono::milliseconds>(wait_until - now).count();
-        timeout_ms = static_cast<int>(std::clamp<long long>(ms, 0, 60'000));
-      }
+      int timeout_ms = poll_timeout_ms(now, wait_until);
       if (n == 0) {
         // No pidfd (old kernel) and pipes closed: just wait for the child.
         break;
@@ -281,57 +284,99 @@ SubprocessResult run_command(const std::vector<std::string>& argv,
         if (errno == EINTR) continue;
         throw_errno("poll");
       }
-      auto drain = [&](int idx, Fd& fd, Sink& sink) {
-        if (idx < 0 || !(pfds[idx].revents & (POLLIN | POLLHUP | POLLERR))) return;
-        ssize_t r = ::read(fd.fd, buf, sizeof buf);
-        if (r > 0) {
-          sink.feed(buf, static_cast<std::size_t>(r));
-        } else if (r == 0 || (errno != EINTR && errno != EAGAIN)) {
-          sink.flush();
-          fd.reset();
-        }
-      };
-      drain(i_out, out_r, out_sink);
-      drain(i_err, err_r, err_sink);
-      if (i_in >= 0 && (pfds[i_in].revents & (POLLOUT | POLLERR | POLLHUP))) {
-        ssize_t w =
-            ::write(in_w.fd, options.input.data() + input_off, options.input.size() - input_off);
-        if (w > 0) input_off += static_cast<std::size_t>(w);
-        if ((w < 0 && errno != EAGAIN && errno != EINTR) || input_off >= options.input.size())
-          in_w.reset();  // done, or the child closed its stdin (EPIPE)
-      }
-      if (i_pid >= 0 && (pfds[i_pid].revents & POLLIN)) {
-        while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-        }
-        exited = true;
-        // Take what is already buffered, but do not wait for grandchildren
-        // that inherited the pipes.
-        for (Fd* fd : {&out_r, &err_r}) {
-          if (fd->fd < 0) continue;
-          ::fcntl(fd->fd, F_SETFL, O_NONBLOCK);
-          Sink& sink = fd == &out_r ? out_sink : err_sink;
-          ssize_t r;
-          while ((r = ::read(fd->fd, buf, sizeof buf)) > 0)
-            sink.feed(buf, static_cast<std::size_t>(r));
-          sink.flush();
-          fd->reset();
-        }
-      }
+      if (i_out >= 0) drain(pfds[i_out], out_r, out_sink);
+      if (i_err >= 0) drain(pfds[i_err], err_r, err_sink);
+      if (i_in >= 0 && (pfds[i_in].revents & (POLLOUT | POLLERR | POLLHUP))) write_input();
+      if (i_pid >= 0 && (pfds[i_pid].revents & POLLIN)) reap_and_take_buffered();
     }
+  }
+
+  // Reads what poll says is ready; closes the pipe at its end or on an error.
+  void drain(const pollfd& p, Fd& fd, Sink& sink) {
+    if (!(p.revents & (POLLIN | POLLHUP | POLLERR))) return;
+    ssize_t r = ::read(fd.fd, buf, sizeof buf);
+    if (r > 0) {
+      sink.feed(buf, static_cast<std::size_t>(r));
+    } else if (r == 0 || (errno != EINTR && errno != EAGAIN)) {
+      sink.flush();
+      fd.reset();
+    }
+  }
+
+  void write_input() {
+    ssize_t w =
+        ::write(in_w.fd, options.input.data() + input_off, options.input.size() - input_off);
+    if (w > 0) input_off += static_cast<std::size_t>(w);
+    if ((w < 0 && errno != EAGAIN && errno != EINTR) || input_off >= options.input.size())
+      in_w.reset();  // done, or the child closed its stdin (EPIPE)
+  }
+
+  // The child itself exited: reap it, take what is already buffered, but do
+  // not wait for grandchildren that inherited the pipes.
+  void reap_and_take_buffered() {
+    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
+    exited = true;
+    for (Fd* fd : {&out_r, &err_r}) {
+      if (fd->fd < 0) continue;
+      ::fcntl(fd->fd, F_SETFL, O_NONBLOCK);
+      Sink& sink = fd == &out_r ? out_sink : err_sink;
+      ssize_t r;
+      while ((r = ::read(fd->fd, buf, sizeof buf)) > 0) sink.feed(buf, static_cast<std::size_t>(r));
+      sink.flush();
+      fd->reset();
+    }
+  }
+};
+
+}  // namespace
+
+SubprocessResult run_command(const std::vector<std::string>& argv,
+                             const SubprocessOptions& options) {
+  if (argv.empty() || argv[0].empty())
+    throw Error(Errc::invalid_argument, "run_command: empty argv", "argv");
+
+  SubprocessResult result;
+  result.command = quote_command(argv);
+
+  Fd out_r, out_w, err_r, err_w, in_r, in_w;
+  make_pipe(out_r, out_w);
+  make_pipe(err_r, err_w);
+  if (!options.input.empty()) make_pipe(in_r, in_w);
+
+  Clock::time_point start;
+  pid_t pid = spawn_child(argv, options, in_r.fd, out_w.fd, err_w.fd, result.command, start);
+  out_w.reset();
+  err_w.reset();
+  in_r.reset();
+
+  // A pidfd tells us when the child itself exits, even if a grandchild keeps
+  // the output pipes open.
+  Fd pidfd(static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)));
+
+  Sink out_sink{OutputStream::out,  &result.out, &result.out_truncated,
+                options.max_output, &options,    {}};
+  Sink err_sink{OutputStream::err,  &result.err, &result.err_truncated,
+                options.max_output, &options,    {}};
+  if (in_w.fd >= 0) ::fcntl(in_w.fd, F_SETFL, O_NONBLOCK);
+
+  Pump pump{options, result, pid, out_r, err_r, in_w, pidfd, out_sink, err_sink};
+  try {
+    pump.run(start);
   } catch (...) {
-    if (!exited) kill_and_reap(pid, &status);
+    if (!pump.exited) kill_and_reap(pid, &pump.status);
     throw;
   }
-  if (!exited) {
-    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  if (!pump.exited) {
+    while (::waitpid(pid, &pump.status, 0) < 0 && errno == EINTR) {
     }
   }
   out_sink.flush();
   err_sink.flush();
   result.duration = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start);
   if (!result.timed_out) {
-    if (WIFEXITED(status)) result.exit_code = WEXITSTATUS(status);
-    if (WIFSIGNALED(status)) result.term_signal = WTERMSIG(status);
+    if (WIFEXITED(pump.status)) result.exit_code = WEXITSTATUS(pump.status);
+    if (WIFSIGNALED(pump.status)) result.term_signal = WTERMSIG(pump.status);
   }
   return result;
 }

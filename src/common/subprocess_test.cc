@@ -2,8 +2,11 @@
 
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -138,6 +141,30 @@ TEST(Subprocess, ClearEnv) {
   auto r = run_command({"env"}, o);
   ASSERT_TRUE(r.ok());
   EXPECT_EQ(r.out, "PATH=/usr/bin:/bin\nONLY=1\n");
+}
+
+// posix_spawnp would search the daemon's PATH; a PATH in options.env is
+// searched instead, in its order, for a program named without a '/'.
+TEST(Subprocess, PathInOptionsEnvFindsTheProgram) {
+  char tmpl[] = "/tmp/airlock-subprocess-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  std::string dir = tmpl;
+  std::string tool = dir + "/airlock-only-here";
+  FILE* f = std::fopen(tool.c_str(), "w");
+  ASSERT_NE(f, nullptr);
+  std::fputs("#!/bin/sh\necho found \"$0\"\n", f);
+  std::fclose(f);
+  ASSERT_EQ(::chmod(tool.c_str(), 0755), 0);
+
+  EXPECT_THROW(run_command({"airlock-only-here"}), Error);  // not on our own PATH
+  SubprocessOptions o;
+  o.env = {{"PATH", dir + "/missing:" + dir + ":/usr/bin:/bin"}};
+  auto r = run_command({"airlock-only-here"}, o);
+  EXPECT_TRUE(r.ok()) << r.describe();
+  EXPECT_EQ(r.out, "found " + tool + "\n");
+
+  ::unlink(tool.c_str());
+  ::rmdir(dir.c_str());
 }
 
 TEST(Subprocess, TickCallbackRunsAndCanAbort) {

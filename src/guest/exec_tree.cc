@@ -214,10 +214,30 @@ ProcTree::~ProcTree() {
   release();
 }
 
-void ProcTree::spawn(const ExecSpec& spec, int in_fd, int out_fd, int err_fd,
-                     std::function<void(int status)> on_exit) {
-  limits_ = spec.limits;
-  cwd_ = spec.cwd;
+namespace {
+
+// The child did not start: `what` of the stage it failed at, with its errno.
+[[noreturn]] void throw_spawn_failure(const SpawnResult& sr, const ExecSpec& spec) {
+  errno = sr.err;
+  switch (sr.stage) {
+    case SpawnStage::cwd:
+      throw_sys("cwd " + spec.cwd);
+    case SpawnStage::user:
+      throw_sys("switching to user " + spec.user.name);
+    case SpawnStage::cgroup:
+      throw_sys("joining the exec's cgroup");
+    case SpawnStage::exec:
+      throw_sys("exec " + spec.argv[0]);
+    case SpawnStage::clone:
+      throw_sys("clone");
+    default:
+      throw_sys("setting up stdio");
+  }
+}
+
+}  // namespace
+
+void ProcTree::make_cgroup() {
   if (server_.cgroup_root().empty()) {
     // A development host without a cgroup for us: only CPU time can still
     // be bounded (per process, by RLIMIT_CPU).
@@ -225,27 +245,55 @@ void ProcTree::spawn(const ExecSpec& spec, int in_fd, int out_fd, int err_fd,
       throw Error(Errc::invalid_argument,
                   "limits.pids and limits.memory_mb need cgroup v2, which this agent does not have",
                   limits_.pids ? "limits.pids" : "limits.memory_mb");
-  } else {
-    // A fresh cgroup: made ahead of time after the previous exec (the
-    // server's spare), or now. Throws GuestError naming the mkdir.
-    cg_ = server_.take_cgroup(limits_.pids || limits_.memory_mb || limits_.cpu_seconds > 0);
-    cgroup_ = cg_.path;
-    auto set = [&](const char* file, const std::string& value, bool required) {
-      if (write_str(cgroup_ + "/" + file, value.c_str()) != 0 && required) {
-        int e = errno;
-        release();
-        throw GuestError(code::internal, std::string("cannot set ") + file +
-                                             " of the exec's cgroup: " + strerror(e) +
-                                             " (controller not available?)");
-      }
-    };
-    if (limits_.pids) set("pids.max", std::to_string(limits_.pids), true);
-    if (limits_.memory_mb) {
-      set("memory.max", std::to_string(limits_.memory_mb << 20), true);
-      // No swap in the VM, but if there were, a limit must not spill into it.
-      set("memory.swap.max", "0", false);
-    }
+    return;
   }
+  // A fresh cgroup: made ahead of time after the previous exec (the
+  // server's spare), or now. Throws GuestError naming the mkdir.
+  cg_ = server_.take_cgroup(limits_.pids || limits_.memory_mb || limits_.cpu_seconds > 0);
+  cgroup_ = cg_.path;
+  auto set = [&](const char* file, const std::string& value, bool required) {
+    if (write_str(cgroup_ + "/" + file, value.c_str()) != 0 && required) {
+      int e = errno;
+      release();
+      throw GuestError(code::internal, std::string("cannot set ") + file +
+                                           " of the exec's cgroup: " + strerror(e) +
+                                           " (controller not available?)");
+    }
+  };
+  if (limits_.pids) set("pids.max", std::to_string(limits_.pids), true);
+  if (limits_.memory_mb) {
+    set("memory.max", std::to_string(limits_.memory_mb << 20), true);
+    // No swap in the VM, but if there were, a limit must not spill into it.
+    set("memory.swap.max", "0", false);
+  }
+}
+
+void ProcTree::arm_timer(int& fd, int64_t first_ms, int64_t every_ms, std::function<void()> fn) {
+  fd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
+  if (fd < 0) return;
+  itimerspec its{};
+  its.it_value.tv_sec = first_ms / 1000;
+  its.it_value.tv_nsec = (first_ms % 1000) * 1000000;
+  its.it_interval.tv_sec = every_ms / 1000;
+  its.it_interval.tv_nsec = (every_ms % 1000) * 1000000;
+  if (timerfd_settime(fd, 0, &its, nullptr) != 0) {
+    close(fd);
+    fd = -1;
+    return;
+  }
+  server_.watch(fd, EPOLLIN, [fd, fn](uint32_t) {
+    uint64_t ticks;
+    ssize_t r = read(fd, &ticks, sizeof ticks);
+    (void)r;
+    fn();
+  });
+}
+
+void ProcTree::spawn(const ExecSpec& spec, int in_fd, int out_fd, int err_fd,
+                     std::function<void(int status)> on_exit) {
+  limits_ = spec.limits;
+  cwd_ = spec.cwd;
+  make_cgroup();
   const std::string procs = cgroup_.empty() ? "" : cgroup_ + "/cgroup.procs";
 
   // Everything the child needs is prepared before the clone: after it,
@@ -280,21 +328,7 @@ void ProcTree::spawn(const ExecSpec& spec, int in_fd, int out_fd, int err_fd,
   pid_t pid = sr.pid;
   if (pid < 0) {
     release();
-    errno = sr.err;
-    switch (sr.stage) {
-      case SpawnStage::cwd:
-        throw_sys("cwd " + spec.cwd);
-      case SpawnStage::user:
-        throw_sys("switching to user " + user.name);
-      case SpawnStage::cgroup:
-        throw_sys("joining the exec's cgroup");
-      case SpawnStage::exec:
-        throw_sys("exec " + spec.argv[0]);
-      case SpawnStage::clone:
-        throw_sys("clone");
-      default:
-        throw_sys("setting up stdio");
-    }
+    throw_spawn_failure(sr, spec);
   }
   pid_ = pgid_ = pid;
   server_.on_child_exit(pid, [this, cb = std::move(on_exit)](int st) {
@@ -311,29 +345,9 @@ void ProcTree::spawn(const ExecSpec& spec, int in_fd, int out_fd, int err_fd,
     if (cpu_fd_ >= 0) server_.unwatch(cpu_fd_), close(cpu_fd_), cpu_fd_ = -1;
     cb(st);
   });
-  auto arm = [&](int& fd, int64_t first_ms, int64_t every_ms, std::function<void()> fn) {
-    fd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
-    if (fd < 0) return;
-    itimerspec its{};
-    its.it_value.tv_sec = first_ms / 1000;
-    its.it_value.tv_nsec = (first_ms % 1000) * 1000000;
-    its.it_interval.tv_sec = every_ms / 1000;
-    its.it_interval.tv_nsec = (every_ms % 1000) * 1000000;
-    if (timerfd_settime(fd, 0, &its, nullptr) != 0) {
-      close(fd);
-      fd = -1;
-      return;
-    }
-    server_.watch(fd, EPOLLIN, [fd, fn](uint32_t) {
-      uint64_t ticks;
-      ssize_t r = read(fd, &ticks, sizeof ticks);
-      (void)r;
-      fn();
-    });
-  };
-  if (spec.timeout_ms > 0) arm(timer_fd_, spec.timeout_ms, 0, [this] { on_timeout(); });
+  if (spec.timeout_ms > 0) arm_timer(timer_fd_, spec.timeout_ms, 0, [this] { on_timeout(); });
   if (limits_.cpu_seconds > 0 && !cgroup_.empty())
-    arm(cpu_fd_, kCpuTickMs, kCpuTickMs, [this] { on_cpu_tick(); });
+    arm_timer(cpu_fd_, kCpuTickMs, kCpuTickMs, [this] { on_cpu_tick(); });
 }
 
 void ProcTree::on_timeout() {

@@ -127,6 +127,12 @@ class ProcTree {
   nlohmann::json spawn_trace(int64_t received_us, int64_t now_us) const;
 
  private:
+  // The exec's cgroup with its limits set (none on a host without cgroup v2,
+  // where pids and memory limits are refused). Throws; nothing left on error.
+  void make_cgroup();
+  // A timerfd watched by the server, calling `fn` after `first_ms` and then
+  // every `every_ms` (0: once); fd stays -1 if it cannot be made.
+  void arm_timer(int& fd, int64_t first_ms, int64_t every_ms, std::function<void()> fn);
   void on_timeout();
   void on_cpu_tick();
   uint64_t cgroup_value(const std::string& file, const std::string& key) const;

@@ -79,6 +79,7 @@ json annotations(bool read_only, bool destructive, bool idempotent) {
           {"openWorldHint", false}};
 }
 
+// A table (one literal schema per tool, nothing else): long because the tool list is.
 json build() {
   json sandbox = {{"type", "object"}, {"required", {"id", "state"}}};
   json tools = json::array();

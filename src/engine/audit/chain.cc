@@ -184,35 +184,30 @@ struct Entry {
   std::string hash;
 };
 
-}  // namespace
-
-VerifyReport verify_journal(const std::filesystem::path& path, const std::string& sandbox,
-                            const std::optional<JournalHead>& anchor, const HostKey* key) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-  if (fd < 0) throw Error(Errc::not_found, "no audit journal for sandbox " + sandbox, "id");
-  ::close(fd);
-  std::ifstream in(path, std::ios::binary);
-  VerifyReport rep;
-  rep.anchor = anchor;
-  if (key) rep.public_key = key->public_key_hex();
-  auto brk = [&](uint64_t line, int64_t seq, std::string kind, std::string msg) {
-    rep.ok = false;
-    if (rep.breaks.size() < VerifyReport::kMaxBreaks)
-      rep.breaks.push_back({line, seq, std::move(kind), std::move(msg)});
-  };
-
-  // Pass 1: every line's seq, prev and hash (the canonical bytes: the line
-  // without its newline).
+// The journal's lines as read (pass 1).
+struct Lines {
   std::vector<Entry> es;
   std::map<int64_t, uint64_t> first_line_of;  // seq -> first line holding it
+  uint64_t n = 0;                             // lines read
+  bool torn = false;                          // the last line has no newline
+};
+
+void add_break(VerifyReport& rep, uint64_t line, int64_t seq, std::string kind, std::string msg) {
+  rep.ok = false;
+  if (rep.breaks.size() < VerifyReport::kMaxBreaks)
+    rep.breaks.push_back({line, seq, std::move(kind), std::move(msg)});
+}
+
+// Pass 1: every line's seq, prev and hash (the canonical bytes: the line
+// without its newline).
+Lines read_lines(std::istream& in) {
+  Lines ls;
   std::string line;
-  uint64_t n = 0;
-  bool torn = false;
   while (std::getline(in, line)) {
-    ++n;
-    if (in.eof()) torn = true;  // no newline after the last line: a write cut short
+    ++ls.n;
+    if (in.eof()) ls.torn = true;  // no newline after the last line: a write cut short
     Entry e;
-    e.line = n;
+    e.line = ls.n;
     e.hash = sha256_hex(line);
     auto j = nlohmann::json::parse(line, nullptr, false);
     if (j.is_object()) {
@@ -224,16 +219,19 @@ VerifyReport verify_journal(const std::filesystem::path& path, const std::string
       auto sb = j.find("sandbox");
       if (sb != j.end() && sb->is_string()) e.sandbox = sb->get<std::string>();
     }
-    if (e.seq >= 0) first_line_of.emplace(e.seq, n);
-    es.push_back(std::move(e));
+    if (e.seq >= 0) ls.first_line_of.emplace(e.seq, ls.n);
+    ls.es.push_back(std::move(e));
   }
-  rep.records = n;
-  if (torn && !es.empty() && !es.back().json) {
-    // A crash mid-append leaves a partial last line; the next append cuts it
-    // off and records that (journal_torn_tail). Not evidence of tampering.
-    es.pop_back();
-  }
+  return ls;
+}
 
+// Pass 2: the chain from the first record with a seq, each break named.
+// Returns the last record in it (nullptr: none).
+const Entry* walk_chain(Lines& ls, const std::string& sandbox, VerifyReport& rep) {
+  const std::vector<Entry>& es = ls.es;
+  auto brk = [&](uint64_t line, int64_t seq, std::string kind, std::string msg) {
+    add_break(rep, line, seq, std::move(kind), std::move(msg));
+  };
   size_t i = 0;
   while (i < es.size() && es[i].seq < 0) ++i;
   rep.legacy_records = i;
@@ -267,8 +265,8 @@ VerifyReport verify_journal(const std::filesystem::path& path, const std::string
       }
       ++expected;
     } else if (e.seq > expected) {
-      auto later = first_line_of.find(expected);
-      if (later != first_line_of.end() && later->second > e.line)
+      auto later = ls.first_line_of.find(expected);
+      if (later != ls.first_line_of.end() && later->second > e.line)
         brk(e.line, e.seq, "reordered",
             here + " comes where seq " + std::to_string(expected) + " was expected (seq " +
                 std::to_string(expected) + " is at line " + std::to_string(later->second) +
@@ -284,7 +282,7 @@ VerifyReport verify_journal(const std::filesystem::path& path, const std::string
     } else if (seen.count(e.seq)) {
       brk(e.line, e.seq, "inserted",
           here + " repeats seq " + std::to_string(e.seq) + " of line " +
-              std::to_string(first_line_of[e.seq]) + ": a record was inserted");
+              std::to_string(ls.first_line_of[e.seq]) + ": a record was inserted");
     } else {
       brk(e.line, e.seq, "reordered",
           here + " comes after seq " + std::to_string(expected - 1) + ": records were reordered");
@@ -293,28 +291,29 @@ VerifyReport verify_journal(const std::filesystem::path& path, const std::string
     prev_hash = e.hash;
     last = &e;
   }
-  if (last) rep.head = {static_cast<uint64_t>(last->seq), last->hash, 0, {}};
+  return last;
+}
 
-  if (!anchor) {
-    if (last)
-      brk(0, -1, "no_anchor",
-          "the registry has no anchored head for this journal: its tail cannot be checked");
-    return rep;
-  }
+// The tail against the registry's anchored head, and its signature.
+void check_anchor(const Lines& ls, const Entry* last, const JournalHead& anchor,
+                  const std::string& sandbox, const HostKey* key, VerifyReport& rep) {
+  auto brk = [&](uint64_t line, int64_t seq, std::string kind, std::string msg) {
+    add_break(rep, line, seq, std::move(kind), std::move(msg));
+  };
   // The anchored record must still be in the file, with the anchored hash.
-  int64_t aseq = static_cast<int64_t>(anchor->seq);
+  int64_t aseq = static_cast<int64_t>(anchor.seq);
   const Entry* anchored = nullptr;
-  for (const auto& e : es)
-    if (e.seq == aseq && e.hash == anchor->hash) anchored = &e;
+  for (const auto& e : ls.es)
+    if (e.seq == aseq && e.hash == anchor.hash) anchored = &e;
   if (!anchored) {
-    auto it = first_line_of.find(aseq);
-    int64_t max_seq = first_line_of.empty() ? 0 : first_line_of.rbegin()->first;
+    auto it = ls.first_line_of.find(aseq);
+    int64_t max_seq = ls.first_line_of.empty() ? 0 : ls.first_line_of.rbegin()->first;
     if (aseq > max_seq)
-      brk(n + (torn ? 0 : 1), aseq, "truncated",
+      brk(ls.n + (ls.torn ? 0 : 1), aseq, "truncated",
           "the file ends at seq " + std::to_string(max_seq) +
               " but the registry's anchor names seq " + std::to_string(aseq) + ": the last " +
               std::to_string(aseq - max_seq) + " record(s) were removed");
-    else if (it != first_line_of.end())
+    else if (it != ls.first_line_of.end())
       brk(it->second, aseq, "edited",
           "line " + std::to_string(it->second) + " (seq " + std::to_string(aseq) +
               ") does not hash to the head anchored in the registry: edited");
@@ -324,11 +323,11 @@ VerifyReport verify_journal(const std::filesystem::path& path, const std::string
   } else if (last && last->seq > aseq) {
     rep.unanchored = static_cast<uint64_t>(last->seq - aseq);
   }
-  if (!anchor->signature.empty()) {
+  if (!anchor.signature.empty()) {
     rep.signed_anchor = true;
     if (key) {
       rep.signature_ok =
-          key->verify_hex(head_message(sandbox, anchor->seq, anchor->hash), anchor->signature);
+          key->verify_hex(head_message(sandbox, anchor.seq, anchor.hash), anchor.signature);
       if (!rep.signature_ok)
         brk(0, aseq, "bad_signature",
             "the anchored head's signature does not verify with the host key");
@@ -336,6 +335,37 @@ VerifyReport verify_journal(const std::filesystem::path& path, const std::string
   } else if (key) {
     brk(0, aseq, "bad_signature", "the anchored head is not signed, but this host signs heads");
   }
+}
+
+}  // namespace
+
+VerifyReport verify_journal(const std::filesystem::path& path, const std::string& sandbox,
+                            const std::optional<JournalHead>& anchor, const HostKey* key) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+  if (fd < 0) throw Error(Errc::not_found, "no audit journal for sandbox " + sandbox, "id");
+  ::close(fd);
+  std::ifstream in(path, std::ios::binary);
+  VerifyReport rep;
+  rep.anchor = anchor;
+  if (key) rep.public_key = key->public_key_hex();
+
+  Lines ls = read_lines(in);
+  rep.records = ls.n;
+  if (ls.torn && !ls.es.empty() && !ls.es.back().json) {
+    // A crash mid-append leaves a partial last line; the next append cuts it
+    // off and records that (journal_torn_tail). Not evidence of tampering.
+    ls.es.pop_back();
+  }
+  const Entry* last = walk_chain(ls, sandbox, rep);
+  if (last) rep.head = {static_cast<uint64_t>(last->seq), last->hash, 0, {}};
+
+  if (!anchor) {
+    if (last)
+      add_break(rep, 0, -1, "no_anchor",
+                "the registry has no anchored head for this journal: its tail cannot be checked");
+    return rep;
+  }
+  check_anchor(ls, last, *anchor, sandbox, key, rep);
   return rep;
 }
 

@@ -418,165 +418,206 @@ Jail Jail::prepare(const JailSpec& spec) {
   return j;
 }
 
-pid_t Jail::spawn(const std::vector<std::string>& argv, int out_fd) const {
-  if (argv.empty()) throw Error(Errc::invalid_argument, "jail: empty argv", "argv");
-  const JailSpec& s = spec_;
-  // Everything the children need, prepared while allocating is still safe.
-  std::vector<char*> cargv;
-  for (const auto& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
-  cargv.push_back(nullptr);
-  static char path_env[] = "PATH=/usr/bin:/bin";
-  char* envp[] = {path_env, nullptr};
-  std::string exe = s.exe.string();
-  std::string root = (s.run_dir / kRootName).string();
-  std::vector<std::string> procs;
-  for (const auto& c : cgroups_) procs.push_back((c / "cgroup.procs").string());
-  std::string uid_map = std::to_string(uid_) + " " + std::to_string(uid_) + " 1\n";
-  std::string gid_map = std::to_string(gid_) + " " + std::to_string(gid_) + " 1\n";
-  const JailMode mode = mode_;
-  const uid_t uid = uid_;
-  const gid_t gid = gid_;
-  const std::vector<gid_t>& groups = s.groups;
-  int ns_flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWNET;
-  if (mode == JailMode::userns) ns_flags |= CLONE_NEWUSER;
-  struct rlimit nofile {
-    kNofile, kNofile
-  }, nproc{kNproc, kNproc}, core{0, 0};
-  struct rlimit fsize {
-    s.fsize_bytes ? s.fsize_bytes : RLIM_INFINITY, s.fsize_bytes ? s.fsize_bytes : RLIM_INFINITY
-  };
+namespace {
 
-  int devnull = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
-  if (devnull < 0) throw_errno("open /dev/null");
-  int report[2];
-  if (::pipe2(report, O_CLOEXEC) != 0) {
-    ::close(devnull);
-    throw_errno("pipe2");
+char kPathEnv[] = "PATH=/usr/bin:/bin";
+
+// Everything the jailed child needs, built in the parent while allocating is
+// still safe: after fork the child only reads it.
+struct ChildPlan {
+  std::vector<char*> argv;
+  char* envp[2] = {kPathEnv, nullptr};
+  std::string exe;
+  std::string root;
+  std::vector<std::string> procs;  // cgroup.procs files to join
+  std::string uid_map;
+  std::string gid_map;
+  JailMode mode = JailMode::none;
+  uid_t uid = 0;
+  gid_t gid = 0;
+  const std::vector<gid_t>* groups = nullptr;
+  int ns_flags = 0;
+  struct rlimit nofile {};
+  struct rlimit nproc {};
+  struct rlimit core {};
+  struct rlimit fsize {};
+  const std::vector<Jail::Op>* ops = nullptr;
+  int inherit_fd = -1;
+  int out_fd = -1;
+  int devnull = -1;
+};
+
+ChildPlan child_plan(const JailSpec& s, JailMode mode, uid_t uid, gid_t gid,
+                     const std::vector<fs::path>& cgroups, const std::vector<Jail::Op>& ops,
+                     const std::vector<std::string>& argv, int out_fd) {
+  ChildPlan p;
+  for (const auto& a : argv) p.argv.push_back(const_cast<char*>(a.c_str()));
+  p.argv.push_back(nullptr);
+  p.exe = s.exe.string();
+  p.root = (s.run_dir / kRootName).string();
+  for (const auto& c : cgroups) p.procs.push_back((c / "cgroup.procs").string());
+  p.uid_map = std::to_string(uid) + " " + std::to_string(uid) + " 1\n";
+  p.gid_map = std::to_string(gid) + " " + std::to_string(gid) + " 1\n";
+  p.mode = mode;
+  p.uid = uid;
+  p.gid = gid;
+  p.groups = &s.groups;
+  p.ns_flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWNET;
+  if (mode == JailMode::userns) p.ns_flags |= CLONE_NEWUSER;
+  p.nofile = {kNofile, kNofile};
+  p.nproc = {kNproc, kNproc};
+  p.core = {0, 0};
+  rlim_t fsize = s.fsize_bytes ? s.fsize_bytes : RLIM_INFINITY;
+  p.fsize = {fsize, fsize};
+  p.ops = &ops;
+  p.inherit_fd = s.inherit_fd;
+  p.out_fd = out_fd;
+  return p;
+}
+
+// One step of the mount plan, in the child: 0 or -1 with errno set.
+int apply_mount_op(const Jail::Op& op, uid_t uid, gid_t gid) {
+  int r = 0;
+  switch (op.kind) {
+    case Jail::Op::dir:
+      r = ::mkdir(op.target.c_str(), 0755);
+      if (r != 0 && errno == EEXIST) r = 0;
+      break;
+    case Jail::Op::symlink:
+      r = ::symlink(op.source.c_str(), op.target.c_str());
+      break;
+    case Jail::Op::file: {
+      int fd = ::open(op.target.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+      r = fd < 0 ? -1 : 0;
+      if (fd >= 0 && op.own && ::fchown(fd, uid, gid) != 0) r = -1;
+      if (fd >= 0) ::close(fd);
+      break;
+    }
+    case Jail::Op::proc:
+      // Its own pid namespace's processes only (it is PID 1 there).
+      r = ::mount("proc", op.target.c_str(), "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_RDONLY,
+                  "subset=pid");
+      break;
+    case Jail::Op::bind:
+      r = ::mount(op.source.c_str(), op.target.c_str(), nullptr, MS_BIND, nullptr);
+      if (r == 0)
+        r = ::mount(nullptr, op.target.c_str(), nullptr, MS_REMOUNT | MS_BIND | op.flags, nullptr);
+      break;
   }
-  pid_t child = ::fork();
-  if (child < 0) {
-    for (int fd : {devnull, report[0], report[1]}) ::close(fd);
-    throw_errno("fork");
+  return r;
+}
+
+// In the child, in the new mount namespace: a tmpfs root holding only the
+// mount plan, pivoted into and made read-only.
+void child_build_root(const ChildPlan& p, int rep) {
+  if (::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0)
+    child_fail(rep, st_private);
+  if (::mount("tmpfs", p.root.c_str(), "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=64k") != 0)
+    child_fail(rep, st_tmpfs);
+  for (size_t i = 0; i < p.ops->size(); ++i)
+    if (apply_mount_op((*p.ops)[i], p.uid, p.gid) != 0) child_fail(rep, static_cast<int>(i));
+  if (::chdir(p.root.c_str()) != 0 || ::syscall(SYS_pivot_root, ".", ".") != 0 ||
+      ::umount2(".", MNT_DETACH) != 0 || ::chdir("/") != 0)
+    child_fail(rep, st_pivot);
+  if (::mount(nullptr, "/", nullptr, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV,
+              nullptr) != 0)
+    child_fail(rep, st_rootro);
+  ::sethostname("airlock", 7);
+}
+
+// In the child, last: the standard fds, the one inherited fd, nothing else.
+[[noreturn]] void child_exec(const ChildPlan& p, int rep) {
+  // Out of the way of 0..4 first: the daemon's number may be any of them.
+  int inherited = p.inherit_fd >= 0 ? ::fcntl(p.inherit_fd, F_DUPFD, 16) : -1;
+  if (p.inherit_fd >= 0 && inherited < 0) child_fail(rep, st_exec);
+  ::dup2(p.devnull, 0);
+  ::dup2(p.out_fd, 1);
+  ::dup2(p.out_fd, 2);
+  ::dup2(rep, 3);
+  ::fcntl(3, F_SETFD, FD_CLOEXEC);
+  int first_closed = kInheritedFd;
+  if (inherited >= 0) {
+    ::dup2(inherited, kInheritedFd);  // without FD_CLOEXEC: it survives exec
+    first_closed = kInheritedFd + 1;
   }
-  if (child == 0) {
-    // Only async-signal-safe calls from here on.
-    ::close(report[0]);
-    int rep = report[1];
-    if (::setsid() < 0) child_fail(rep, st_setsid);
-    // Joined before the namespaces: everything below inherits the limits.
-    for (const auto& p : procs)
-      if (!write_str(p.c_str(), "0")) child_fail(rep, st_cgroup);
-    if (mode != JailMode::none) {
-      if (::unshare(ns_flags) != 0) child_fail(rep, st_unshare);
-      if (mode == JailMode::userns) {
-        if (!write_str("/proc/self/setgroups", "deny") ||
-            !write_str("/proc/self/gid_map", gid_map) || !write_str("/proc/self/uid_map", uid_map))
-          child_fail(rep, st_idmap);
-      }
+  ::close_range(first_closed, ~0U, 0);  // nothing else of the daemon leaks into the jail
+  ::execve(p.exe.c_str(), p.argv.data(), p.envp);
+  child_fail(3, st_exec);
+}
+
+// The first child, from fork to execve: only async-signal-safe calls (the
+// daemon has other threads), on what `p` prepared. The order is the
+// security argument and must not change:
+//  - setsid, then the cgroups before the namespaces, so everything below
+//    inherits the limits;
+//  - unshare (and the id maps without root) before the second fork, so the
+//    grandchild is PID 1 of the new pid namespace and detached;
+//  - the root is built while the mount capabilities are still held, and is
+//    read-only before the process runs;
+//  - rlimits, then the bounding set (needs CAP_SETPCAP, so before giving up
+//    root), then groups, gid and uid (the uid last: after it nothing else
+//    can change), then every remaining capability, then no_new_privs so exec
+//    cannot regain any;
+//  - the fds and exec last, so every failure above still reaches the pipe.
+[[noreturn]] void run_jailed_child(const ChildPlan& p, int rep) {
+  if (::setsid() < 0) child_fail(rep, st_setsid);
+  // Joined before the namespaces: everything below inherits the limits.
+  for (const auto& proc : p.procs)
+    if (!write_str(proc.c_str(), "0")) child_fail(rep, st_cgroup);
+  if (p.mode != JailMode::none) {
+    if (::unshare(p.ns_flags) != 0) child_fail(rep, st_unshare);
+    if (p.mode == JailMode::userns) {
+      if (!write_str("/proc/self/setgroups", "deny") ||
+          !write_str("/proc/self/gid_map", p.gid_map) ||
+          !write_str("/proc/self/uid_map", p.uid_map))
+        child_fail(rep, st_idmap);
     }
-    // The second fork detaches (re-parented to init or the nearest
-    // subreaper) and, with CLONE_NEWPID, is PID 1 of the new namespace.
-    pid_t grandchild = ::fork();
-    if (grandchild < 0) child_fail(rep, st_fork);
-    if (grandchild > 0) {
-      write_all(rep, &grandchild, sizeof(grandchild));
-      ::_exit(0);
-    }
-    reset_signals();
-    if (mode != JailMode::none) {
-      if (::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0)
-        child_fail(rep, st_private);
-      if (::mount("tmpfs", root.c_str(), "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=64k") != 0)
-        child_fail(rep, st_tmpfs);
-      for (size_t i = 0; i < ops_.size(); ++i) {
-        const Op& op = ops_[i];
-        int r = 0;
-        switch (op.kind) {
-          case Op::dir:
-            r = ::mkdir(op.target.c_str(), 0755);
-            if (r != 0 && errno == EEXIST) r = 0;
-            break;
-          case Op::symlink:
-            r = ::symlink(op.source.c_str(), op.target.c_str());
-            break;
-          case Op::file: {
-            int fd = ::open(op.target.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
-            r = fd < 0 ? -1 : 0;
-            if (fd >= 0 && op.own && ::fchown(fd, uid, gid) != 0) r = -1;
-            if (fd >= 0) ::close(fd);
-            break;
-          }
-          case Op::proc:
-            // Its own pid namespace's processes only (it is PID 1 there).
-            r = ::mount("proc", op.target.c_str(), "proc",
-                        MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_RDONLY, "subset=pid");
-            break;
-          case Op::bind:
-            r = ::mount(op.source.c_str(), op.target.c_str(), nullptr, MS_BIND, nullptr);
-            if (r == 0)
-              r = ::mount(nullptr, op.target.c_str(), nullptr, MS_REMOUNT | MS_BIND | op.flags,
-                          nullptr);
-            break;
-        }
-        if (r != 0) child_fail(rep, static_cast<int>(i));
-      }
-      if (::chdir(root.c_str()) != 0 || ::syscall(SYS_pivot_root, ".", ".") != 0 ||
-          ::umount2(".", MNT_DETACH) != 0 || ::chdir("/") != 0)
-        child_fail(rep, st_pivot);
-      if (::mount(nullptr, "/", nullptr, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV,
-                  nullptr) != 0)
-        child_fail(rep, st_rootro);
-      ::sethostname("airlock", 7);
-    }
-    if (::setrlimit(RLIMIT_CORE, &core) != 0 || ::setrlimit(RLIMIT_NOFILE, &nofile) != 0 ||
-        ::setrlimit(RLIMIT_FSIZE, &fsize) != 0 ||
-        (mode == JailMode::full && ::setrlimit(RLIMIT_NPROC, &nproc) != 0))
-      child_fail(rep, st_rlimit);
-    if (mode == JailMode::full) {
-      // The bounding set needs CAP_SETPCAP: drop it before giving up root.
-      for (int cap = 0; cap <= 63; ++cap)
-        if (::prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 && errno != EINVAL)
-          child_fail(rep, st_caps);
-      if (::setgroups(groups.size(), groups.data()) != 0 || ::setresgid(gid, gid, gid) != 0 ||
-          ::setresuid(uid, uid, uid) != 0)
-        child_fail(rep, st_creds);
-    }
-    if (mode != JailMode::none && !drop_all_caps()) child_fail(rep, st_caps);
-    if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) child_fail(rep, st_nnp);
-    ::umask(077);
-    // Out of the way of 0..4 first: the daemon's number may be any of them.
-    int inherited = s.inherit_fd >= 0 ? ::fcntl(s.inherit_fd, F_DUPFD, 16) : -1;
-    if (s.inherit_fd >= 0 && inherited < 0) child_fail(rep, st_exec);
-    ::dup2(devnull, 0);
-    ::dup2(out_fd, 1);
-    ::dup2(out_fd, 2);
-    ::dup2(rep, 3);
-    ::fcntl(3, F_SETFD, FD_CLOEXEC);
-    int first_closed = kInheritedFd;
-    if (inherited >= 0) {
-      ::dup2(inherited, kInheritedFd);  // without FD_CLOEXEC: it survives exec
-      first_closed = kInheritedFd + 1;
-    }
-    ::close_range(first_closed, ~0U, 0);  // nothing else of the daemon leaks into the jail
-    ::execve(exe.c_str(), cargv.data(), envp);
-    child_fail(3, st_exec);
   }
-  ::close(devnull);
-  ::close(report[1]);
-  int status = 0;
-  while (::waitpid(child, &status, 0) < 0 && errno == EINTR) {
+  // The second fork detaches (re-parented to init or the nearest
+  // subreaper) and, with CLONE_NEWPID, is PID 1 of the new namespace.
+  pid_t grandchild = ::fork();
+  if (grandchild < 0) child_fail(rep, st_fork);
+  if (grandchild > 0) {
+    write_all(rep, &grandchild, sizeof(grandchild));
+    ::_exit(0);
   }
-  // The first child sends the host pid, or a failure; the jailed process
-  // sends a failure or nothing (the pipe closes on exec).
+  reset_signals();
+  if (p.mode != JailMode::none) child_build_root(p, rep);
+  if (::setrlimit(RLIMIT_CORE, &p.core) != 0 || ::setrlimit(RLIMIT_NOFILE, &p.nofile) != 0 ||
+      ::setrlimit(RLIMIT_FSIZE, &p.fsize) != 0 ||
+      (p.mode == JailMode::full && ::setrlimit(RLIMIT_NPROC, &p.nproc) != 0))
+    child_fail(rep, st_rlimit);
+  if (p.mode == JailMode::full) {
+    // The bounding set needs CAP_SETPCAP: drop it before giving up root.
+    for (int cap = 0; cap <= 63; ++cap)
+      if (::prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 && errno != EINVAL) child_fail(rep, st_caps);
+    if (::setgroups(p.groups->size(), p.groups->data()) != 0 ||
+        ::setresgid(p.gid, p.gid, p.gid) != 0 || ::setresuid(p.uid, p.uid, p.uid) != 0)
+      child_fail(rep, st_creds);
+  }
+  if (p.mode != JailMode::none && !drop_all_caps()) child_fail(rep, st_caps);
+  if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) child_fail(rep, st_nnp);
+  ::umask(077);
+  child_exec(p, rep);
+}
+
+// Everything the children wrote before the pipe closed.
+std::string read_report(int fd) {
   std::string buf;
   char tmp[64];
   for (;;) {
-    ssize_t n = ::read(report[0], tmp, sizeof(tmp));
+    ssize_t n = ::read(fd, tmp, sizeof(tmp));
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) break;
     buf.append(tmp, static_cast<size_t>(n));
   }
-  ::close(report[0]);
+  return buf;
+}
+
+// The host pid from the report, or the Error naming the step that failed
+// (after waiting for a jailed process that had started to be gone).
+pid_t decode_report(const std::string& buf, const std::vector<Jail::Op>& ops,
+                    const std::string& exe) {
   pid_t pid = -1;
   size_t off = 0;
   if (buf.size() == sizeof(int) * 2 || buf.size() == sizeof(pid_t) + sizeof(int) * 2) {
@@ -588,9 +629,9 @@ pid_t Jail::spawn(const std::vector<std::string>& argv, int out_fd) const {
     int msg[2];
     std::memcpy(msg, buf.data() + off, sizeof(msg));
     if (pid > 0) wait_gone(pid, std::chrono::seconds(5));
-    std::string step = msg[0] >= 0 && static_cast<size_t>(msg[0]) < ops_.size()
-                           ? (ops_[msg[0]].kind == Op::bind ? "bind " + ops_[msg[0]].source
-                                                            : "create " + ops_[msg[0]].target)
+    std::string step = msg[0] >= 0 && static_cast<size_t>(msg[0]) < ops.size()
+                           ? (ops[msg[0]].kind == Jail::Op::bind ? "bind " + ops[msg[0]].source
+                                                                 : "create " + ops[msg[0]].target)
                            : stage_name(msg[0]);
     if (msg[0] == st_exec)
       throw Error(Errc::unavailable, "cannot execute " + exe + ": " + std::strerror(msg[1]),
@@ -600,15 +641,52 @@ pid_t Jail::spawn(const std::vector<std::string>& argv, int out_fd) const {
   if (buf.size() != sizeof(pid_t))
     throw Error(Errc::internal, "jail: could not fork (double fork failed)");
   std::memcpy(&pid, buf.data(), sizeof(pid_t));
-  if (!s.pid_file.empty()) {
-    // The host pid (the jailed process only knows its namespace's pid).
-    std::string line = std::to_string(pid) + "\n";
-    int fd = ::open(s.pid_file.c_str(), O_WRONLY | O_TRUNC | O_CLOEXEC | O_NOFOLLOW);
-    if (fd >= 0) {
-      write_all(fd, line.data(), line.size());
-      ::close(fd);
-    }
+  return pid;
+}
+
+// The host pid (the jailed process only knows its namespace's pid).
+void write_pid_file(const fs::path& pid_file, pid_t pid) {
+  std::string line = std::to_string(pid) + "\n";
+  int fd = ::open(pid_file.c_str(), O_WRONLY | O_TRUNC | O_CLOEXEC | O_NOFOLLOW);
+  if (fd >= 0) {
+    write_all(fd, line.data(), line.size());
+    ::close(fd);
   }
+}
+
+}  // namespace
+
+pid_t Jail::spawn(const std::vector<std::string>& argv, int out_fd) const {
+  if (argv.empty()) throw Error(Errc::invalid_argument, "jail: empty argv", "argv");
+  // Everything the children need, prepared while allocating is still safe.
+  ChildPlan plan = child_plan(spec_, mode_, uid_, gid_, cgroups_, ops_, argv, out_fd);
+  plan.devnull = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  if (plan.devnull < 0) throw_errno("open /dev/null");
+  int report[2];
+  if (::pipe2(report, O_CLOEXEC) != 0) {
+    ::close(plan.devnull);
+    throw_errno("pipe2");
+  }
+  pid_t child = ::fork();
+  if (child < 0) {
+    for (int fd : {plan.devnull, report[0], report[1]}) ::close(fd);
+    throw_errno("fork");
+  }
+  if (child == 0) {
+    ::close(report[0]);
+    run_jailed_child(plan, report[1]);
+  }
+  ::close(plan.devnull);
+  ::close(report[1]);
+  int status = 0;
+  while (::waitpid(child, &status, 0) < 0 && errno == EINTR) {
+  }
+  // The first child sends the host pid, or a failure; the jailed process
+  // sends a failure or nothing (the pipe closes on exec).
+  std::string buf = read_report(report[0]);
+  ::close(report[0]);
+  pid_t pid = decode_report(buf, ops_, plan.exe);
+  if (!spec_.pid_file.empty()) write_pid_file(spec_.pid_file, pid);
   return pid;
 }
 

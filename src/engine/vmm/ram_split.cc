@@ -161,98 +161,19 @@ struct Ram {
   }
 };
 
-}  // namespace
-
-SplitStream split_migration_stream(int in_fd, int dev_fd, const std::string& block,
-                                   const std::atomic<bool>* stop) {
-  Reader in(in_fd, stop);
-  Writer out(dev_fd);
-  Ram ram;
-  SplitStream result;
-  if (in.be32() != kMagic) bad("no QEVM magic");
-  if (in.be32() != kVersion) bad("not version 3");
-  out.be32(kMagic);
-  out.be32(kVersion);
+// One pass over the stream's sections: the main RAM block's pages go to
+// `ram`, everything else is copied to `out` as read.
+struct Splitter {
+  Reader& in;
+  Writer& out;
+  Ram& ram;
+  SplitStream& result;
+  const std::string& block;
   std::string cur_in, last_out;  // block of the last page record read / written
   uint32_t ram_section = UINT32_MAX;
 
-  // One "ram" section's records, up to its EOS.
-  auto ram_records = [&] {
-    for (;;) {
-      uint64_t v = in.be64();
-      uint64_t flags = v & kFlagMask, addr = v & ~kFlagMask;
-      if (flags == kEos) {
-        out.be64(v);
-        return;
-      }
-      if (flags == kMemSize) {
-        out.be64(v);
-        for (uint64_t left = addr; left > 0;) {
-          uint8_t len = in.u8();
-          std::string id = in.str(len);
-          uint64_t length = in.be64();
-          out.u8(len);
-          out.put(id.data(), len);
-          out.be64(length);
-          if (length > left) bad("RAM block list longer than its total");
-          left -= length;
-          if (id == block) {
-            if (ram.fd >= 0) bad("RAM block " + id + " listed twice");
-            if (length == 0 || length % kPageSize) bad("RAM block " + id + " size");
-            ram.fd = ::memfd_create("airlock-fork-ram", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-            if (ram.fd < 0) throw_errno("memfd_create");
-            if (::ftruncate(ram.fd, static_cast<off_t>(length)) != 0) throw_errno("size RAM memfd");
-            ram.size = length;
-            ram.run.reserve((4u << 20) + kPageSize);
-            ram.touched.assign(length / kPageSize, false);
-          }
-        }
-        continue;
-      }
-      uint64_t kind = flags & ~kContinue;
-      if (kind != kZero && kind != kPage) bad("page flags " + std::to_string(flags));
-      if (!(flags & kContinue)) cur_in = in.str(in.u8());
-      if (cur_in.empty()) bad("page record without a block");
-      if (cur_in == block) {
-        if (ram.fd < 0) bad("page of " + block + " before its block list");
-        if (addr + kPageSize > ram.size) bad("page outside RAM block " + block);
-        size_t pg = addr / kPageSize;
-        if (kind == kPage) {
-          in.get(ram.page_at(addr), kPageSize);
-          ram.touched[pg] = true;
-          ++result.pages;
-        } else {
-          uint8_t ch = in.u8();
-          if (ch != 0 || ram.touched[pg]) std::memset(ram.page_at(addr), ch, kPageSize);
-          ram.touched[pg] = ch != 0;
-        }
-        continue;
-      }
-      // A ROM's page: kept, its block named again if the last one written
-      // was another (CONTINUE refers to the previous record *written*).
-      bool cont = cur_in == last_out;
-      out.be64(addr | kind | (cont ? kContinue : 0));
-      if (!cont) {
-        out.u8(static_cast<uint8_t>(cur_in.size()));
-        out.put(cur_in.data(), cur_in.size());
-      }
-      last_out = cur_in;
-      if (kind == kPage) {
-        char page[kPageSize];
-        in.get(page, kPageSize);
-        out.put(page, kPageSize);
-      } else {
-        out.u8(in.u8());
-      }
-    }
-  };
-  auto footer = [&](uint32_t section) {
-    if (in.u8() != kFooter || in.be32() != section) bad("section footer");
-    out.u8(kFooter);
-    out.be32(section);
-  };
-
-  for (bool devices = false; !devices;) {
+  // One section header and its records; false once device state begins.
+  bool section() {
     uint8_t type = in.u8();
     switch (type) {
       case kConfiguration: {
@@ -262,7 +183,7 @@ SplitStream split_migration_stream(int in_fd, int dev_fd, const std::string& blo
         out.u8(type);
         out.be32(len);
         out.put(name.data(), len);
-        break;
+        return true;
       }
       case kStart: {
         uint32_t section = in.be32();
@@ -278,7 +199,7 @@ SplitStream split_migration_stream(int in_fd, int dev_fd, const std::string& blo
         out.be32(version);
         ram_records();
         footer(section);
-        break;
+        return true;
       }
       case kPart:
       case kEnd: {
@@ -288,18 +209,125 @@ SplitStream split_migration_stream(int in_fd, int dev_fd, const std::string& blo
         out.be32(section);
         ram_records();
         footer(section);
-        break;
+        return true;
       }
       case kFull:
       case kEof:
         // Device state from here on (vmstate, not self-delimiting): as is.
         out.u8(type);
-        devices = true;
-        break;
+        return false;
       case kSubsection:
       default:
         bad("section type " + std::to_string(type));
     }
+  }
+
+  // One "ram" section's records, up to its EOS.
+  void ram_records() {
+    for (;;) {
+      uint64_t v = in.be64();
+      uint64_t flags = v & kFlagMask, addr = v & ~kFlagMask;
+      if (flags == kEos) {
+        out.be64(v);
+        return;
+      }
+      if (flags == kMemSize) {
+        out.be64(v);
+        block_list(addr);
+        continue;
+      }
+      uint64_t kind = flags & ~kContinue;
+      if (kind != kZero && kind != kPage) bad("page flags " + std::to_string(flags));
+      if (!(flags & kContinue)) cur_in = in.str(in.u8());
+      if (cur_in.empty()) bad("page record without a block");
+      if (cur_in == block)
+        ram_page(kind, addr);
+      else
+        rom_page(kind, addr);
+    }
+  }
+
+  // The list of RAM blocks (`total` bytes in all), copied; the main block's
+  // memfd is created at its size.
+  void block_list(uint64_t total) {
+    for (uint64_t left = total; left > 0;) {
+      uint8_t len = in.u8();
+      std::string id = in.str(len);
+      uint64_t length = in.be64();
+      out.u8(len);
+      out.put(id.data(), len);
+      out.be64(length);
+      if (length > left) bad("RAM block list longer than its total");
+      left -= length;
+      if (id == block) {
+        if (ram.fd >= 0) bad("RAM block " + id + " listed twice");
+        if (length == 0 || length % kPageSize) bad("RAM block " + id + " size");
+        ram.fd = ::memfd_create("airlock-fork-ram", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+        if (ram.fd < 0) throw_errno("memfd_create");
+        if (::ftruncate(ram.fd, static_cast<off_t>(length)) != 0) throw_errno("size RAM memfd");
+        ram.size = length;
+        ram.run.reserve((4u << 20) + kPageSize);
+        ram.touched.assign(length / kPageSize, false);
+      }
+    }
+  }
+
+  // A page of the main block: into the memfd, not the stream.
+  void ram_page(uint64_t kind, uint64_t addr) {
+    if (ram.fd < 0) bad("page of " + block + " before its block list");
+    if (addr + kPageSize > ram.size) bad("page outside RAM block " + block);
+    size_t pg = addr / kPageSize;
+    if (kind == kPage) {
+      in.get(ram.page_at(addr), kPageSize);
+      ram.touched[pg] = true;
+      ++result.pages;
+    } else {
+      uint8_t ch = in.u8();
+      if (ch != 0 || ram.touched[pg]) std::memset(ram.page_at(addr), ch, kPageSize);
+      ram.touched[pg] = ch != 0;
+    }
+  }
+
+  // A ROM's page: kept, its block named again if the last one written was
+  // another (CONTINUE refers to the previous record *written*).
+  void rom_page(uint64_t kind, uint64_t addr) {
+    bool cont = cur_in == last_out;
+    out.be64(addr | kind | (cont ? kContinue : 0));
+    if (!cont) {
+      out.u8(static_cast<uint8_t>(cur_in.size()));
+      out.put(cur_in.data(), cur_in.size());
+    }
+    last_out = cur_in;
+    if (kind == kPage) {
+      char page[kPageSize];
+      in.get(page, kPageSize);
+      out.put(page, kPageSize);
+    } else {
+      out.u8(in.u8());
+    }
+  }
+
+  void footer(uint32_t section) {
+    if (in.u8() != kFooter || in.be32() != section) bad("section footer");
+    out.u8(kFooter);
+    out.be32(section);
+  }
+};
+
+}  // namespace
+
+SplitStream split_migration_stream(int in_fd, int dev_fd, const std::string& block,
+                                   const std::atomic<bool>* stop) {
+  Reader in(in_fd, stop);
+  Writer out(dev_fd);
+  Ram ram;
+  SplitStream result;
+  if (in.be32() != kMagic) bad("no QEVM magic");
+  if (in.be32() != kVersion) bad("not version 3");
+  out.be32(kMagic);
+  out.be32(kVersion);
+  Splitter split{in, out, ram, result, block};
+  while (split.section()) {
   }
   if (ram.fd < 0) bad("no RAM block " + block);
   ram.flush();
