@@ -1,6 +1,6 @@
 // The CLI's client against airlockd's real HTTP layer (server, router,
 // request parsing) over a real unix socket, with the fake engine of
-// fake_engine_test_support.cc: everything but the VM.
+// daemon/fake_service_test_support.h: everything but the VM.
 #include "cli/client.h"
 
 #include <fcntl.h>
@@ -18,6 +18,7 @@
 #include "cli/args.h"
 #include "common/error.h"
 #include "daemon/base64.h"
+#include "daemon/fake_service_test_support.h"
 #include "daemon/server.h"
 
 namespace airlock::cli {
@@ -33,7 +34,7 @@ class ApiTest : public ::testing::Test {
     socket_ = dir_ / "d.sock";
     server_ = std::make_unique<daemon::Server>(socket_);
     server_->bind();
-    engine_ = std::make_unique<engine::Engine>(engine::Config{});
+    engine_ = std::make_unique<daemon::FakeSandboxService>();
     thread_ = std::thread([this] { server_->run(*engine_); });
   }
   void TearDown() override {
@@ -69,7 +70,7 @@ class ApiTest : public ::testing::Test {
 
   std::filesystem::path dir_, socket_;
   std::unique_ptr<daemon::Server> server_;
-  std::unique_ptr<engine::Engine> engine_;
+  std::unique_ptr<engine::SandboxService> engine_;
   std::thread thread_;
 };
 

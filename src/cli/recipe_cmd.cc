@@ -11,7 +11,7 @@
 #include "cli/args.h"
 #include "common/error.h"
 #include "daemon/base64.h"
-#include "engine/recipes/plan.h"
+#include "recipes/plan.h"
 
 namespace airlock::cli {
 namespace fs = std::filesystem;

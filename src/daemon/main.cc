@@ -250,12 +250,12 @@ int main(int argc, char** argv) {
     // the registry.
     auto e2b_tokens = std::make_shared<const e2b::AccessTokens>(data / "e2b-access.key");
     server.add_extension("/e2b/api/", [api = e2b::Api(e2b_tokens, e2b_allow_insecure)](
-                                          engine::Engine& e, daemon::Exchange& ex,
+                                          engine::SandboxService& e, daemon::Exchange& ex,
                                           const daemon::Principal& who) { api.serve(e, ex, who); });
     // ... and its in-sandbox half, envd (process.Process, filesystem, /files).
     auto envd = e2b::make_envd(e2b_tokens, e2b_allow_insecure);
     server.add_extension("/e2b/envd/",
-                         [envd](engine::Engine& e, daemon::Exchange& ex,
+                         [envd](engine::SandboxService& e, daemon::Exchange& ex,
                                 const daemon::Principal& who) { envd->serve(e, ex, who); });
     spdlog::info("data dir {}, images {}", data.string(), config.image_dir.string());
     if (!server.run(*eng)) {

@@ -1,6 +1,6 @@
 // airlockd's connection bounds (cap, idle timeout) and stream robustness,
 // over a real unix socket with the fake engine of
-// src/cli/fake_engine_test_support.cc standing in for libairlock.
+// fake_service_test_support.h standing in for libairlock.
 #include "daemon/server.h"
 
 #include <gtest/gtest.h>
@@ -21,6 +21,7 @@
 #include "cli/client.h"
 #include "common/error.h"
 #include "daemon/exchange.h"
+#include "daemon/fake_service_test_support.h"
 #include "daemon/listener.h"
 #include "daemon/router.h"
 
@@ -39,7 +40,7 @@ class ServerTest : public ::testing::Test {
     server_ = std::make_unique<Server>(socket_, limits);
     server_->bind();
     if (before_run) before_run(*server_);
-    engine_ = std::make_unique<engine::Engine>(engine::Config{});
+    engine_ = std::make_unique<daemon::FakeSandboxService>();
     thread_ = std::thread([this] { server_->run(*engine_); });
   }
   void TearDown() override {
@@ -101,7 +102,7 @@ class ServerTest : public ::testing::Test {
 
   std::filesystem::path dir_, socket_;
   std::unique_ptr<Server> server_;
-  std::unique_ptr<engine::Engine> engine_;
+  std::unique_ptr<engine::SandboxService> engine_;
   std::thread thread_;
   std::vector<int> fds_;
 };
@@ -282,7 +283,7 @@ TEST_F(ServerTest, UploadOverTheLimitIsA413) {
 // reach the routes.
 TEST_F(ServerTest, ExtensionAnswersItsPrefix) {
   start({.max_connections = 8, .idle_timeout = 5000ms}, [](Server& s) {
-    s.add_extension("/ext/", [](engine::Engine&, Exchange& ex, const Principal& who) {
+    s.add_extension("/ext/", [](engine::SandboxService&, Exchange& ex, const Principal& who) {
       if (ex.path() == "/ext/fail") throw Error(Errc::not_found, "no such thing", "thing");
       if (ex.path() == "/ext/stream") {
         ex.begin_stream("application/x-ndjson");
@@ -327,7 +328,7 @@ TEST_F(ServerTest, BeforeAnswerRunsBeforeTheFirstByte) {
   bool release = false;
   std::vector<int> seen;
   start({.max_connections = 8, .idle_timeout = 5000ms}, [&](Server& s) {
-    s.add_extension("/ext/", [&](engine::Engine&, Exchange& ex, const Principal&) {
+    s.add_extension("/ext/", [&](engine::SandboxService&, Exchange& ex, const Principal&) {
       ex.before_answer([&](int status) {
         std::unique_lock lock(mu);
         seen.push_back(status);
@@ -444,7 +445,7 @@ TEST_F(ServerTest, TcpPrincipals) {
     s.set_auth(&auth);
     s.listen(parse_listen("127.0.0.1:0"), nullptr);
     port = s.tcp_ports().at(0);
-    s.add_extension("/ext/", [](engine::Engine&, Exchange& ex, const Principal& who) {
+    s.add_extension("/ext/", [](engine::SandboxService&, Exchange& ex, const Principal& who) {
       const char* kind = who.kind == Principal::Kind::tenant      ? "tenant"
                          : who.kind == Principal::Kind::anonymous ? "anonymous"
                                                                   : "operator";

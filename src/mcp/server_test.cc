@@ -1,5 +1,5 @@
 // The MCP server's protocol and tools against airlockd's real HTTP layer over
-// a real unix socket, with the fake engine of src/cli (everything but the
+// a real unix socket, with the fake engine of src/daemon (everything but the
 // VM). tests/mcp drives `airlock mcp` against real VMs with the official SDK.
 #include "daemon/server.h"
 
@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "cli/client.h"
+#include "daemon/fake_service_test_support.h"
 #include "mcp/guardian.h"
 #include "mcp/modern.h"
 #include "mcp/protocol.h"
@@ -31,7 +32,7 @@ class McpTest : public ::testing::Test {
     socket_ = dir_ / "d.sock";
     server_ = std::make_unique<daemon::Server>(socket_);
     server_->bind();
-    engine_ = std::make_unique<engine::Engine>(engine::Config{});
+    engine_ = std::make_unique<daemon::FakeSandboxService>();
     thread_ = std::thread([this] { server_->run(*engine_); });
     session_ = std::make_unique<Session>(cli::Client(socket_));
     protocol_ = std::make_unique<Protocol>(*session_);
@@ -58,7 +59,7 @@ class McpTest : public ::testing::Test {
 
   std::filesystem::path dir_, socket_;
   std::unique_ptr<daemon::Server> server_;
-  std::unique_ptr<engine::Engine> engine_;
+  std::unique_ptr<engine::SandboxService> engine_;
   std::thread thread_;
   std::unique_ptr<Session> session_;
   std::unique_ptr<Protocol> protocol_;
