@@ -154,40 +154,63 @@ std::string url_host(const std::string& url) {
   return rest.substr(0, rest.find(':'));
 }
 
-Recipe parse_recipe(const std::string& text, const std::string& source_name,
-                    const std::map<std::string, std::string>& arg_overrides) {
-  Reader r(source_name);
-  toml::table doc;
-  try {
-    doc = toml::parse(text, source_name);
-  } catch (const toml::parse_error& e) {
-    r.fail(static_cast<int>(e.source().begin.line), "", std::string(e.description()));
-  }
-  r.only(doc, "",
-         {"base", "workdir", "user", "warmup", "args", "env", "apt", "pip", "copy", "run",
-          "network", "build"});
-  Recipe rec;
+namespace {
 
-  // [args] first: every other string may use them.
-  if (auto* n = doc.get("args")) {
-    for (auto&& [k, v] : r.table(*n, "args")) {
-      std::string name(k.str());
-      std::string field = "args." + name;
-      if (!valid_arg_name(name))
-        r.fail(static_cast<int>(k.source().begin.line), field,
-               "arg name '" + name + "' must be letters, digits, '_' or '-'");
-      rec.args[name] = r.str(v, field);
+// The steps of parse_recipe, each a part of the document, in the order the
+// errors are found: [args] first (every other string may use them), then
+// the top-level keys, [apt], [pip], [[copy]], [[run]], [build], [network].
+class RecipeParser {
+ public:
+  RecipeParser(const std::string& text, const std::string& source_name) : r_(source_name) {
+    try {
+      doc_ = toml::parse(text, source_name);
+    } catch (const toml::parse_error& e) {
+      r_.fail(static_cast<int>(e.source().begin.line), "", std::string(e.description()));
+    }
+    r_.only(doc_, "",
+            {"base", "workdir", "user", "warmup", "args", "env", "apt", "pip", "copy", "run",
+             "network", "build"});
+  }
+
+  Recipe parse(const std::map<std::string, std::string>& arg_overrides) {
+    parse_args(arg_overrides);
+    parse_top_level();
+    parse_apt();
+    parse_pip();
+    each_table("copy", [&](const toml::table& t, const std::string& field, int line) {
+      parse_copy(t, field, line);
+    });
+    each_table("run", [&](const toml::table& t, const std::string& field, int line) {
+      parse_run(t, field, line);
+    });
+    parse_build();
+    parse_network();
+    return rec_;
+  }
+
+ private:
+  void parse_args(const std::map<std::string, std::string>& arg_overrides) {
+    if (auto* n = doc_.get("args")) {
+      for (auto&& [k, v] : r_.table(*n, "args")) {
+        std::string name(k.str());
+        std::string field = "args." + name;
+        if (!valid_arg_name(name))
+          r_.fail(static_cast<int>(k.source().begin.line), field,
+                  "arg name '" + name + "' must be letters, digits, '_' or '-'");
+        rec_.args[name] = r_.str(v, field);
+      }
+    }
+    for (const auto& [k, v] : arg_overrides) {
+      if (!rec_.args.count(k))
+        throw Error(Errc::invalid_argument,
+                    "--arg " + k + ": the recipe declares no such arg (declare it in [args])",
+                    "args." + k);
+      rec_.args[k] = v;
     }
   }
-  for (const auto& [k, v] : arg_overrides) {
-    if (!rec.args.count(k))
-      throw Error(Errc::invalid_argument,
-                  "--arg " + k + ": the recipe declares no such arg (declare it in [args])",
-                  "args." + k);
-    rec.args[k] = v;
-  }
+
   // ${NAME} substitution; "$$" is a literal "$".
-  auto subst = [&](const std::string& s, int line, const std::string& field) {
+  std::string subst(const std::string& s, int line, const std::string& field) const {
     std::string out;
     for (size_t i = 0; i < s.size(); ++i) {
       if (s[i] != '$' || i + 1 >= s.size() || (s[i + 1] != '{' && s[i + 1] != '$')) {
@@ -200,199 +223,230 @@ Recipe parse_recipe(const std::string& text, const std::string& source_name,
         continue;
       }
       auto close = s.find('}', i + 2);
-      if (close == std::string::npos) r.fail(line, field, field + ": unterminated '${'");
+      if (close == std::string::npos) r_.fail(line, field, field + ": unterminated '${'");
       std::string name = s.substr(i + 2, close - i - 2);
-      auto it = rec.args.find(name);
-      if (it == rec.args.end())
-        r.fail(line, field, field + ": ${" + name + "} names no arg (declare it in [args])");
+      auto it = rec_.args.find(name);
+      if (it == rec_.args.end())
+        r_.fail(line, field, field + ": ${" + name + "} names no arg (declare it in [args])");
       out += it->second;
       i = close;
     }
     return out;
-  };
-  auto sstr = [&](const toml::node& n, const std::string& field) {
-    return subst(r.str(n, field), Reader::line_of(n), field);
-  };
-  auto sstrings = [&](const toml::node& n, const std::string& field) {
-    auto v = r.strings(n, field);
+  }
+  std::string sstr(const toml::node& n, const std::string& field) const {
+    return subst(r_.str(n, field), Reader::line_of(n), field);
+  }
+  std::vector<std::string> sstrings(const toml::node& n, const std::string& field) const {
+    auto v = r_.strings(n, field);
     for (auto& s : v) s = subst(s, Reader::line_of(n), field);
     return v;
-  };
+  }
 
-  auto* base = doc.get("base");
-  if (!base) r.fail(0, "base", "missing key 'base' (minimal, debian or another image's name)");
-  rec.base = sstr(*base, "base");
-  if (rec.base.empty()) r.fail(Reader::line_of(*base), "base", "base is empty");
+  // base, workdir, user, warmup, [env].
+  void parse_top_level() {
+    auto* base = doc_.get("base");
+    if (!base) r_.fail(0, "base", "missing key 'base' (minimal, debian or another image's name)");
+    rec_.base = sstr(*base, "base");
+    if (rec_.base.empty()) r_.fail(Reader::line_of(*base), "base", "base is empty");
 
-  if (auto* n = doc.get("workdir")) {
-    rec.workdir = sstr(*n, "workdir");
-    check_guest_path(r, Reader::line_of(*n), rec.workdir, "workdir");
-  }
-  if (auto* n = doc.get("user")) {
-    rec.user = sstr(*n, "user");
-    if (!valid_user(rec.user))
-      r.fail(Reader::line_of(*n), "user", "user '" + rec.user + "' is not a user name or uid");
-  }
-  if (auto* n = doc.get("warmup")) {
-    rec.warmup = sstrings(*n, "warmup");
-    for (size_t i = 0; i < rec.warmup.size(); ++i)
-      if (rec.warmup[i].empty())
-        r.fail(Reader::line_of(*n), "warmup[" + std::to_string(i) + "]", "warmup command is empty");
-  }
-  if (auto* n = doc.get("env")) {
-    for (auto&& [k, v] : r.table(*n, "env")) {
-      std::string name(k.str());
-      std::string field = "env." + name;
-      if (!valid_env_name(name))
-        r.fail(
-            static_cast<int>(k.source().begin.line), field,
-            "env name '" + name + "' must be letters, digits and '_', not starting with a digit");
-      rec.env[name] = sstr(v, field);
+    if (auto* n = doc_.get("workdir")) {
+      rec_.workdir = sstr(*n, "workdir");
+      check_guest_path(r_, Reader::line_of(*n), rec_.workdir, "workdir");
+    }
+    if (auto* n = doc_.get("user")) {
+      rec_.user = sstr(*n, "user");
+      if (!valid_user(rec_.user))
+        r_.fail(Reader::line_of(*n), "user", "user '" + rec_.user + "' is not a user name or uid");
+    }
+    if (auto* n = doc_.get("warmup")) {
+      rec_.warmup = sstrings(*n, "warmup");
+      for (size_t i = 0; i < rec_.warmup.size(); ++i)
+        if (rec_.warmup[i].empty())
+          r_.fail(Reader::line_of(*n), "warmup[" + std::to_string(i) + "]",
+                  "warmup command is empty");
+    }
+    if (auto* n = doc_.get("env")) {
+      for (auto&& [k, v] : r_.table(*n, "env")) {
+        std::string name(k.str());
+        std::string field = "env." + name;
+        if (!valid_env_name(name))
+          r_.fail(
+              static_cast<int>(k.source().begin.line), field,
+              "env name '" + name + "' must be letters, digits and '_', not starting with a digit");
+        rec_.env[name] = sstr(v, field);
+      }
     }
   }
-  if (auto* n = doc.get("apt")) {
-    const auto& t = r.table(*n, "apt");
-    r.only(t, "apt", {"sources", "packages"});
-    if (auto* s = t.get("sources")) rec.apt_sources = sstrings(*s, "apt.sources");
-    if (auto* p = t.get("packages")) rec.apt_packages = sstrings(*p, "apt.packages");
-    for (size_t i = 0; i < rec.apt_sources.size(); ++i)
-      if (rec.apt_sources[i].rfind("deb ", 0) != 0 ||
-          rec.apt_sources[i].find('\n') != std::string::npos)
-        r.fail(Reader::line_of(*t.get("sources")), "apt.sources[" + std::to_string(i) + "]",
-               "an apt source is one line starting with 'deb ': '" + rec.apt_sources[i] + "'");
-    for (size_t i = 0; i < rec.apt_packages.size(); ++i) {
-      const auto& p = rec.apt_packages[i];
-      bool ok = !p.empty() && p[0] != '-';
-      for (char c : p)
-        if (!(std::isalnum(static_cast<unsigned char>(c)) ||
-              std::string_view("+-.:=~_").find(c) != std::string_view::npos))
-          ok = false;
-      if (!ok)
-        r.fail(Reader::line_of(*t.get("packages")), "apt.packages[" + std::to_string(i) + "]",
-               "'" + p + "' is not an apt package name (name, name=version)");
+
+  void parse_apt() {
+    if (auto* n = doc_.get("apt")) {
+      const auto& t = r_.table(*n, "apt");
+      r_.only(t, "apt", {"sources", "packages"});
+      if (auto* s = t.get("sources")) rec_.apt_sources = sstrings(*s, "apt.sources");
+      if (auto* p = t.get("packages")) rec_.apt_packages = sstrings(*p, "apt.packages");
+      for (size_t i = 0; i < rec_.apt_sources.size(); ++i)
+        if (rec_.apt_sources[i].rfind("deb ", 0) != 0 ||
+            rec_.apt_sources[i].find('\n') != std::string::npos)
+          r_.fail(Reader::line_of(*t.get("sources")), "apt.sources[" + std::to_string(i) + "]",
+                  "an apt source is one line starting with 'deb ': '" + rec_.apt_sources[i] + "'");
+      for (size_t i = 0; i < rec_.apt_packages.size(); ++i) {
+        const auto& p = rec_.apt_packages[i];
+        bool ok = !p.empty() && p[0] != '-';
+        for (char c : p)
+          if (!(std::isalnum(static_cast<unsigned char>(c)) ||
+                std::string_view("+-.:=~_").find(c) != std::string_view::npos))
+            ok = false;
+        if (!ok)
+          r_.fail(Reader::line_of(*t.get("packages")), "apt.packages[" + std::to_string(i) + "]",
+                  "'" + p + "' is not an apt package name (name, name=version)");
+      }
+      if (rec_.apt_packages.empty() && !rec_.apt_sources.empty())
+        r_.fail(Reader::line_of(*n), "apt.packages", "[apt] has sources but no packages");
     }
-    if (rec.apt_packages.empty() && !rec.apt_sources.empty())
-      r.fail(Reader::line_of(*n), "apt.packages", "[apt] has sources but no packages");
   }
-  if (auto* n = doc.get("pip")) {
-    const auto& t = r.table(*n, "pip");
-    r.only(t, "pip", {"index_url", "trusted_host", "packages"});
-    if (auto* s = t.get("index_url")) {
-      rec.pip_index_url = sstr(*s, "pip.index_url");
-      if (url_host(rec.pip_index_url).empty())
-        r.fail(Reader::line_of(*s), "pip.index_url",
-               "pip.index_url must be an http(s) URL with a host");
+
+  void parse_pip() {
+    if (auto* n = doc_.get("pip")) {
+      const auto& t = r_.table(*n, "pip");
+      r_.only(t, "pip", {"index_url", "trusted_host", "packages"});
+      if (auto* s = t.get("index_url")) {
+        rec_.pip_index_url = sstr(*s, "pip.index_url");
+        if (url_host(rec_.pip_index_url).empty())
+          r_.fail(Reader::line_of(*s), "pip.index_url",
+                  "pip.index_url must be an http(s) URL with a host");
+      }
+      if (auto* s = t.get("trusted_host"))
+        rec_.pip_trusted_host = r_.boolean(*s, "pip.trusted_host");
+      if (auto* p = t.get("packages")) rec_.pip_packages = sstrings(*p, "pip.packages");
+      for (size_t i = 0; i < rec_.pip_packages.size(); ++i) {
+        const auto& p = rec_.pip_packages[i];
+        bool ok = !p.empty() && p[0] != '-';
+        for (char c : p)
+          if (!(std::isalnum(static_cast<unsigned char>(c)) ||
+                std::string_view("+-.=<>!~_[],").find(c) != std::string_view::npos))
+            ok = false;
+        if (!ok)
+          r_.fail(Reader::line_of(*t.get("packages")), "pip.packages[" + std::to_string(i) + "]",
+                  "'" + p + "' is not a pip requirement (name, name==version, name>=version)");
+      }
+      if (rec_.pip_packages.empty())
+        r_.fail(Reader::line_of(*n), "pip.packages", "[pip] has no packages");
     }
-    if (auto* s = t.get("trusted_host")) rec.pip_trusted_host = r.boolean(*s, "pip.trusted_host");
-    if (auto* p = t.get("packages")) rec.pip_packages = sstrings(*p, "pip.packages");
-    for (size_t i = 0; i < rec.pip_packages.size(); ++i) {
-      const auto& p = rec.pip_packages[i];
-      bool ok = !p.empty() && p[0] != '-';
-      for (char c : p)
-        if (!(std::isalnum(static_cast<unsigned char>(c)) ||
-              std::string_view("+-.=<>!~_[],").find(c) != std::string_view::npos))
-          ok = false;
-      if (!ok)
-        r.fail(Reader::line_of(*t.get("packages")), "pip.packages[" + std::to_string(i) + "]",
-               "'" + p + "' is not a pip requirement (name, name==version, name>=version)");
-    }
-    if (rec.pip_packages.empty())
-      r.fail(Reader::line_of(*n), "pip.packages", "[pip] has no packages");
   }
+
   // [[copy]] and [[run]]: arrays of tables.
-  auto each_table =
-      [&](const char* key,
-          const std::function<void(const toml::table&, const std::string&, int)>& fn) {
-        auto* n = doc.get(key);
-        if (!n) return;
-        const toml::array* a = n->as_array();
-        if (!a)
-          r.fail(Reader::line_of(*n), key,
-                 std::string(key) + " must be an array of tables ([[" + key + "]])");
-        size_t i = 0;
-        for (const auto& e : *a) {
-          std::string field = std::string(key) + "[" + std::to_string(i++) + "]";
-          const toml::table* t = e.as_table();
-          if (!t) r.fail(Reader::line_of(e), field, field + " must be a table ([[" + key + "]])");
-          fn(*t, field, Reader::line_of(e));
-        }
-      };
-  each_table("copy", [&](const toml::table& t, const std::string& field, int line) {
-    r.only(t, field, {"src", "dest", "owner", "mode"});
+  void each_table(const char* key,
+                  const std::function<void(const toml::table&, const std::string&, int)>& fn) {
+    auto* n = doc_.get(key);
+    if (!n) return;
+    const toml::array* a = n->as_array();
+    if (!a)
+      r_.fail(Reader::line_of(*n), key,
+              std::string(key) + " must be an array of tables ([[" + key + "]])");
+    size_t i = 0;
+    for (const auto& e : *a) {
+      std::string field = std::string(key) + "[" + std::to_string(i++) + "]";
+      const toml::table* t = e.as_table();
+      if (!t) r_.fail(Reader::line_of(e), field, field + " must be a table ([[" + key + "]])");
+      fn(*t, field, Reader::line_of(e));
+    }
+  }
+
+  void parse_copy(const toml::table& t, const std::string& field, int line) {
+    r_.only(t, field, {"src", "dest", "owner", "mode"});
     CopySpec c;
     c.line = line;
     auto* src = t.get("src");
     auto* dest = t.get("dest");
-    if (!src) r.fail(line, field + ".src", field + " needs src");
-    if (!dest) r.fail(line, field + ".dest", field + " needs dest");
+    if (!src) r_.fail(line, field + ".src", field + " needs src");
+    if (!dest) r_.fail(line, field + ".dest", field + " needs dest");
     try {
       c.src = normalize_relative(sstr(*src, field + ".src"), field + ".src");
     } catch (const Error& e) {
-      r.fail(Reader::line_of(*src), e.field(), e.what());
+      r_.fail(Reader::line_of(*src), e.field(), e.what());
     }
     c.dest = sstr(*dest, field + ".dest");
-    check_guest_path(r, Reader::line_of(*dest), c.dest, field + ".dest");
+    check_guest_path(r_, Reader::line_of(*dest), c.dest, field + ".dest");
     if (auto* o = t.get("owner")) {
       c.owner = sstr(*o, field + ".owner");
       if (!valid_user(c.owner))
-        r.fail(Reader::line_of(*o), field + ".owner",
-               "owner '" + c.owner + "' is not a user name or uid");
+        r_.fail(Reader::line_of(*o), field + ".owner",
+                "owner '" + c.owner + "' is not a user name or uid");
     }
     if (auto* m = t.get("mode")) {
-      std::string s = r.str(*m, field + ".mode");
+      std::string s = r_.str(*m, field + ".mode");
       bool ok = !s.empty() && s.size() <= 4;
       for (char ch : s) ok = ok && ch >= '0' && ch <= '7';
       if (!ok)
-        r.fail(Reader::line_of(*m), field + ".mode", field + ".mode must be octal like \"0644\"");
+        r_.fail(Reader::line_of(*m), field + ".mode", field + ".mode must be octal like \"0644\"");
       c.mode = static_cast<uint32_t>(std::stoul(s, nullptr, 8));
     }
-    rec.copies.push_back(c);
-  });
-  each_table("run", [&](const toml::table& t, const std::string& field, int line) {
-    r.only(t, field, {"cmd", "timeout"});
+    rec_.copies.push_back(c);
+  }
+
+  void parse_run(const toml::table& t, const std::string& field, int line) {
+    r_.only(t, field, {"cmd", "timeout"});
     RunSpec s;
     s.line = line;
     auto* cmd = t.get("cmd");
-    if (!cmd) r.fail(line, field + ".cmd", field + " needs cmd");
+    if (!cmd) r_.fail(line, field + ".cmd", field + " needs cmd");
     s.cmd = sstr(*cmd, field + ".cmd");
-    if (s.cmd.empty()) r.fail(Reader::line_of(*cmd), field + ".cmd", field + ".cmd is empty");
-    if (auto* to = t.get("timeout")) s.timeout_s = r.integer(*to, field + ".timeout", 1, 86400);
-    rec.runs.push_back(s);
-  });
-  if (auto* n = doc.get("build")) {
-    const auto& t = r.table(*n, "build");
-    r.only(t, "build", {"memory_mb"});
-    if (auto* m = t.get("memory_mb")) rec.memory_mb = r.integer(*m, "build.memory_mb", 128, 65536);
+    if (s.cmd.empty()) r_.fail(Reader::line_of(*cmd), field + ".cmd", field + ".cmd is empty");
+    if (auto* to = t.get("timeout")) s.timeout_s = r_.integer(*to, field + ".timeout", 1, 86400);
+    rec_.runs.push_back(s);
   }
+
+  void parse_build() {
+    if (auto* n = doc_.get("build")) {
+      const auto& t = r_.table(*n, "build");
+      r_.only(t, "build", {"memory_mb"});
+      if (auto* m = t.get("memory_mb"))
+        rec_.memory_mb = r_.integer(*m, "build.memory_mb", 128, 65536);
+    }
+  }
+
   // The network: what the recipe names, unless it says otherwise.
-  bool allow_given = false;
-  if (auto* n = doc.get("network")) {
-    const auto& t = r.table(*n, "network");
-    r.only(t, "network", {"mode", "allow"});
-    if (auto* m = t.get("mode")) {
-      rec.network_mode = r.str(*m, "network.mode");
-      if (rec.network_mode != "none" && rec.network_mode != "allowlist" &&
-          rec.network_mode != "open")
-        r.fail(Reader::line_of(*m), "network.mode", "network.mode must be none, allowlist or open");
+  void parse_network() {
+    bool allow_given = false;
+    if (auto* n = doc_.get("network")) {
+      const auto& t = r_.table(*n, "network");
+      r_.only(t, "network", {"mode", "allow"});
+      if (auto* m = t.get("mode")) {
+        rec_.network_mode = r_.str(*m, "network.mode");
+        if (rec_.network_mode != "none" && rec_.network_mode != "allowlist" &&
+            rec_.network_mode != "open")
+          r_.fail(Reader::line_of(*m), "network.mode",
+                  "network.mode must be none, allowlist or open");
+      }
+      if (auto* a = t.get("allow")) {
+        rec_.network_allow = sstrings(*a, "network.allow");
+        allow_given = true;
+      }
     }
-    if (auto* a = t.get("allow")) {
-      rec.network_allow = sstrings(*a, "network.allow");
-      allow_given = true;
+    if (!allow_given) {
+      std::set<std::string> hosts;
+      for (const auto& s : rec_.apt_sources) {
+        std::stringstream ss(s);
+        std::string tok;
+        while (ss >> tok)
+          if (auto h = url_host(tok); !h.empty()) hosts.insert(h);
+      }
+      if (auto h = url_host(rec_.pip_index_url); !h.empty()) hosts.insert(h);
+      rec_.network_allow.assign(hosts.begin(), hosts.end());
     }
+    if (rec_.network_mode == "allowlist" && rec_.network_allow.empty()) rec_.network_mode = "none";
   }
-  if (!allow_given) {
-    std::set<std::string> hosts;
-    for (const auto& s : rec.apt_sources) {
-      std::stringstream ss(s);
-      std::string tok;
-      while (ss >> tok)
-        if (auto h = url_host(tok); !h.empty()) hosts.insert(h);
-    }
-    if (auto h = url_host(rec.pip_index_url); !h.empty()) hosts.insert(h);
-    rec.network_allow.assign(hosts.begin(), hosts.end());
-  }
-  if (rec.network_mode == "allowlist" && rec.network_allow.empty()) rec.network_mode = "none";
-  return rec;
+
+  Reader r_;
+  toml::table doc_;
+  Recipe rec_;
+};
+
+}  // namespace
+
+Recipe parse_recipe(const std::string& text, const std::string& source_name,
+                    const std::map<std::string, std::string>& arg_overrides) {
+  return RecipeParser(text, source_name).parse(arg_overrides);
 }
 
 }  // namespace airlock::recipes
