@@ -11,7 +11,7 @@
 #include <chrono>
 #include <thread>
 
-#include "cli/client.h"
+#include "client/client.h"
 #include "common/error.h"
 #include "daemon/fake_service_test_support.h"
 #include "daemon/server.h"
@@ -224,7 +224,7 @@ TEST_F(PtySessionTest, ErrorsBeforeTheUpgradeArePlainHttp) {
   int status = 0;
   open("/v1/sandboxes/sb-nosuch/pty", ec, status);
   EXPECT_EQ(ec, websocket::error::upgrade_declined) << ec.message();
-  cli::Client c(socket_);
+  client::Client c(socket_);
   try {
     c.call("GET", "/v1/sandboxes/sb-nosuch/pty");
     ADD_FAILURE() << "no error";

@@ -18,7 +18,7 @@
 #include <thread>
 
 #include "auth/auth.h"
-#include "cli/client.h"
+#include "client/client.h"
 #include "common/error.h"
 #include "daemon/exchange.h"
 #include "daemon/fake_service_test_support.h"
@@ -124,7 +124,7 @@ TEST_F(ServerTest, ConnectionsBeyondTheCapGetA503AndAreCounted) {
   EXPECT_EQ(server_->counters()["refused"], 1);
   EXPECT_EQ(server_->counters()["open"], 3);
   // The CLI sees a running daemon (it must not start another) and the error.
-  cli::Client c(socket_);
+  client::Client c(socket_);
   EXPECT_TRUE(c.ping());
   try {
     c.call("GET", "/v1/info");
@@ -247,7 +247,7 @@ TEST_F(ServerTest, IdleConnectionIsClosedAfterTheTimeout) {
   EXPECT_EQ(r.rfind("HTTP/1.1 408", 0), 0u) << r;
   EXPECT_NE(r.find("idle timeout"), std::string::npos) << r;
   // Mid-body (a stalled upload) too.
-  std::string sb = cli::Client(socket_).call("POST", "/v1/sandboxes", json::object())["id"];
+  std::string sb = client::Client(socket_).call("POST", "/v1/sandboxes", json::object())["id"];
   int upload = connect_raw();
   send_all(upload, "PUT /v1/sandboxes/" + sb +
                        "/files?path=/x HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\nabc");
@@ -372,7 +372,7 @@ TEST_F(ServerTest, BeforeAnswerRunsBeforeTheFirstByte) {
 // than the timeout, between outputs or before its first, goes on.
 TEST_F(ServerTest, ExecStreamOutlivesTheIdleTimeout) {
   start({.max_connections = 8, .idle_timeout = 200ms});
-  cli::Client c(socket_);
+  client::Client c(socket_);
   std::string sb = c.call("POST", "/v1/sandboxes", json::object())["id"];
   int ticks = 0;
   json exit = c.exec(sb, {{"argv", {"tick", "500", "3"}}}, [&](const json& ev) {
@@ -387,7 +387,7 @@ TEST_F(ServerTest, ExecStreamOutlivesTheIdleTimeout) {
 // instead of holding a thread and the exec forever.
 TEST_F(ServerTest, StalledReaderIsCut) {
   start({.max_connections = 8, .idle_timeout = 300ms});
-  std::string sb = cli::Client(socket_).call("POST", "/v1/sandboxes", json::object())["id"];
+  std::string sb = client::Client(socket_).call("POST", "/v1/sandboxes", json::object())["id"];
   int fd = connect_raw();
   std::string body = R"({"argv":["flood","4096"]})";  // 256 MiB, never read
   send_all(fd, "POST /v1/sandboxes/" + sb + "/exec HTTP/1.1\r\nHost: x\r\nContent-Length: " +
@@ -404,7 +404,7 @@ TEST_F(ServerTest, StalledReaderIsCut) {
 // head into the stream: the client sees one start, the output, the exit.
 TEST_F(ServerTest, RepeatedExecStartIsIgnored) {
   start({});
-  cli::Client c(socket_);
+  client::Client c(socket_);
   std::string sb = c.call("POST", "/v1/sandboxes", json::object())["id"];
   std::vector<json> events;
   json exit =
