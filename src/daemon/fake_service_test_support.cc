@@ -24,6 +24,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -449,31 +450,33 @@ std::vector<nlohmann::json> FakeSandboxService::network_events(const std::string
   out.erase(out.begin(), out.begin() + std::ptrdiff_t(std::min(skip, out.size())));
   return out;
 }
+namespace {
 // Follows the in-memory journal by index; waits by polling (a fake need not
 // be woken: 20 ms slices), watching the client's socket like the real one.
+// `read` returns the records past `seen` and moves it on.
+struct PollingFollower : RecordFollower {
+  explicit PollingFollower(std::function<std::vector<nlohmann::json>(size_t& seen)> r)
+      : read(std::move(r)) {}
+  std::function<std::vector<nlohmann::json>(size_t& seen)> read;
+  size_t seen = 0;
+  std::vector<nlohmann::json> next() override { return read(seen); }
+  Wake wait(std::chrono::milliseconds timeout, int hangup_fd) override {
+    pollfd p{hangup_fd, 0, 0};
+    int ms = static_cast<int>(std::min<int64_t>(timeout.count(), 20));
+    if (::poll(&p, hangup_fd >= 0 ? 1 : 0, ms) > 0 && (p.revents & (POLLHUP | POLLERR)))
+      return Wake::hangup;
+    return Wake::grew;
+  }
+};
+}  // namespace
+
 std::unique_ptr<RecordFollower> FakeSandboxService::follow_network_events(const std::string& id) {
-  struct Follower : RecordFollower {
-    FakeSandboxService* engine;
-    std::string id;
-    size_t seen = 0;
-    std::vector<nlohmann::json> next() override {
-      auto all = engine->network_events(id, seen);
-      seen += all.size();
-      return all;
-    }
-    Wake wait(std::chrono::milliseconds timeout, int hangup_fd) override {
-      pollfd p{hangup_fd, 0, 0};
-      int ms = static_cast<int>(std::min<int64_t>(timeout.count(), 20));
-      if (::poll(&p, hangup_fd >= 0 ? 1 : 0, ms) > 0 && (p.revents & (POLLHUP | POLLERR)))
-        return Wake::hangup;
-      return Wake::grew;
-    }
-  };
   audit(id);  // not_found for an unknown id
-  auto f = std::make_unique<Follower>();
-  f->engine = this;
-  f->id = id;
-  return f;
+  return std::make_unique<PollingFollower>([this, id](size_t& seen) {
+    auto all = network_events(id, seen);
+    seen += all.size();
+    return all;
+  });
 }
 nlohmann::json FakeSandboxService::info() { return {{"version", "fake"}, {"accel", "tcg"}}; }
 storage::ImageStore& FakeSandboxService::images() {
@@ -579,30 +582,14 @@ nlohmann::json FakeSandboxService::verify_journal(const std::string& id) {
   throw Error(Errc::unavailable, "the fake engine keeps no hash chain");
 }
 std::unique_ptr<RecordFollower> FakeSandboxService::follow_journal(const std::string& id) {
-  struct Follower : RecordFollower {
-    FakeSandboxService* engine;
-    std::string id;
-    size_t seen = 0;
-    std::vector<nlohmann::json> next() override {
-      auto all = engine->audit(id);
-      std::vector<nlohmann::json> out(
-          all.begin() + static_cast<std::ptrdiff_t>(std::min(seen, all.size())), all.end());
-      seen = all.size();
-      return out;
-    }
-    Wake wait(std::chrono::milliseconds timeout, int hangup_fd) override {
-      pollfd p{hangup_fd, 0, 0};
-      int ms = static_cast<int>(std::min<int64_t>(timeout.count(), 20));
-      if (::poll(&p, hangup_fd >= 0 ? 1 : 0, ms) > 0 && (p.revents & (POLLHUP | POLLERR)))
-        return Wake::hangup;
-      return Wake::grew;
-    }
-  };
   audit(id);
-  auto f = std::make_unique<Follower>();
-  f->engine = this;
-  f->id = id;
-  return f;
+  return std::make_unique<PollingFollower>([this, id](size_t& seen) {
+    auto all = audit(id);
+    std::vector<nlohmann::json> out(
+        all.begin() + static_cast<std::ptrdiff_t>(std::min(seen, all.size())), all.end());
+    seen = all.size();
+    return out;
+  });
 }
 nlohmann::json FakeSandboxService::changes(const std::string& id, const std::string& since, bool) {
   if (since != "start") throw Error(Errc::invalid_argument, "since must be \"start\"", "since");
