@@ -3,8 +3,9 @@
 // daemon) and the recipe builder ask of it, and nothing else. engine::Engine
 // (engine.h) implements it; the clients hold a SandboxService& and include
 // this header, never engine.h, so they compile without the engine's inside
-// and their tests run against FakeSandboxService (src/cli/fake_service.h),
-// which the compiler keeps in step with this class.
+// and their tests run against daemon::FakeSandboxService
+// (src/daemon/fake_service_test_support.h), which the compiler keeps in step
+// with this class.
 //
 // Each operation's contract (errors, bounds, what it leaves behind) is
 // documented once, at its declaration in engine.h; the groups below follow
