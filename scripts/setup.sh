@@ -28,7 +28,7 @@ PACKAGES="
 # subset in tests/integration/cri/runtime_v1.proto, compiled at test time).
 # runsc: gVisor, the peer bench/start.py measures against in the same run.
 # libext2fs-dev: airlock diff reads the guest's ext4 disk layers on the host.
-# libtomlplusplus-dev: parses image recipes (airlock.toml, src/engine/recipes).
+# libtomlplusplus-dev: parses image recipes (airlock.toml, src/recipes).
 # libxml2-dev ... zlib1g-dev: the static archives of libarchive's own
 # dependencies; the CLI links them statically (cmake/static_deps.cmake).
 # prometheus: its promtool checks every /metrics scrape in test_metrics.py.

@@ -15,6 +15,8 @@
 #include <utility>
 #include <vector>
 
+#include "client/text.h"
+
 namespace airlock::cli {
 
 // A mistake in the command line: printed as "airlock: <message>", exit 2.
@@ -88,19 +90,8 @@ struct CpPlan {
 // Exactly one side must be in a sandbox; "-" only on the local side.
 CpPlan plan_cp(const std::string& src, const std::string& dst);
 
-// Percent-encodes a query value.
-std::string url_encode(const std::string& text);
-
 // `airlock ls` table: ID, IMAGE, STATE, CPUS, MEM, AGE/EXPIRES, METADATA.
 std::string format_sandbox_table(const nlohmann::json& sandboxes, int64_t now_ms);
-// `airlock logs` line: "<ts> <event> key=value ..." (argv shown as a shell-ish list).
-std::string format_audit_line(const nlohmann::json& record);
-// `airlock logs ID --network` line for one net_* event, e.g.
-//   "<ts> tcp 203.0.113.7:443 api.example.com allow *.example.com (pinned) allowed"
-//   "<ts> tcp 203.0.113.7:443 api.example.com ... closed fin out=1.2 KiB in=3.0 KiB 120ms"
-//   "<ts> dns api.example.com A allow *.example.com allowed answers=203.0.113.7"
-// (IPv6 destinations as [addr]:port, "-" for an empty name).
-std::string format_net_event(const nlohmann::json& event);
 // `airlock network ID` output for PATCH's {"policy", "flows_cut"}.
 std::string format_network_change(const nlohmann::json& answer);
 // `airlock inspect ID --posture`: GET .../posture as lines, e.g.
@@ -130,8 +121,5 @@ inline constexpr std::string_view kHotCommands[] = {"run", "exec", "ls", "create
 // once the root has its one subcommand, CLI11 no longer matches a sibling's
 // name there, so the reduced tree parses (and fails) exactly as the whole.
 std::string_view hot_command(const std::vector<std::string_view>& args);
-
-// "12.3 MiB" style size.
-std::string human_bytes(uint64_t bytes);
 
 }  // namespace airlock::cli

@@ -13,7 +13,7 @@ using nlohmann::json;
 namespace {
 
 // One attach: streams until the exit event (returned) or an error (thrown).
-json attach_once(const Client& c, AttachState& st, const OutputWriter& write) {
+json attach_once(const client::Client& c, AttachState& st, const OutputWriter& write) {
   json exit;
   c.stream_lines(
       "/v1/sandboxes/" + st.id + "/exec/" + st.exec_id + "?offset=" + std::to_string(st.offset),
@@ -41,7 +41,8 @@ json attach_once(const Client& c, AttachState& st, const OutputWriter& write) {
         }
       });
   if (exit.is_null())
-    throw ConnectionLost("the attach stream of exec " + st.exec_id + " ended without an exit");
+    throw client::ConnectionLost("the attach stream of exec " + st.exec_id +
+                                 " ended without an exit");
   return exit;
 }
 
@@ -57,7 +58,7 @@ std::chrono::milliseconds reattach_patience() {
   return std::chrono::seconds(60);
 }
 
-json reattach(const Client& c, AttachState& st, const OutputWriter& write,
+json reattach(const client::Client& c, AttachState& st, const OutputWriter& write,
               std::chrono::milliseconds patience) {
   auto give_up = std::chrono::steady_clock::now() + patience;
   std::string last;
@@ -71,8 +72,8 @@ json reattach(const Client& c, AttachState& st, const OutputWriter& write,
       last = e.what();
     }
     if (std::chrono::steady_clock::now() >= give_up)
-      throw ConnectionLost("could not reattach to exec " + st.exec_id + " within " +
-                           std::to_string(patience.count() / 1000) + " s: " + last);
+      throw client::ConnectionLost("could not reattach to exec " + st.exec_id + " within " +
+                                   std::to_string(patience.count() / 1000) + " s: " + last);
     std::this_thread::sleep_for(std::chrono::milliseconds(attempt < 10 ? 200 : 500));
   }
 }

@@ -16,7 +16,7 @@
 #include <string>
 #include <string_view>
 
-#include "cli/client.h"
+#include "client/client.h"
 
 namespace airlock::cli {
 
@@ -33,7 +33,7 @@ using OutputWriter = std::function<void(int fd, std::string_view bytes)>;
 // and writes the output from st.offset on until the exec ends; returns its
 // "exit" event. Errors the daemon answers (no such exec, bad offset) are
 // thrown at once; still unreachable after `patience`: ConnectionLost.
-nlohmann::json reattach(const Client& c, AttachState& st, const OutputWriter& write,
+nlohmann::json reattach(const client::Client& c, AttachState& st, const OutputWriter& write,
                         std::chrono::milliseconds patience);
 
 // How long exec/run wait for the daemon to come back:

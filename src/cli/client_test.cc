@@ -1,7 +1,7 @@
 // The CLI's client against airlockd's real HTTP layer (server, router,
 // request parsing) over a real unix socket, with the fake engine of
-// fake_engine_test_support.cc: everything but the VM.
-#include "cli/client.h"
+// daemon/fake_service_test_support.h: everything but the VM.
+#include "client/client.h"
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
@@ -18,6 +18,7 @@
 #include "cli/args.h"
 #include "common/error.h"
 #include "daemon/base64.h"
+#include "daemon/fake_service_test_support.h"
 #include "daemon/server.h"
 
 namespace airlock::cli {
@@ -33,7 +34,7 @@ class ApiTest : public ::testing::Test {
     socket_ = dir_ / "d.sock";
     server_ = std::make_unique<daemon::Server>(socket_);
     server_->bind();
-    engine_ = std::make_unique<engine::Engine>(engine::Config{});
+    engine_ = std::make_unique<daemon::FakeSandboxService>();
     thread_ = std::thread([this] { server_->run(*engine_); });
   }
   void TearDown() override {
@@ -69,7 +70,7 @@ class ApiTest : public ::testing::Test {
 
   std::filesystem::path dir_, socket_;
   std::unique_ptr<daemon::Server> server_;
-  std::unique_ptr<engine::Engine> engine_;
+  std::unique_ptr<engine::SandboxService> engine_;
   std::thread thread_;
 };
 
@@ -83,7 +84,7 @@ TEST_F(ApiTest, SocketIsPrivateAndSecondServerRefused) {
 }
 
 TEST_F(ApiTest, SandboxLifecycle) {
-  Client c(socket_);
+  client::Client c(socket_);
   EXPECT_TRUE(c.ping());
   json info = c.call("GET", "/v1/info");
   EXPECT_EQ(info["daemon"]["version"], AIRLOCK_VERSION);
@@ -110,13 +111,13 @@ TEST_F(ApiTest, SandboxLifecycle) {
 // The CLI's check for a daemon (spawn.cc): a connect whose connection then
 // carries the first request, instead of a GET /v1/info of its own.
 TEST_F(ApiTest, ListeningKeepsItsConnectionForTheNextCall) {
-  Client absent(dir_ / "absent.sock");
+  client::Client absent(dir_ / "absent.sock");
   EXPECT_FALSE(absent.listening());
 
   // Checked, then moved (main.cc's connect() returns it to its caller).
-  Client checked(socket_);
+  client::Client checked(socket_);
   ASSERT_TRUE(checked.listening());
-  Client c = std::move(checked);
+  client::Client c = std::move(checked);
   // The call went over the kept connection: it is the only one open.
   json info = c.call("GET", "/v1/info");
   EXPECT_EQ(info["daemon"]["connections"]["open"], 1) << info.dump();
@@ -125,14 +126,14 @@ TEST_F(ApiTest, ListeningKeepsItsConnectionForTheNextCall) {
   // A copy does not share it; a kept connection past 2 s is not used (the
   // daemon may have closed it meanwhile), the call opens a new one.
   ASSERT_TRUE(c.listening());
-  Client copy = c;
+  client::Client copy = c;
   EXPECT_EQ(copy.call("GET", "/v1/sandboxes").size(), 0u);
   std::this_thread::sleep_for(std::chrono::milliseconds(2100));
   EXPECT_EQ(c.call("GET", "/v1/info")["daemon"]["version"], AIRLOCK_VERSION);
 }
 
 TEST_F(ApiTest, BadInputNamesTheField) {
-  Client c(socket_);
+  client::Client c(socket_);
   Error e = expect_error([&] { c.call("POST", "/v1/sandboxes", {{"cpus", "2"}}); });
   EXPECT_EQ(e.code(), Errc::invalid_argument);
   EXPECT_EQ(e.field(), "cpus");
@@ -173,7 +174,7 @@ TEST_F(ApiTest, RawHttpErrors) {
 }
 
 TEST_F(ApiTest, ExecStreamsEventsAndExitCodes) {
-  Client c(socket_);
+  client::Client c(socket_);
   std::string id = c.call("POST", "/v1/sandboxes", json::object())["id"];
   std::vector<json> events;
   json exit = c.exec(id, exec_body({}, {"bytes"}, std::nullopt),
@@ -213,7 +214,7 @@ TEST_F(ApiTest, ExecStreamsEventsAndExitCodes) {
 // streams; a line is answered before the next is sent; eof closes it (409
 // after), and the route's errors name what was wrong.
 TEST_F(ApiTest, StreamedStdinOverHttp) {
-  Client c(socket_);
+  client::Client c(socket_);
   std::string id = c.call("POST", "/v1/sandboxes", json::object())["id"];
   std::mutex mu;
   std::condition_variable cv;
@@ -233,7 +234,7 @@ TEST_F(ApiTest, StreamedStdinOverHttp) {
     std::unique_lock lock(mu);
     ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(10), [&] { return !exec_id.empty(); }));
   }
-  StdinSender sender(socket_, id, exec_id);
+  client::StdinSender sender(socket_, id, exec_id);
   json r = sender.send("one\n", false);
   EXPECT_EQ(r["stdin_bytes"], 4);
   EXPECT_EQ(r["exec_id"], exec_id);
@@ -266,7 +267,7 @@ TEST_F(ApiTest, StreamedStdinOverHttp) {
   EXPECT_EQ(exit["stdin_bytes"], 11);
   e = expect_error([&] { sender.send("more", false); });
   EXPECT_EQ(e.code(), Errc::conflict);
-  StdinSender unknown(socket_, id, "ex-nope");
+  client::StdinSender unknown(socket_, id, "ex-nope");
   e = expect_error([&] { unknown.send("x", false); });
   EXPECT_EQ(e.code(), Errc::not_found);
   // stdin and stdin_stream together are refused, naming the field.
@@ -279,7 +280,7 @@ TEST_F(ApiTest, StreamedStdinOverHttp) {
 // the command ended: "a" arrives while the command still waits (it only goes
 // on to print "b" once the test kills it).
 TEST_F(ApiTest, ExecOutputArrivesWhileTheCommandRuns) {
-  Client c(socket_);
+  client::Client c(socket_);
   std::string id = c.call("POST", "/v1/sandboxes", json::object())["id"];
   std::mutex mu;
   std::condition_variable cv;
@@ -312,7 +313,7 @@ TEST_F(ApiTest, ExecOutputArrivesWhileTheCommandRuns) {
 // A daemon that vanishes mid-stream: what arrived was delivered, then a
 // ConnectionLost (the CLI's distinct exit code), not a generic error.
 TEST_F(ApiTest, ConnectionLostMidStreamIsItsOwnError) {
-  Client c(socket_);
+  client::Client c(socket_);
   std::string id = c.call("POST", "/v1/sandboxes", json::object())["id"];
   std::string out;
   std::thread stopper;
@@ -324,7 +325,7 @@ TEST_F(ApiTest, ConnectionLostMidStreamIsItsOwnError) {
         stopper = std::thread([this] { server_->stop(); });  // shuts every connection down
     });
     ADD_FAILURE() << "exec returned though the daemon went away";
-  } catch (const ConnectionLost& e) {
+  } catch (const client::ConnectionLost& e) {
     EXPECT_NE(std::string(e.what()).find("lost the connection to airlockd"), std::string::npos)
         << e.what();
   }
@@ -333,7 +334,7 @@ TEST_F(ApiTest, ConnectionLostMidStreamIsItsOwnError) {
 }
 
 TEST_F(ApiTest, ClientHangupKillsExec) {
-  Client c(socket_);
+  client::Client c(socket_);
   std::string id = c.call("POST", "/v1/sandboxes", json::object())["id"];
   std::string req_body = R"({"argv":["hang"]})";
   std::string request = "POST /v1/sandboxes/" + id +
@@ -361,7 +362,7 @@ TEST_F(ApiTest, ClientHangupKillsExec) {
 }
 
 TEST_F(ApiTest, FilesRoundTripStreamed) {
-  Client c(socket_);
+  client::Client c(socket_);
   std::string id = c.call("POST", "/v1/sandboxes", json::object())["id"];
   std::string data;
   for (int i = 0; i < (3 << 20); ++i) data += static_cast<char>((i * 7) ^ (i >> 9));
@@ -376,7 +377,7 @@ TEST_F(ApiTest, FilesRoundTripStreamed) {
   EXPECT_EQ(c.upload(id, "/tmp/a b.bin", 0600, in), data.size());
   ::close(in);
   EXPECT_EQ(c.call("GET", "/v1/sandboxes/" + id +
-                              "/files/stat?path=" + url_encode("/tmp/a b.bin"))["size"],
+                              "/files/stat?path=" + client::url_encode("/tmp/a b.bin"))["size"],
             data.size());
   int out = ::open(dst.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
   EXPECT_EQ(c.download(id, "/tmp/a b.bin", out), data.size());
@@ -398,7 +399,7 @@ TEST_F(ApiTest, FilesRoundTripStreamed) {
                    {{"path", "/d"}, {"parents", true}})["path"],
             "/d");
   EXPECT_TRUE(c.call("GET", "/v1/sandboxes/" + id + "/files/list?path=/").is_array());
-  c.call("DELETE", "/v1/sandboxes/" + id + "/files?path=" + url_encode("/tmp/a b.bin"));
+  c.call("DELETE", "/v1/sandboxes/" + id + "/files?path=" + client::url_encode("/tmp/a b.bin"));
   e = expect_error(
       [&] { c.call("DELETE", "/v1/sandboxes/" + id + "/files?path=/tmp/x&recursive=perhaps"); });
   EXPECT_EQ(e.field(), "recursive");
@@ -410,7 +411,7 @@ TEST_F(ApiTest, FilesRoundTripStreamed) {
 }
 
 TEST_F(ApiTest, NetworkPolicyAtCreate) {
-  Client c(socket_);
+  client::Client c(socket_);
   json sb = c.call("POST", "/v1/sandboxes", json::object());
   EXPECT_EQ(sb["network"], (json{{"mode", "none"}}));
   sb = c.call("POST", "/v1/sandboxes",
@@ -439,7 +440,7 @@ TEST_F(ApiTest, NetworkPolicyAtCreate) {
 }
 
 TEST_F(ApiTest, NetworkPatchAndEvents) {
-  Client c(socket_);
+  client::Client c(socket_);
   std::string id =
       c.call("POST", "/v1/sandboxes",
              {{"network", {{"mode", "allowlist"}, {"allow", {"203.0.113.0/24"}}}}})["id"];
@@ -507,7 +508,7 @@ size_t thread_count() {
 }
 
 TEST_F(ApiTest, NetworkFollowEndsWhenClientHangsUp) {
-  Client c(socket_);
+  client::Client c(socket_);
   std::string id = c.call("POST", "/v1/sandboxes", {{"network", {{"mode", "open"}}}})["id"];
   std::this_thread::sleep_for(std::chrono::milliseconds(50));  // earlier connections' threads end
   size_t before = thread_count();

@@ -43,7 +43,7 @@ std::string read_all_fd(int fd) {
 }  // namespace
 
 // Runs an exec, writing its stdout/stderr as raw bytes as they arrive.
-int run_exec(const Client& c, const std::string& id, const ExecOptions& opts,
+int run_exec(const client::Client& c, const std::string& id, const ExecOptions& opts,
              const std::vector<std::string>& argv, bool interactive) {
   std::optional<std::string> in;
   // A closed stdin (e.g. a CI runner without one) means no input, not an error.
@@ -87,7 +87,7 @@ int run_exec(const Client& c, const std::string& id, const ExecOptions& opts,
       write_all(type == "stdout" ? 1 : 2, *bytes);
       resume.offset += bytes->size();
     });
-  } catch (const ConnectionLost&) {
+  } catch (const client::ConnectionLost&) {
     auto patience = reattach_patience();
     if (resume.exec_id.empty() || patience.count() == 0) throw;
     // The pump resumes on its own (the guest keeps a detached exec's stdin).
@@ -107,7 +107,7 @@ int run_exec(const Client& c, const std::string& id, const ExecOptions& opts,
   return exit_code_of(exit);
 }
 
-int run_attach(const Client& c, const std::string& id, const std::string& exec_id,
+int run_attach(const client::Client& c, const std::string& id, const std::string& exec_id,
                uint64_t offset) {
   AttachState st{id, exec_id, offset, 0};
   json exit = reattach(c, st, write_all, reattach_patience());

@@ -54,7 +54,7 @@ struct RunCleanup {
 // Ctrl-C / SIGTERM / SIGHUP: a thread destroys the sandbox (which ends the
 // exec). Signals are blocked before that thread starts so only it receives
 // them; it lives as long as the process.
-void destroy_on_signal(const Client& c, RunCleanup& cleanup) {
+void destroy_on_signal(const client::Client& c, RunCleanup& cleanup) {
   sigset_t set = block_terminating_signals();
   std::thread([set, &c, &cleanup] {
     int sig = 0;
@@ -75,7 +75,7 @@ void destroy_on_signal(const Client& c, RunCleanup& cleanup) {
 }
 
 // create, exec, destroy; 130 if interrupted.
-int run_once(const Client& c, const json& create_req, const ExecVerbOptions& o) {
+int run_once(const client::Client& c, const json& create_req, const ExecVerbOptions& o) {
   static RunCleanup cleanup;
   destroy_on_signal(c, cleanup);
   json sb = c.call("POST", "/v1/sandboxes", create_req);
@@ -140,7 +140,7 @@ Verb add_exec(CLI::App& app, const Context& ctx) {
         throw UsageError("--tty takes only --cwd, --user and --env");
       PtyOptions p{argv, e.env, e.cwd, e.user};
       parse_kvs(p.env, "--env");
-      Client c = ctx.connect();
+      client::Client c = ctx.connect();
       return run_pty(c.socket(), o->id, p);
     }
     if (e.background) {
@@ -149,7 +149,7 @@ Verb add_exec(CLI::App& app, const Context& ctx) {
       std::cout << r.value("exec_id", "") << "\n";
       return 0;
     }
-    Client c = ctx.connect();
+    client::Client c = ctx.connect();
     return run_exec(c, o->id, e, argv, o->interactive);
   };
 }
@@ -168,7 +168,7 @@ Verb add_attach(CLI::App& app, const Context& ctx) {
   cmd->add_option("exec_id", o->exec_id, "exec id (from exec's start event)")->required();
   return [cmd, o, &ctx]() -> std::optional<int> {
     if (!cmd->parsed()) return std::nullopt;
-    Client c = ctx.connect();
+    client::Client c = ctx.connect();
     return run_attach(c, o->id, o->exec_id, o->offset);
   };
 }
@@ -187,7 +187,7 @@ Verb add_shell(CLI::App& app, const Context& ctx) {
   return [cmd, o, &ctx]() -> std::optional<int> {
     if (!cmd->parsed()) return std::nullopt;
     parse_kvs(o->pty.env, "--env");  // usage errors before a daemon is started
-    Client c = ctx.connect();
+    client::Client c = ctx.connect();
     return run_pty(c.socket(), o->id, o->pty);
   };
 }
@@ -210,7 +210,7 @@ Verb add_run(CLI::App& app, const Context& ctx) {
     // Validate everything before a sandbox exists.
     json create_req = create_body(o->create);
     exec_body(o->exec, argv, std::nullopt);
-    Client c = ctx.connect();
+    client::Client c = ctx.connect();
     return run_once(c, create_req, *o);
   };
 }

@@ -132,7 +132,7 @@ std::string top_screen(const json& list, std::map<std::string, double>& last_cpu
   return out;
 }
 
-int run_top(const ImageCommands& c, const std::function<Client()>& connect) {
+int run_top(const ImageCommands& c, const std::function<client::Client()>& connect) {
   std::string sort = c.sort;
   std::map<std::string, double> last_cpu;
   auto prev = std::chrono::steady_clock::now();
@@ -209,7 +209,7 @@ void add_image_commands(CLI::App& app, CLI::App& image, ImageCommands& c) {
   c.top->add_flag("--once", c.once, "print one screen and exit");
 }
 
-bool run_image_command(const ImageCommands& c, const std::function<Client()>& connect) {
+bool run_image_command(const ImageCommands& c, const std::function<client::Client()>& connect) {
   if (c.import->parsed()) {
     std::string target = "/v1/images/" + c.name + "/import" + (c.replace ? "?replace=true" : "");
     auto start = std::chrono::steady_clock::now();

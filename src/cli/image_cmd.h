@@ -7,7 +7,7 @@
 #include <functional>
 #include <string>
 
-#include "cli/client.h"
+#include "client/client.h"
 
 namespace airlock::cli {
 
@@ -30,7 +30,7 @@ struct ImageCommands {
 void add_image_commands(CLI::App& app, CLI::App& image, ImageCommands& c);
 
 // Runs the verb that was parsed; false if none was.
-bool run_image_command(const ImageCommands& c, const std::function<Client()>& connect);
+bool run_image_command(const ImageCommands& c, const std::function<client::Client()>& connect);
 
 // "1.5 GiB"-style size.
 std::string human_size(uint64_t bytes);

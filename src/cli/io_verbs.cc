@@ -18,7 +18,7 @@ namespace {
 
 using nlohmann::json;
 
-void upload(const Client& c, const CpPlan& plan) {
+void upload(const client::Client& c, const CpPlan& plan) {
   int fd = 0;
   uint32_t mode = 0644;
   std::string guest = plan.dst.path;
@@ -38,7 +38,7 @@ void upload(const Client& c, const CpPlan& plan) {
   if (fd != 0) ::close(fd);
 }
 
-void download(const Client& c, const CpPlan& plan) {
+void download(const client::Client& c, const CpPlan& plan) {
   if (plan.dst.stdio) {
     c.download(plan.src.id, plan.src.path, 1);
     return;
@@ -90,7 +90,7 @@ Verb add_cp(CLI::App& app, const Context& ctx) {
   return [cmd, o, &ctx]() -> std::optional<int> {
     if (!cmd->parsed()) return std::nullopt;
     CpPlan plan = plan_cp(o->src, o->dst);
-    Client c = ctx.connect();
+    client::Client c = ctx.connect();
     if (plan.upload())
       upload(c, plan);
     else
@@ -114,11 +114,11 @@ Verb add_logs(CLI::App& app, const Context& ctx) {
                 "check the journal's hash chain; exit 1 naming the first break");
   return [cmd, o, &ctx]() -> std::optional<int> {
     if (!cmd->parsed()) return std::nullopt;
-    Client c = ctx.connect();
+    client::Client c = ctx.connect();
     const std::string base = "/v1/sandboxes/" + o->id;
     if (o->network) {
       auto print = [&](const json& ev) {
-        std::cout << (o->json ? ev.dump() : format_net_event(ev)) << std::endl;
+        std::cout << (o->json ? ev.dump() : client::format_net_event(ev)) << std::endl;
       };
       if (o->follow) {
         c.stream_lines(base + "/network/events?follow=true", print);
@@ -130,7 +130,7 @@ Verb add_logs(CLI::App& app, const Context& ctx) {
     if (o->verify) return verify_journal(c, o->id, o->json);
     if (o->follow) {  // every record, streamed (GET .../events?follow=true)
       c.stream_lines(base + "/events?follow=true", [&](const json& r) {
-        std::cout << (o->json ? r.dump() : format_audit_line(r)) << std::endl;
+        std::cout << (o->json ? r.dump() : client::format_audit_line(r)) << std::endl;
       });
       return 0;
     }
@@ -138,7 +138,7 @@ Verb add_logs(CLI::App& app, const Context& ctx) {
     if (o->json) {
       std::cout << records.dump(2) << "\n";
     } else {
-      for (const auto& r : records) std::cout << format_audit_line(r) << "\n";
+      for (const auto& r : records) std::cout << client::format_audit_line(r) << "\n";
     }
     return 0;
   };
@@ -158,8 +158,9 @@ Verb add_watch(CLI::App& app, const Context& ctx) {
   cmd->add_flag("--json", o->json, "print the NDJSON events as they come");
   return [cmd, o, &ctx]() -> std::optional<int> {
     if (!cmd->parsed()) return std::nullopt;
-    Client c = ctx.connect();
-    std::string target = "/v1/sandboxes/" + o->id + "/files/watch?path=" + url_encode(o->path) +
+    client::Client c = ctx.connect();
+    std::string target = "/v1/sandboxes/" + o->id +
+                         "/files/watch?path=" + client::url_encode(o->path) +
                          "&recursive=" + (o->recursive ? "true" : "false");
     c.stream_lines(target, [&](const json& ev) {
       if (o->json)
@@ -191,7 +192,7 @@ Verb add_network(CLI::App& app, const Context& ctx) {
   return [cmd, o, &ctx]() -> std::optional<int> {
     if (!cmd->parsed()) return std::nullopt;
     auto policy = network_policy(o->mode, o->allow, o->deny);
-    Client c = ctx.connect();
+    client::Client c = ctx.connect();
     if (!policy) {
       json sb = c.call("GET", "/v1/sandboxes/" + o->id);
       json net = sb.value("network", json{{"mode", "none"}});
@@ -225,7 +226,7 @@ Verb add_port(CLI::App& app, const Context& ctx) {
     if (o->remove && (o->guest_port || o->host_port))
       throw UsageError("port --rm takes no GUEST_PORT or --host-port");
     if (o->host_port && !o->guest_port) throw UsageError("--host-port needs a GUEST_PORT");
-    Client c = ctx.connect();
+    client::Client c = ctx.connect();
     std::string target = "/v1/sandboxes/" + o->id + "/ports";
     if (o->remove) {
       c.call("DELETE", target + "/" + std::to_string(*o->remove));

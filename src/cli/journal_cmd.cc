@@ -20,15 +20,16 @@ void add_journal_commands(CLI::App& app, JournalCommands& j) {
   j.diff->add_flag("--json", j.json, "print JSON");
 }
 
-int run_journal_command(const JournalCommands& j, const std::function<Client()>& connect) {
+int run_journal_command(const JournalCommands& j, const std::function<client::Client()>& connect) {
   if (!j.diff->parsed()) return -1;
-  json r = connect().call("GET", "/v1/sandboxes/" + j.id + "/changes?since=" + url_encode(j.since) +
+  json r = connect().call("GET", "/v1/sandboxes/" + j.id +
+                                     "/changes?since=" + client::url_encode(j.since) +
                                      (j.content ? "&content=true" : ""));
   std::cout << (j.json ? r.dump(2) + "\n" : format_changes(r));
   return 0;
 }
 
-int verify_journal(Client& c, const std::string& id, bool as_json) {
+int verify_journal(client::Client& c, const std::string& id, bool as_json) {
   json r = c.call("GET", "/v1/sandboxes/" + id + "/journal/verify");
   std::cout << (as_json ? r.dump(2) + "\n" : format_verify(r));
   return r.value("ok", false) ? 0 : 1;

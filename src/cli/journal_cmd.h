@@ -7,7 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "cli/client.h"
+#include "client/client.h"
 
 namespace airlock::cli {
 
@@ -20,10 +20,10 @@ struct JournalCommands {
 void add_journal_commands(CLI::App& app, JournalCommands& j);
 
 // Runs `diff` if it was parsed: its exit code, or -1 if it was not.
-int run_journal_command(const JournalCommands& j, const std::function<Client()>& connect);
+int run_journal_command(const JournalCommands& j, const std::function<client::Client()>& connect);
 
 // `logs ID --verify`: prints the report; 0 if the chain holds, 1 if not.
-int verify_journal(Client& c, const std::string& id, bool json);
+int verify_journal(client::Client& c, const std::string& id, bool json);
 
 // Human forms of the two answers (exercised by tests/integration/test_journal.py).
 std::string format_verify(const nlohmann::json& report);

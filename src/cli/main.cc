@@ -11,7 +11,6 @@
 #include <type_traits>
 
 #include "cli/args.h"
-#include "cli/client.h"
 #include "cli/image_cmd.h"
 #include "cli/journal_cmd.h"
 #include "cli/pool_cmd.h"
@@ -20,6 +19,7 @@
 #include "cli/spawn.h"
 #include "cli/token_cmd.h"
 #include "cli/verbs.h"
+#include "client/client.h"
 #include "common/error.h"
 #include "daemon/paths.h"
 #include "engine/storage/image_store.h"
@@ -33,7 +33,7 @@ namespace {
 void print_progress(const storage::BuildProgress& p, bool tty, std::string& last_step) {
   if (tty) {
     std::string line = "[" + p.step + "]";
-    if (p.bytes) line += " " + human_bytes(p.bytes);
+    if (p.bytes) line += " " + client::human_bytes(p.bytes);
     std::fprintf(stdout, "\r%s\033[K", line.c_str());
     std::fflush(stdout);
   } else if (p.step != last_step) {
@@ -62,7 +62,7 @@ int build_builtin_image(const Context& ctx, const std::string& name) {
   if (tty && !last.empty()) std::fprintf(stdout, "\r\033[K");
   double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::printf("%s %s (%s, kernel %s) in %.1f s: %s\n", img.name.c_str(), img.key.c_str(),
-              human_bytes(img.rootfs_bytes).c_str(), img.kernel_release.c_str(), s,
+              client::human_bytes(img.rootfs_bytes).c_str(), img.kernel_release.c_str(), s,
               img.dir.c_str());
   return 0;
 }
@@ -70,7 +70,7 @@ int build_builtin_image(const Context& ctx, const std::string& name) {
 // The MCP server on stdin/stdout, as this caller (the socket, or AIRLOCK_URL's tenant).
 int serve_mcp(const Context& ctx, bool all) {
   DaemonPaths p = ctx.paths();
-  Client c(ctx.url.empty() ? p.socket.string() : ctx.url);
+  client::Client c(ctx.url.empty() ? p.socket.string() : ctx.url);
   try {
     if (ctx.url.empty()) ensure_daemon(c, p);
   } catch (const Error& e) {
@@ -81,7 +81,7 @@ int serve_mcp(const Context& ctx, bool all) {
   // The first tool call may come much later: close the connection the
   // daemon check kept (Client::listening) now, before the guardian's fork
   // would inherit it and hold it open until the daemon's idle timeout.
-  c = Client(c.socket());
+  c = client::Client(c.socket());
   // After the daemon is started (it must not inherit the mask) and before
   // any thread (fork): the guardian destroys the session's sandboxes should
   // this process die without doing so; the session's signals go to its
@@ -196,11 +196,11 @@ DaemonPaths Context::paths() const {
   return p;
 }
 
-Client Context::connect() const {
+client::Client Context::connect() const {
   // A remote daemon is used as it is: nothing to start.
-  if (!url.empty() && parse_remote(url)) return Client(url);
+  if (!url.empty() && client::parse_remote(url)) return client::Client(url);
   DaemonPaths p = paths();
-  Client c(p.socket);
+  client::Client c(p.socket);
   ensure_daemon(c, p);
   return c;
 }
@@ -258,9 +258,9 @@ int main(int argc, char** argv) {
   } catch (const airlock::cli::UsageError& e) {
     std::fprintf(stderr, "airlock: %s\n", e.what());
     return 2;
-  } catch (const airlock::cli::ConnectionLost& e) {
+  } catch (const airlock::client::ConnectionLost& e) {
     std::fprintf(stderr, "airlock: %s\n", e.what());
-    return airlock::cli::kExitConnectionLost;
+    return airlock::client::kExitConnectionLost;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "airlock: %s\n", e.what());
     return 1;

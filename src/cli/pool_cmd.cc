@@ -25,10 +25,10 @@ void add_pool_command(CLI::App& app, PoolCommand& p) {
   p.cmd->add_flag("--json", p.json, "print JSON");
 }
 
-bool run_pool_command(const PoolCommand& p, const std::function<Client()>& connect) {
+bool run_pool_command(const PoolCommand& p, const std::function<client::Client()>& connect) {
   if (!p.cmd || !p.cmd->parsed()) return false;
   if (!p.image.empty() && !p.size) throw UsageError("pool IMAGE needs a SIZE");
-  Client c = connect();
+  client::Client c = connect();
   json answer;
   if (p.size) {
     json body{{"image", p.image}, {"size", *p.size}};

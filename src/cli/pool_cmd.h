@@ -7,7 +7,7 @@
 #include <optional>
 #include <string>
 
-#include "cli/client.h"
+#include "client/client.h"
 
 namespace airlock::cli {
 
@@ -21,6 +21,6 @@ struct PoolCommand {
 void add_pool_command(CLI::App& app, PoolCommand& p);
 
 // Runs `pool` if it was parsed; false if not. UsageError for IMAGE without SIZE.
-bool run_pool_command(const PoolCommand& p, const std::function<Client()>& connect);
+bool run_pool_command(const PoolCommand& p, const std::function<client::Client()>& connect);
 
 }  // namespace airlock::cli

@@ -17,8 +17,8 @@
 #include <string>
 #include <vector>
 
-#include "cli/client.h"
 #include "cli/spawn.h"
+#include "client/client.h"
 
 namespace airlock::cli {
 
@@ -135,6 +135,6 @@ inline const std::vector<std::string> kProbeSections = {"task", "reach",   "left
 // Runs the battery against the daemon behind `client` (started already),
 // prints the table (or JSON) to stdout and progress to stderr, destroys every
 // sandbox it created (also on SIGINT/SIGTERM: exit 130). Returns the exit code.
-int run_probe(const Client& client, const ProbeOptions& opts, const DaemonPaths& paths);
+int run_probe(const client::Client& client, const ProbeOptions& opts, const DaemonPaths& paths);
 
 }  // namespace airlock::cli

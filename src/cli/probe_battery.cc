@@ -90,7 +90,8 @@ const char* kGuestPs =
 
 class Battery {
  public:
-  Battery(const Client& c, const ProbeOptions& o, const DaemonPaths& paths, SandboxTracker& t)
+  Battery(const client::Client& c, const ProbeOptions& o, const DaemonPaths& paths,
+          SandboxTracker& t)
       : c_(c), o_(o), paths_(paths), t_(t) {
     token_ = std::to_string(::getpid()) + "-" + std::to_string(std::random_device{}() % 100000);
   }
@@ -681,7 +682,7 @@ reach pip "$(python3 -m pip config get global.index-url 2>/dev/null ||
     if (!hostile_id_.empty()) destroy(hostile_id_);
   }
 
-  const Client& c_;
+  const client::Client& c_;
   ProbeOptions o_;
   DaemonPaths paths_;
   SandboxTracker& t_;
@@ -692,7 +693,7 @@ reach pip "$(python3 -m pip config get global.index-url 2>/dev/null ||
 
 }  // namespace
 
-int run_probe(const Client& client, const ProbeOptions& opts, const DaemonPaths& paths) {
+int run_probe(const client::Client& client, const ProbeOptions& opts, const DaemonPaths& paths) {
   if (opts.network != "none" && opts.network != "open")
     throw Error(Errc::invalid_argument, "--network must be none or open, not " + opts.network,
                 "network");

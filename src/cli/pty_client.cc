@@ -19,7 +19,7 @@
 
 #include "cli/args.h"
 #include "cli/attach.h"
-#include "cli/client.h"
+#include "client/client.h"
 #include "common/error.h"
 
 namespace airlock::cli {
@@ -91,7 +91,7 @@ void write_out(std::string_view bytes) {
 
 Error error_from(const json& j) {
   const json& e = j.contains("error") && j["error"].is_object() ? j["error"] : json::object();
-  return Error(static_cast<Errc>(errc_from_string(e.value("code", "internal"))),
+  return Error(static_cast<Errc>(client::errc_from_string(e.value("code", "internal"))),
                e.value("message", "error"), e.value("field", ""));
 }
 
@@ -138,8 +138,8 @@ class Session {
     if (error_) throw *error_;
     if (local_signal_) return 128 + local_signal_;
     if (exit_.is_null())
-      throw ConnectionLost("the connection to airlockd was lost during the session" +
-                           (lost_why_.empty() ? std::string() : ": " + lost_why_));
+      throw client::ConnectionLost("the connection to airlockd was lost during the session" +
+                                   (lost_why_.empty() ? std::string() : ": " + lost_why_));
     return exit_code_of(exit_);
   }
 
@@ -288,18 +288,18 @@ void open_session(const std::filesystem::path& socket, const std::string& id,
     // Refused before the upgrade (no such sandbox, not running): Beast does
     // not hand the answer back, so ask again as plain HTTP, which gets the
     // daemon's error answer (thrown by call()).
-    Client(socket).call("GET", target);
+    client::Client(socket).call("GET", target);
     throw Error(Errc::unavailable, "websocket handshake with airlockd failed: " + ec.message());
   }
   ws.text(true);
   ws.write(net::buffer(start.dump()), ec);
-  if (ec) throw ConnectionLost("sending the start message failed: " + ec.message());
+  if (ec) throw client::ConnectionLost("sending the start message failed: " + ec.message());
 }
 
 }  // namespace
 
 int run_pty(const std::filesystem::path& socket, const std::string& id, const PtyOptions& opts) {
-  if (parse_remote(socket.string()))
+  if (client::parse_remote(socket.string()))
     throw Error(Errc::invalid_argument,
                 "a terminal (shell, exec -t) is not served over AIRLOCK_URL yet: use the unix "
                 "socket",
@@ -322,7 +322,7 @@ int run_pty(const std::filesystem::path& socket, const std::string& id, const Pt
       if (!raw) raw.emplace(0);
       try {
         return session.run();
-      } catch (const ConnectionLost&) {
+      } catch (const client::ConnectionLost&) {
         // The daemon went away (killed, restarted): the exec runs on in the
         // guest, so wait for airlockd and attach again from what was printed.
         if (progress.exec_id.empty() || patience.count() == 0) throw;
@@ -344,13 +344,14 @@ int run_pty(const std::filesystem::path& socket, const std::string& id, const Pt
       if (got) return 128 + got;
       // A probe: once airlockd answers, the next round attaches.
       try {
-        Client(socket).call("GET", "/v1/sandboxes/" + id);
+        client::Client(socket).call("GET", "/v1/sandboxes/" + id);
         break;
       } catch (const Error& e) {
         if (e.code() != Errc::unavailable) throw;
         if (std::chrono::steady_clock::now() >= give_up)
-          throw ConnectionLost("could not reattach to exec " + progress.exec_id + " within " +
-                               std::to_string(patience.count() / 1000) + " s: " + e.what());
+          throw client::ConnectionLost("could not reattach to exec " + progress.exec_id +
+                                       " within " + std::to_string(patience.count() / 1000) +
+                                       " s: " + e.what());
       }
     }
   }

@@ -11,7 +11,7 @@
 #include "cli/args.h"
 #include "common/error.h"
 #include "daemon/base64.h"
-#include "engine/recipes/plan.h"
+#include "recipes/plan.h"
 
 namespace airlock::cli {
 namespace fs = std::filesystem;
@@ -27,7 +27,7 @@ std::string elapsed(double s) {
 
 }  // namespace
 
-int run_recipe_build(const Client& client, const std::string& name, const RecipeBuild& o,
+int run_recipe_build(const client::Client& client, const std::string& name, const RecipeBuild& o,
                      bool json_out) {
   std::map<std::string, std::string> args;
   for (const auto& a : o.args) {
@@ -97,12 +97,12 @@ int run_recipe_build(const Client& client, const std::string& name, const Recipe
               std::printf("%s%s\n", current.c_str(), cached ? " (cached)" : "");
             }
           } else if (type == "progress" && tty) {
-            status("  " + human_bytes(e.value("bytes", uint64_t{0})) + "  " +
+            status("  " + client::human_bytes(e.value("bytes", uint64_t{0})) + "  " +
                    elapsed(e.value("elapsed_s", 0.0)));
           } else if (type == "output" && !tty) {
             std::fwrite(e.value("data", "").data(), 1, e.value("data", "").size(), stdout);
           } else if (type == "step_done") {
-            std::string line = "  done: " + human_bytes(e.value("bytes", uint64_t{0})) +
+            std::string line = "  done: " + client::human_bytes(e.value("bytes", uint64_t{0})) +
                                " layer in " + elapsed(e.value("elapsed_s", 0.0));
             if (tty) {
               status(line);
@@ -112,7 +112,8 @@ int run_recipe_build(const Client& client, const std::string& name, const Recipe
             }
           } else if (type == "flatten") {
             if (tty) std::printf("\r\033[K");
-            std::printf("flattened: %s\n", human_bytes(e.value("bytes", uint64_t{0})).c_str());
+            std::printf("flattened: %s\n",
+                        client::human_bytes(e.value("bytes", uint64_t{0})).c_str());
           } else if (type == "done") {
             done = e;
           }

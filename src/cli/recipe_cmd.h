@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "cli/client.h"
+#include "client/client.h"
 
 namespace airlock::cli {
 
@@ -19,7 +19,7 @@ struct RecipeBuild {
 
 // The exit status: 0 built, 1 failed (the error, with a failed step's
 // output, on stderr). Error for a bad recipe or a refused request.
-int run_recipe_build(const Client& client, const std::string& name, const RecipeBuild& opts,
+int run_recipe_build(const client::Client& client, const std::string& name, const RecipeBuild& opts,
                      bool json_out);
 
 }  // namespace airlock::cli

@@ -75,7 +75,8 @@ Verb add_ls(CLI::App& app, const Context& ctx) {
     std::string target = "/v1/sandboxes";
     std::string q = o->all ? "all=true" : "";
     for (const auto& [k, v] : parse_kvs(o->metas, "--meta"))
-      q += (q.empty() ? "" : "&") + url_encode("metadata." + k) + "=" + url_encode(v);
+      q += (q.empty() ? "" : "&") + client::url_encode("metadata." + k) + "=" +
+           client::url_encode(v);
     if (!q.empty()) target += "?" + q;
     json list = ctx.connect().call("GET", target);
     std::cout << (o->json ? list.dump(2) + "\n" : format_sandbox_table(list, now_ms()));
@@ -96,7 +97,7 @@ Verb add_rm(CLI::App& app, const Context& ctx) {
                 "(default: once it is out of service; the teardown finishes in the background)");
   return [cmd, o, &ctx]() -> std::optional<int> {
     if (!cmd->parsed()) return std::nullopt;
-    Client c = ctx.connect();
+    client::Client c = ctx.connect();
     int rc = 0;
     for (const auto& victim : o->ids) {
       try {
@@ -164,7 +165,7 @@ Verb add_probe(CLI::App& app, const Context& ctx) {
       ->delimiter(',');
   return [cmd, o, &ctx]() -> std::optional<int> {
     if (!cmd->parsed()) return std::nullopt;
-    Client c = ctx.connect();
+    client::Client c = ctx.connect();
     return run_probe(c, *o, ctx.paths());
   };
 }

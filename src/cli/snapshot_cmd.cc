@@ -31,7 +31,8 @@ void add_snapshot_commands(CLI::App& app, SnapshotCommands& s) {
   s.fork->add_flag("--json", s.json, "print JSON");
 }
 
-bool run_snapshot_command(const SnapshotCommands& s, const std::function<Client()>& connect) {
+bool run_snapshot_command(const SnapshotCommands& s,
+                          const std::function<client::Client()>& connect) {
   if (s.pause->parsed() || s.resume->parsed()) {
     std::string verb = s.pause->parsed() ? "pause" : "resume";
     json sb = connect().call("POST", "/v1/sandboxes/" + s.id + "/" + verb);

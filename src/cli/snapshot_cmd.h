@@ -7,7 +7,7 @@
 #include <functional>
 #include <string>
 
-#include "cli/client.h"
+#include "client/client.h"
 
 namespace airlock::cli {
 
@@ -26,6 +26,7 @@ struct SnapshotCommands {
 void add_snapshot_commands(CLI::App& app, SnapshotCommands& s);
 
 // Runs the verb that was parsed; false if none was.
-bool run_snapshot_command(const SnapshotCommands& s, const std::function<Client()>& connect);
+bool run_snapshot_command(const SnapshotCommands& s,
+                          const std::function<client::Client()>& connect);
 
 }  // namespace airlock::cli

@@ -30,7 +30,7 @@ std::string tail_of(const std::filesystem::path& file, size_t lines) {
 
 }  // namespace
 
-void ensure_daemon(const Client& client, const DaemonPaths& paths, double wait_s) {
+void ensure_daemon(const client::Client& client, const DaemonPaths& paths, double wait_s) {
   if (client.listening()) return;
   auto exe = daemon::exe_dir() / "airlockd";
   if (::access(exe.c_str(), X_OK) != 0)

@@ -5,7 +5,7 @@
 
 #include <filesystem>
 
-#include "cli/client.h"
+#include "client/client.h"
 
 namespace airlock::cli {
 
@@ -21,7 +21,7 @@ struct DaemonPaths {
 // to <data dir>/airlockd.log) and waits up to `wait_s` for it to answer.
 // Throws Error(unavailable) naming the log file (and its last lines) if it
 // does not.
-void ensure_daemon(const Client& client, const DaemonPaths& paths, double wait_s = 10);
+void ensure_daemon(const client::Client& client, const DaemonPaths& paths, double wait_s = 10);
 
 // Blocks SIGINT, SIGTERM and SIGHUP in the calling thread (and every thread
 // it starts after) and returns that set, for one thread to sigwait() on:

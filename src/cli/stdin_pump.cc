@@ -8,7 +8,7 @@
 #include <cstdio>
 #include <optional>
 
-#include "cli/client.h"
+#include "client/client.h"
 #include "common/error.h"
 
 namespace airlock::cli {
@@ -110,7 +110,7 @@ void StdinPump::stop() {
 }
 
 void StdinPump::run(std::string exec_id) {
-  StdinSender sender(socket_, id_, exec_id);
+  client::StdinSender sender(socket_, id_, exec_id);
   StdinBatch batch;
   // 1 MiB per request: big enough that a bulk stream costs few requests,
   // small enough to keep the CLI's memory flat.

@@ -66,7 +66,7 @@ std::string when(const json& v) {
 }
 }  // namespace
 
-bool run_token_command(const TokenCommands& t, const std::function<Client()>& connect) {
+bool run_token_command(const TokenCommands& t, const std::function<client::Client()>& connect) {
   if (t.create->parsed()) {
     json body{{"tenant", t.tenant}, {"format", t.e2b ? "e2b" : "airlock"}};
     if (!t.expires.empty()) body["expires_in_s"] = parse_duration(t.expires);

@@ -9,7 +9,7 @@
 #include <optional>
 #include <string>
 
-#include "cli/client.h"
+#include "client/client.h"
 
 namespace airlock::cli {
 
@@ -31,7 +31,7 @@ struct TokenCommands {
 void add_token_commands(CLI::App& app, TokenCommands& t);
 
 // Runs the token verb that was parsed; false if none was.
-bool run_token_command(const TokenCommands& t, const std::function<Client()>& connect);
+bool run_token_command(const TokenCommands& t, const std::function<client::Client()>& connect);
 
 // "90" or "90s", "15m", "12h", "30d" -> seconds. Throws Error(invalid_argument,
 // field "expires") otherwise.

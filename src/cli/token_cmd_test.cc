@@ -2,7 +2,7 @@
 
 #include <gtest/gtest.h>
 
-#include "cli/client.h"
+#include "client/client.h"
 #include "common/error.h"
 
 namespace airlock::cli {
@@ -27,29 +27,29 @@ TEST(ParseDuration, RefusesNonsenseNamingTheFlag) {
 }
 
 TEST(ParseRemote, Forms) {
-  EXPECT_FALSE(parse_remote("/var/lib/airlock/airlockd.sock"));
-  auto r = parse_remote("http://127.0.0.1:8080");
+  EXPECT_FALSE(client::parse_remote("/var/lib/airlock/airlockd.sock"));
+  auto r = client::parse_remote("http://127.0.0.1:8080");
   ASSERT_TRUE(r);
   EXPECT_EQ(r->host, "127.0.0.1");
   EXPECT_EQ(r->port, "8080");
   EXPECT_FALSE(r->tls);
-  r = parse_remote("https://airlock.internal/");
+  r = client::parse_remote("https://airlock.internal/");
   ASSERT_TRUE(r);
   EXPECT_EQ(r->host, "airlock.internal");
   EXPECT_EQ(r->port, "443");
   EXPECT_TRUE(r->tls);
-  r = parse_remote("https://[::1]:8443");
+  r = client::parse_remote("https://[::1]:8443");
   ASSERT_TRUE(r);
   EXPECT_EQ(r->host, "::1");
   EXPECT_EQ(r->port, "8443");
-  EXPECT_THROW(parse_remote("http://:80"), Error);
-  EXPECT_THROW(parse_remote("http://host:port"), Error);
+  EXPECT_THROW(client::parse_remote("http://:80"), Error);
+  EXPECT_THROW(client::parse_remote("http://host:port"), Error);
 }
 
 TEST(TokenTransport, NoTokenOverPlainHttpBeyondLoopback) {
   auto refused = [](const std::string& url, const std::string& token) {
     try {
-      check_token_transport(*parse_remote(url), token, url);
+      client::check_token_transport(*client::parse_remote(url), token, url);
       return false;
     } catch (const Error& e) {
       EXPECT_EQ(e.field(), "AIRLOCK_URL");

@@ -15,8 +15,8 @@
 #include <vector>
 
 #include "cli/args.h"
-#include "cli/client.h"
 #include "cli/spawn.h"
+#include "client/client.h"
 
 namespace airlock::cli {
 
@@ -28,7 +28,7 @@ struct Context {
   std::vector<std::string> tail;
   DaemonPaths paths() const;
   // A remote daemon as it is; on the socket, airlockd started if none answers.
-  Client connect() const;
+  client::Client connect() const;
 };
 
 using Verb = std::function<std::optional<int>()>;

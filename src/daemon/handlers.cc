@@ -19,7 +19,7 @@ void send_no_route(Exchange& ex) {
 // Who may call the route, from its row, before anything is read. False if
 // the request was answered here (an operator route asked by a tenant);
 // another tenant's sandbox or snapshot throws the not_found of a missing one.
-bool admitted(engine::Engine& engine, Exchange& ex, const Principal& who, const RouteMatch& m) {
+bool admitted(engine::SandboxService& engine, Exchange& ex, const Principal& who, const RouteMatch& m) {
   if (who.is_operator()) return true;
   switch (m.spec->access) {
     case Access::operator_only:
@@ -44,7 +44,7 @@ bool admitted(engine::Engine& engine, Exchange& ex, const Principal& who, const 
   return true;
 }
 
-void dispatch(engine::Engine& engine, Exchange& ex, const Caller& caller) {
+void dispatch(engine::SandboxService& engine, Exchange& ex, const Caller& caller) {
   RouteMatch m = match_route(ex.method(), ex.path());
   if (m.status == RouteStatus::not_found) {
     send_no_route(ex);
@@ -102,7 +102,7 @@ void answer_errors(Exchange& ex, const std::function<void()>& fn) {
   }
 }
 
-void handle(engine::Engine& engine, Exchange& ex, const Caller& caller) {
+void handle(engine::SandboxService& engine, Exchange& ex, const Caller& caller) {
   answer_errors(ex, [&] { dispatch(engine, ex, caller); });
 }
 

@@ -12,7 +12,7 @@
 #include "daemon/principal.h"
 #include "daemon/request.h"
 #include "daemon/router.h"
-#include "engine/engine.h"
+#include "engine/api/service.h"
 
 namespace airlock::auth {
 class Auth;
@@ -33,7 +33,7 @@ struct Caller {
 // What a route's handler is given. Its Access was checked before the call,
 // and the ids passed check_id; the handler checks its own query keys.
 struct RouteContext {
-  engine::Engine& engine;
+  engine::SandboxService& engine;
   Exchange& ex;
   const Caller& caller;
   const std::string& id;         // {id}, or empty
@@ -51,7 +51,7 @@ void answer_errors(Exchange& ex, const std::function<void()>& fn);
 
 // Answers one request. Never throws for anything a client can cause:
 // airlock::Error becomes its HTTP status, other exceptions 500.
-void handle(engine::Engine& engine, Exchange& ex, const Caller& caller);
+void handle(engine::SandboxService& engine, Exchange& ex, const Caller& caller);
 
 // Request bodies of routes that take none must be empty: a stray body is
 // more likely a client bug than something to ignore. Error(invalid_argument)
@@ -76,12 +76,12 @@ void end_stream_with_error(Exchange& ex, nlohmann::json error);
 // new and sleeps until the log grows, the socket hangs up, or 500 ms pass to
 // see the sandbox end), until the sandbox ends or the client hangs up.
 enum class RecordLog { journal, network_events };
-void send_records(engine::Engine& engine, Exchange& ex, const std::string& id, RecordLog log,
+void send_records(engine::SandboxService& engine, Exchange& ex, const std::string& id, RecordLog log,
                   bool follow);
 
 // GET .../exec/{exec_id}?offset=N (handlers_attach.cc): attach to an exec
 // that outlived its client and stream its output from byte N.
-void handle_attach_exec(engine::Engine& engine, Exchange& ex, const std::string& id,
+void handle_attach_exec(engine::SandboxService& engine, Exchange& ex, const std::string& id,
                         const std::string& exec_id, const std::string& offset);
 
 // One handler per row of the route table (routes.cc), by area.

@@ -25,7 +25,7 @@ uint64_t parse_offset(const std::string& s) {
 
 }  // namespace
 
-void handle_attach_exec(engine::Engine& engine, Exchange& ex, const std::string& id,
+void handle_attach_exec(engine::SandboxService& engine, Exchange& ex, const std::string& id,
                         const std::string& exec_id, const std::string& offset_text) {
   const uint64_t offset = parse_offset(offset_text);
   auto line = [&](const json& j) { return ex.write_chunk(j.dump() + "\n"); };

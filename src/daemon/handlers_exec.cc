@@ -25,7 +25,7 @@ using nlohmann::json;
 // failed write catches it only when output arrives).
 class HangupWatch {
  public:
-  HangupWatch(engine::Engine& engine, std::string id, std::string exec_id, int fd)
+  HangupWatch(engine::SandboxService& engine, std::string id, std::string exec_id, int fd)
       : wake_(::eventfd(0, EFD_CLOEXEC)),
         thread_([this, &engine, id = std::move(id), exec_id = std::move(exec_id), fd] {
           while (true) {

@@ -11,7 +11,7 @@ namespace {
 
 using nlohmann::json;
 
-void stream_file(engine::Engine& engine, Exchange& ex, const std::string& id,
+void stream_file(engine::SandboxService& engine, Exchange& ex, const std::string& id,
                  const std::string& path) {
   try {
     engine.read_file(id, path, [&](std::string_view chunk) {
@@ -33,7 +33,7 @@ void stream_file(engine::Engine& engine, Exchange& ex, const std::string& id,
 // the sandbox stops. A client that hangs up stops the watch in the guest:
 // a failed write notices it, and while no event comes the engine's idle
 // tick polls the socket for the hangup.
-void stream_watch(engine::Engine& engine, Exchange& ex, const std::string& id,
+void stream_watch(engine::SandboxService& engine, Exchange& ex, const std::string& id,
                   const std::string& path, bool recursive) {
   auto line = [&](const json& j) { return ex.write_chunk(j.dump() + "\n"); };
   bool gone = false;

@@ -11,8 +11,9 @@
 #include "daemon/handlers.h"
 #include "daemon/request.h"
 #include "daemon/router.h"
-#include "engine/engine.h"
+#include "engine/api/service.h"
 #include "engine/storage/image_name.h"
+#include "engine/storage/image_store.h"
 
 namespace airlock::daemon {
 namespace fs = std::filesystem;

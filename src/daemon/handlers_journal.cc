@@ -16,7 +16,7 @@ constexpr uint64_t kJournalQueryBody = 64 * 1024;
 
 }  // namespace
 
-void send_records(engine::Engine& engine, Exchange& ex, const std::string& id, RecordLog log,
+void send_records(engine::SandboxService& engine, Exchange& ex, const std::string& id, RecordLog log,
                   bool follow) {
   // State first, records second: whatever the sandbox recorded before it
   // ended is in the batch fetched after seeing it ended. Both calls come

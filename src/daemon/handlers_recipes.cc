@@ -1,4 +1,4 @@
-// POST /v1/images/build: an image from a recipe (engine/recipes/builder.h).
+// POST /v1/images/build: an image from a recipe (recipes/builder.h).
 //
 // Body: {"name", "recipe": TOML text, "source"?: file name for messages,
 //        "args"?: {NAME: VALUE}, "files"?: [{"path", "mode"?, "data": base64}]}
@@ -13,7 +13,8 @@
 #include "daemon/base64.h"
 #include "daemon/handlers.h"
 #include "daemon/request.h"
-#include "engine/recipes/builder.h"
+#include "engine/storage/image_store.h"
+#include "recipes/builder.h"
 
 namespace airlock::daemon {
 
@@ -105,7 +106,7 @@ void build_image(const RouteContext& c) {
   };
   json result;
   try {
-    result = c.engine.build_recipe(req, on_event);
+    result = recipes::build(c.engine, c.engine.images().dir(), req, on_event);
   } catch (const Error& e) {
     if (!ex.streaming()) throw;
     if (gone) {

@@ -123,7 +123,7 @@ namespace {
 // exec, the exec ended closes the WebSocket.
 class Session {
  public:
-  Session(engine::Engine& engine, std::string id, int fd)
+  Session(engine::SandboxService& engine, std::string id, int fd)
       : engine_(engine), id_(std::move(id)), ws_(stream::socket(io_, stream(), fd)), timer_(io_) {}
 
   void run(const http::request<http::buffer_body>& req);
@@ -153,7 +153,7 @@ class Session {
   void finish(json last);
   void input_loop();
 
-  engine::Engine& engine_;
+  engine::SandboxService& engine_;
   const std::string id_;
   net::io_context io_;
   websocket::stream<stream::socket> ws_;
@@ -510,7 +510,7 @@ void Session::input_loop() {
 
 }  // namespace
 
-void handle_pty(engine::Engine& engine, Exchange& ex, const std::string& id) {
+void handle_pty(engine::SandboxService& engine, Exchange& ex, const std::string& id) {
   const auto& req = ex.request();
   // The sandbox first: a client whose handshake was refused can ask again
   // without upgrading to read why (Beast's client does not keep the answer).

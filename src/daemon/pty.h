@@ -20,7 +20,7 @@
 #include <string>
 
 #include "daemon/exchange.h"
-#include "engine/engine.h"
+#include "engine/api/service.h"
 
 namespace airlock::daemon {
 
@@ -51,6 +51,6 @@ PtyControl parse_pty_control(const std::string& text);
 // Serves the route: checks, upgrades and runs the session until the exec
 // ended and the close handshake is done, or the client went away (then the
 // exec is killed). Throws Error before the upgrade only.
-void handle_pty(engine::Engine& engine, Exchange& ex, const std::string& id);
+void handle_pty(engine::SandboxService& engine, Exchange& ex, const std::string& id);
 
 }  // namespace airlock::daemon

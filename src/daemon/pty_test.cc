@@ -1,6 +1,6 @@
 // GET /v1/sandboxes/{id}/pty: the frame parsing, and whole sessions over the
 // real server and a real Beast WebSocket client, with the fake engine of
-// src/cli/fake_engine_test_support.cc (its "pty" command echoes input back).
+// fake_service_test_support.h (its "pty" command echoes input back).
 #include "daemon/pty.h"
 
 #include <gtest/gtest.h>
@@ -11,8 +11,9 @@
 #include <chrono>
 #include <thread>
 
-#include "cli/client.h"
+#include "client/client.h"
 #include "common/error.h"
+#include "daemon/fake_service_test_support.h"
 #include "daemon/server.h"
 
 namespace airlock::daemon {
@@ -106,7 +107,7 @@ class PtySessionTest : public ::testing::Test {
     socket_ = dir_ / "d.sock";
     server_ = std::make_unique<Server>(socket_, ServerLimits{});
     server_->bind();
-    engine_ = std::make_unique<engine::Engine>(engine::Config{});
+    engine_ = std::make_unique<daemon::FakeSandboxService>();
     thread_ = std::thread([this] { server_->run(*engine_); });
     sid_ = engine_->create({}).id;
   }
@@ -162,7 +163,7 @@ class PtySessionTest : public ::testing::Test {
   net::io_context io_;
   std::filesystem::path dir_, socket_;
   std::unique_ptr<Server> server_;
-  std::unique_ptr<engine::Engine> engine_;
+  std::unique_ptr<engine::SandboxService> engine_;
   std::thread thread_;
   std::string sid_, body_;
 };
@@ -223,7 +224,7 @@ TEST_F(PtySessionTest, ErrorsBeforeTheUpgradeArePlainHttp) {
   int status = 0;
   open("/v1/sandboxes/sb-nosuch/pty", ec, status);
   EXPECT_EQ(ec, websocket::error::upgrade_declined) << ec.message();
-  cli::Client c(socket_);
+  client::Client c(socket_);
   try {
     c.call("GET", "/v1/sandboxes/sb-nosuch/pty");
     ADD_FAILURE() << "no error";

@@ -21,7 +21,7 @@
 #include <string>
 #include <string_view>
 
-#include "engine/engine.h"
+#include "engine/api/service.h"
 
 namespace airlock::daemon {
 

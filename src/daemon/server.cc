@@ -50,7 +50,7 @@ struct Server::Impl {
   std::shared_ptr<net::ssl::context> tls;
   auth::Auth* auth = nullptr;
   std::unique_ptr<net::steady_timer> watchdog;
-  engine::Engine* engine = nullptr;
+  engine::SandboxService* engine = nullptr;
   ServerCounters counters;
   std::vector<std::pair<std::string, Server::Extension>> extensions;
 
@@ -471,7 +471,7 @@ void Server::Impl::serve(std::unique_ptr<Stream> conn, std::shared_ptr<Activity>
   cv.notify_all();
 }
 
-bool Server::run(engine::Engine& engine) {
+bool Server::run(engine::SandboxService& engine) {
   auto& s = *impl_;
   s.engine = &engine;
   ::signal(SIGPIPE, SIG_IGN);  // a vanished client is a write error, not death

@@ -10,7 +10,7 @@
 //
 //   Server server("/var/lib/airlock/airlockd.sock");
 //   server.bind();                       // throws Error(conflict) if taken
-//   engine::Engine engine(config);       // only once the socket is ours
+//   engine::SandboxService engine(config);       // only once the socket is ours
 //   bool clean = server.run(engine);     // until SIGTERM/SIGINT
 //
 // Streaming responses (see api/openapi.yaml):
@@ -46,7 +46,7 @@
 
 #include "daemon/connection.h"
 #include "daemon/principal.h"
-#include "engine/engine.h"
+#include "engine/api/service.h"
 
 namespace boost::asio::ssl {
 class context;
@@ -87,7 +87,7 @@ class Server {
   // socket, ends open connections and waits (bounded) for their threads.
   // Returns false if some connection thread is still inside the engine when
   // the wait ends (the caller should then exit without destroying the engine).
-  bool run(engine::Engine& engine);
+  bool run(engine::SandboxService& engine);
 
   // Asks run() to return; thread-safe.
   void stop();
@@ -96,7 +96,7 @@ class Server {
   // E2B-compatible surface, src/e2b), tried before the route table. It
   // answers the exchange itself; an airlock::Error it throws before
   // answering becomes the usual error response. Call before run().
-  using Extension = std::function<void(engine::Engine&, Exchange&, const Principal&)>;
+  using Extension = std::function<void(engine::SandboxService&, Exchange&, const Principal&)>;
   void add_extension(std::string prefix, Extension handler);
 
   // Connections open / refused / cut, as in GET /v1/info.

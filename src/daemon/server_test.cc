@@ -1,6 +1,6 @@
 // airlockd's connection bounds (cap, idle timeout) and stream robustness,
 // over a real unix socket with the fake engine of
-// src/cli/fake_engine_test_support.cc standing in for libairlock.
+// fake_service_test_support.h standing in for libairlock.
 #include "daemon/server.h"
 
 #include <gtest/gtest.h>
@@ -18,9 +18,10 @@
 #include <thread>
 
 #include "auth/auth.h"
-#include "cli/client.h"
+#include "client/client.h"
 #include "common/error.h"
 #include "daemon/exchange.h"
+#include "daemon/fake_service_test_support.h"
 #include "daemon/listener.h"
 #include "daemon/router.h"
 
@@ -39,7 +40,7 @@ class ServerTest : public ::testing::Test {
     server_ = std::make_unique<Server>(socket_, limits);
     server_->bind();
     if (before_run) before_run(*server_);
-    engine_ = std::make_unique<engine::Engine>(engine::Config{});
+    engine_ = std::make_unique<daemon::FakeSandboxService>();
     thread_ = std::thread([this] { server_->run(*engine_); });
   }
   void TearDown() override {
@@ -101,7 +102,7 @@ class ServerTest : public ::testing::Test {
 
   std::filesystem::path dir_, socket_;
   std::unique_ptr<Server> server_;
-  std::unique_ptr<engine::Engine> engine_;
+  std::unique_ptr<engine::SandboxService> engine_;
   std::thread thread_;
   std::vector<int> fds_;
 };
@@ -123,7 +124,7 @@ TEST_F(ServerTest, ConnectionsBeyondTheCapGetA503AndAreCounted) {
   EXPECT_EQ(server_->counters()["refused"], 1);
   EXPECT_EQ(server_->counters()["open"], 3);
   // The CLI sees a running daemon (it must not start another) and the error.
-  cli::Client c(socket_);
+  client::Client c(socket_);
   EXPECT_TRUE(c.ping());
   try {
     c.call("GET", "/v1/info");
@@ -246,7 +247,7 @@ TEST_F(ServerTest, IdleConnectionIsClosedAfterTheTimeout) {
   EXPECT_EQ(r.rfind("HTTP/1.1 408", 0), 0u) << r;
   EXPECT_NE(r.find("idle timeout"), std::string::npos) << r;
   // Mid-body (a stalled upload) too.
-  std::string sb = cli::Client(socket_).call("POST", "/v1/sandboxes", json::object())["id"];
+  std::string sb = client::Client(socket_).call("POST", "/v1/sandboxes", json::object())["id"];
   int upload = connect_raw();
   send_all(upload, "PUT /v1/sandboxes/" + sb +
                        "/files?path=/x HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\nabc");
@@ -282,7 +283,7 @@ TEST_F(ServerTest, UploadOverTheLimitIsA413) {
 // reach the routes.
 TEST_F(ServerTest, ExtensionAnswersItsPrefix) {
   start({.max_connections = 8, .idle_timeout = 5000ms}, [](Server& s) {
-    s.add_extension("/ext/", [](engine::Engine&, Exchange& ex, const Principal& who) {
+    s.add_extension("/ext/", [](engine::SandboxService&, Exchange& ex, const Principal& who) {
       if (ex.path() == "/ext/fail") throw Error(Errc::not_found, "no such thing", "thing");
       if (ex.path() == "/ext/stream") {
         ex.begin_stream("application/x-ndjson");
@@ -327,7 +328,7 @@ TEST_F(ServerTest, BeforeAnswerRunsBeforeTheFirstByte) {
   bool release = false;
   std::vector<int> seen;
   start({.max_connections = 8, .idle_timeout = 5000ms}, [&](Server& s) {
-    s.add_extension("/ext/", [&](engine::Engine&, Exchange& ex, const Principal&) {
+    s.add_extension("/ext/", [&](engine::SandboxService&, Exchange& ex, const Principal&) {
       ex.before_answer([&](int status) {
         std::unique_lock lock(mu);
         seen.push_back(status);
@@ -371,7 +372,7 @@ TEST_F(ServerTest, BeforeAnswerRunsBeforeTheFirstByte) {
 // than the timeout, between outputs or before its first, goes on.
 TEST_F(ServerTest, ExecStreamOutlivesTheIdleTimeout) {
   start({.max_connections = 8, .idle_timeout = 200ms});
-  cli::Client c(socket_);
+  client::Client c(socket_);
   std::string sb = c.call("POST", "/v1/sandboxes", json::object())["id"];
   int ticks = 0;
   json exit = c.exec(sb, {{"argv", {"tick", "500", "3"}}}, [&](const json& ev) {
@@ -386,7 +387,7 @@ TEST_F(ServerTest, ExecStreamOutlivesTheIdleTimeout) {
 // instead of holding a thread and the exec forever.
 TEST_F(ServerTest, StalledReaderIsCut) {
   start({.max_connections = 8, .idle_timeout = 300ms});
-  std::string sb = cli::Client(socket_).call("POST", "/v1/sandboxes", json::object())["id"];
+  std::string sb = client::Client(socket_).call("POST", "/v1/sandboxes", json::object())["id"];
   int fd = connect_raw();
   std::string body = R"({"argv":["flood","4096"]})";  // 256 MiB, never read
   send_all(fd, "POST /v1/sandboxes/" + sb + "/exec HTTP/1.1\r\nHost: x\r\nContent-Length: " +
@@ -403,7 +404,7 @@ TEST_F(ServerTest, StalledReaderIsCut) {
 // head into the stream: the client sees one start, the output, the exit.
 TEST_F(ServerTest, RepeatedExecStartIsIgnored) {
   start({});
-  cli::Client c(socket_);
+  client::Client c(socket_);
   std::string sb = c.call("POST", "/v1/sandboxes", json::object())["id"];
   std::vector<json> events;
   json exit =
@@ -444,7 +445,7 @@ TEST_F(ServerTest, TcpPrincipals) {
     s.set_auth(&auth);
     s.listen(parse_listen("127.0.0.1:0"), nullptr);
     port = s.tcp_ports().at(0);
-    s.add_extension("/ext/", [](engine::Engine&, Exchange& ex, const Principal& who) {
+    s.add_extension("/ext/", [](engine::SandboxService&, Exchange& ex, const Principal& who) {
       const char* kind = who.kind == Principal::Kind::tenant      ? "tenant"
                          : who.kind == Principal::Kind::anonymous ? "anonymous"
                                                                   : "operator";

@@ -28,7 +28,7 @@ void audit_action(const Principal& who, const std::string& source, const std::st
 // for the operator or without auth); a refusal is audited under `route` and
 // rethrown, and nothing stays reserved.
 std::vector<std::unique_ptr<auth::Quotas::Reservation>> reserve_as(
-    engine::Engine& engine, const Principal& who, const std::string& source,
+    engine::SandboxService& engine, const Principal& who, const std::string& source,
     const std::string& route, int count, int64_t memory_mb, int64_t disk_mb,
     const std::string& except = "", bool counts_as_create = true) {
   std::vector<std::unique_ptr<auth::Quotas::Reservation>> held;
@@ -55,14 +55,14 @@ std::vector<std::unique_ptr<auth::Quotas::Reservation>> reserve_as(
 auth::Auth* daemon_auth() { return g_auth.load(); }
 void set_daemon_auth(auth::Auth* auth) { g_auth = auth; }
 
-engine::SandboxInfo visible_sandbox(engine::Engine& engine, const Principal& who,
+engine::SandboxInfo visible_sandbox(engine::SandboxService& engine, const Principal& who,
                                     const std::string& id) {
   engine::SandboxInfo info = engine.get(id);
   if (!who.can_see(info.spec.tenant)) throw Error(Errc::not_found, "no sandbox " + id, "id");
   return info;
 }
 
-std::vector<engine::SandboxInfo> visible_sandboxes(engine::Engine& engine, const Principal& who,
+std::vector<engine::SandboxInfo> visible_sandboxes(engine::SandboxService& engine, const Principal& who,
                                                    const std::map<std::string, std::string>& filter,
                                                    bool all) {
   std::vector<engine::SandboxInfo> out;
@@ -71,7 +71,7 @@ std::vector<engine::SandboxInfo> visible_sandboxes(engine::Engine& engine, const
   return out;
 }
 
-std::map<std::string, TenantUsage> tenant_usage(engine::Engine& engine, const std::string& except) {
+std::map<std::string, TenantUsage> tenant_usage(engine::SandboxService& engine, const std::string& except) {
   std::map<std::string, TenantUsage> usage;
   for (const auto& sb : engine.list({}, false)) {
     if (sb.spec.tenant.empty() || !engine::holds_resources(sb.state) || sb.id == except) continue;
@@ -83,7 +83,7 @@ std::map<std::string, TenantUsage> tenant_usage(engine::Engine& engine, const st
   return usage;
 }
 
-engine::SandboxInfo create_sandbox_as(engine::Engine& engine, const Principal& who,
+engine::SandboxInfo create_sandbox_as(engine::SandboxService& engine, const Principal& who,
                                       engine::SandboxSpec spec, const std::string& source) {
   if (who.kind == Principal::Kind::anonymous)
     throw Error(Errc::unauthenticated, "authentication required");
@@ -110,7 +110,7 @@ engine::SandboxInfo create_sandbox_as(engine::Engine& engine, const Principal& w
   return info;
 }
 
-engine::SandboxInfo resume_sandbox_as(engine::Engine& engine, const Principal& who,
+engine::SandboxInfo resume_sandbox_as(engine::SandboxService& engine, const Principal& who,
                                       const std::string& id, const std::string& source) {
   engine::SandboxInfo info = visible_sandbox(engine, who, id);
   // Not counted as itself: the reservation asks whether it fits beside the
@@ -122,7 +122,7 @@ engine::SandboxInfo resume_sandbox_as(engine::Engine& engine, const Principal& w
   return out;
 }
 
-std::vector<engine::SandboxInfo> fork_sandbox_as(engine::Engine& engine, const Principal& who,
+std::vector<engine::SandboxInfo> fork_sandbox_as(engine::SandboxService& engine, const Principal& who,
                                                  const std::string& id, int count,
                                                  const std::string& source) {
   engine::SandboxInfo info = visible_sandbox(engine, who, id);
@@ -134,7 +134,7 @@ std::vector<engine::SandboxInfo> fork_sandbox_as(engine::Engine& engine, const P
   return forks;
 }
 
-nlohmann::json visible_snapshot(engine::Engine& engine, const Principal& who,
+nlohmann::json visible_snapshot(engine::SandboxService& engine, const Principal& who,
                                 const std::string& name) {
   nlohmann::json snap = engine.get_snapshot(name);  // not_found "no snapshot NAME"
   if (!who.can_see(snap.value("tenant", "")))
@@ -142,14 +142,14 @@ nlohmann::json visible_snapshot(engine::Engine& engine, const Principal& who,
   return snap;
 }
 
-nlohmann::json visible_snapshots(engine::Engine& engine, const Principal& who) {
+nlohmann::json visible_snapshots(engine::SandboxService& engine, const Principal& who) {
   nlohmann::json out = nlohmann::json::array();
   for (auto& s : engine.list_snapshots())
     if (who.can_see(s.value("tenant", ""))) out.push_back(std::move(s));
   return out;
 }
 
-nlohmann::json tenant_info(engine::Engine& engine, const Principal& who,
+nlohmann::json tenant_info(engine::SandboxService& engine, const Principal& who,
                            const nlohmann::json& full) {
   nlohmann::json out = nlohmann::json::object();
   for (const char* k : {"version", "accelerator", "accelerator_reason", "recipes", "limits"})

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "daemon/principal.h"
-#include "engine/engine.h"
+#include "engine/api/service.h"
 
 namespace airlock::auth {
 class Auth;
@@ -27,12 +27,12 @@ void set_daemon_auth(auth::Auth* auth);
 
 // The sandbox `id` if `who` may see it; else exactly the engine's answer for
 // an id that does not exist: Error(not_found, "no sandbox <id>", "id").
-engine::SandboxInfo visible_sandbox(engine::Engine& engine, const Principal& who,
+engine::SandboxInfo visible_sandbox(engine::SandboxService& engine, const Principal& who,
                                     const std::string& id);
 
 // engine.list(filter, all) without the sandboxes `who` may not see.
 std::vector<engine::SandboxInfo> visible_sandboxes(
-    engine::Engine& engine, const Principal& who,
+    engine::SandboxService& engine, const Principal& who,
     const std::map<std::string, std::string>& filter = {}, bool all = false);
 
 // Creates `spec` for `who`: spec.tenant = who.owner() (whatever it said
@@ -40,19 +40,19 @@ std::vector<engine::SandboxInfo> visible_sandboxes(
 // is held until the create returns, so concurrent creates cannot overshoot;
 // over a limit: 429 quota_exceeded / rate_limited naming it, and nothing
 // is created). Tenant creates, refusals included, go to the audit log.
-engine::SandboxInfo create_sandbox_as(engine::Engine& engine, const Principal& who,
+engine::SandboxInfo create_sandbox_as(engine::SandboxService& engine, const Principal& who,
                                       engine::SandboxSpec spec, const std::string& source = "tcp");
 
 // Resumes `id` for `who`. A tenant's resume reserves its quota like a
 // create (the sandbox's own memory_mb and disk_mb against what the tenant's
 // other sandboxes hold): a quota lowered while it was paused is a 429
 // quota_exceeded naming the limit, and it stays paused. Audited.
-engine::SandboxInfo resume_sandbox_as(engine::Engine& engine, const Principal& who,
+engine::SandboxInfo resume_sandbox_as(engine::SandboxService& engine, const Principal& who,
                                       const std::string& id, const std::string& source = "tcp");
 
 // Forks `id` `count` times for `who`: a tenant's forks are creates (each
 // reserves the source's shape; over a limit nothing is forked). Audited.
-std::vector<engine::SandboxInfo> fork_sandbox_as(engine::Engine& engine, const Principal& who,
+std::vector<engine::SandboxInfo> fork_sandbox_as(engine::SandboxService& engine, const Principal& who,
                                                  const std::string& id, int count,
                                                  const std::string& source = "tcp");
 
@@ -60,17 +60,17 @@ std::vector<engine::SandboxInfo> fork_sandbox_as(engine::Engine& engine, const P
 // operator every one, a tenant the snapshots of its own sandboxes. Another
 // tenant's is answered exactly like a name that does not exist (404 "no
 // snapshot NAME", field "name").
-nlohmann::json visible_snapshot(engine::Engine& engine, const Principal& who,
+nlohmann::json visible_snapshot(engine::SandboxService& engine, const Principal& who,
                                 const std::string& name);
 // engine.list_snapshots() without the ones `who` may not see.
-nlohmann::json visible_snapshots(engine::Engine& engine, const Principal& who);
+nlohmann::json visible_snapshots(engine::SandboxService& engine, const Principal& who);
 
 // GET /v1/info as a tenant sees it: what it needs to create sandboxes
 // (version, accelerator, the images it may boot: global and its own) and
 // nothing of the host or of others: no data dir or other host paths, no
 // pool members (ids a tenant will be handed), no templates, no daemon pid
 // or connection counts. `full` is Engine::info().
-nlohmann::json tenant_info(engine::Engine& engine, const Principal& who,
+nlohmann::json tenant_info(engine::SandboxService& engine, const Principal& who,
                            const nlohmann::json& full);
 // GET .../posture as a tenant sees it: its own QEMU's jail without host
 // identifiers (the host pid, namespace inode ids, host paths).
@@ -82,7 +82,7 @@ struct TenantUsage {
   int64_t sandboxes = 0, memory_mb = 0, disk_mb = 0;
 };
 // `except`: a sandbox not to count (the one a resume reserves for).
-std::map<std::string, TenantUsage> tenant_usage(engine::Engine& engine,
+std::map<std::string, TenantUsage> tenant_usage(engine::SandboxService& engine,
                                                 const std::string& except = "");
 
 }  // namespace airlock::daemon

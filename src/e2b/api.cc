@@ -37,7 +37,7 @@ std::vector<std::string> split(std::string_view s, char sep) {
 // The sandbox if this principal may see it (daemon/tenancy.h, the same
 // check as the native routes) and it is alive (E2B knows only running and
 // paused sandboxes); 404 otherwise, the same for every reason.
-engine::SandboxInfo visible(engine::Engine& engine, const daemon::Principal& who,
+engine::SandboxInfo visible(engine::SandboxService& engine, const daemon::Principal& who,
                             const std::string& id) {
   engine::SandboxInfo info;
   try {
@@ -62,7 +62,7 @@ int64_t now_ms() {
 // start time, pages of `limit` with the next page's token in x-next-token
 // ("<created ms>_<id>" of the page's successor, so a sandbox deleted
 // between pages does not break the walk).
-void list(engine::Engine& engine, daemon::Exchange& ex, const daemon::Principal& who) {
+void list(engine::SandboxService& engine, daemon::Exchange& ex, const daemon::Principal& who) {
   daemon::Query q = daemon::parse_query(ex.query());
   std::map<std::string, std::string> filter;
   if (q.count("metadata")) filter = parse_metadata_query(q["metadata"]);
@@ -139,7 +139,7 @@ std::string Api::token_of(const engine::SandboxInfo& info) const {
   return tokens_->token_for(info.id);
 }
 
-void Api::serve(engine::Engine& engine, daemon::Exchange& ex, const daemon::Principal& who) const {
+void Api::serve(engine::SandboxService& engine, daemon::Exchange& ex, const daemon::Principal& who) const {
   AuditNote note;
   std::string outcome;
   // The record is written as the answer starts, not after it: a caller that
@@ -160,7 +160,7 @@ void Api::serve(engine::Engine& engine, daemon::Exchange& ex, const daemon::Prin
   }
 }
 
-void Api::route(engine::Engine& engine, daemon::Exchange& ex, const daemon::Principal& who,
+void Api::route(engine::SandboxService& engine, daemon::Exchange& ex, const daemon::Principal& who,
                 AuditNote& note) const {
   // No API key at all on the TCP listener: E2B's 401 (the SDK raises
   // AuthenticationError). Bad keys never get here: the server answers them.

@@ -15,7 +15,7 @@
 #include "daemon/exchange.h"
 #include "daemon/principal.h"
 #include "e2b/access.h"
-#include "engine/engine.h"
+#include "engine/api/service.h"
 
 namespace airlock::e2b {
 
@@ -27,7 +27,7 @@ class Api {
   explicit Api(std::shared_ptr<const AccessTokens> tokens, bool allow_insecure = false)
       : tokens_(std::move(tokens)), allow_insecure_(allow_insecure) {}
   // Answers one request whose path starts with kApiPrefix.
-  void serve(engine::Engine& engine, daemon::Exchange& ex, const daemon::Principal& who) const;
+  void serve(engine::SandboxService& engine, daemon::Exchange& ex, const daemon::Principal& who) const;
 
  private:
   // What the audit log gets for a call that changes something (audit.h);
@@ -37,7 +37,7 @@ class Api {
     std::string sandbox;     // the id the call named
     std::string ok_outcome;  // the outcome if it succeeds, e.g. "sandbox_deleted"
   };
-  void route(engine::Engine& engine, daemon::Exchange& ex, const daemon::Principal& who,
+  void route(engine::SandboxService& engine, daemon::Exchange& ex, const daemon::Principal& who,
              AuditNote& note) const;
   std::string token_of(const engine::SandboxInfo& info) const;
 

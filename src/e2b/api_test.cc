@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "auth/auth.h"
+#include "daemon/fake_service_test_support.h"
 #include "daemon/server.h"
 #include "daemon/tenancy.h"
 
@@ -37,20 +38,21 @@ class E2bApiTest : public ::testing::Test {
     server_ = std::make_unique<daemon::Server>(dir_ / "d.sock", daemon::ServerLimits{});
     server_->bind();
     auto tokens = std::make_shared<const AccessTokens>(AccessTokens::from_key("test-key"));
-    server_->add_extension("/e2b/api/", [api = Api(tokens)](engine::Engine& e, daemon::Exchange& ex,
-                                                            const daemon::Principal& op) {
-      daemon::Principal who = op;
-      auto it = ex.request().find("X-Test-Tenant");
-      if (it != ex.request().end()) {
-        std::string t(it->value());
-        who = daemon::Principal{};
-        who.kind =
-            t == "anonymous" ? daemon::Principal::Kind::anonymous : daemon::Principal::Kind::tenant;
-        if (t != "anonymous") who.tenant = t;
-      }
-      api.serve(e, ex, who);
-    });
-    engine_ = std::make_unique<engine::Engine>(engine::Config{});
+    server_->add_extension("/e2b/api/",
+                           [api = Api(tokens)](engine::SandboxService& e, daemon::Exchange& ex,
+                                               const daemon::Principal& op) {
+                             daemon::Principal who = op;
+                             auto it = ex.request().find("X-Test-Tenant");
+                             if (it != ex.request().end()) {
+                               std::string t(it->value());
+                               who = daemon::Principal{};
+                               who.kind = t == "anonymous" ? daemon::Principal::Kind::anonymous
+                                                           : daemon::Principal::Kind::tenant;
+                               if (t != "anonymous") who.tenant = t;
+                             }
+                             api.serve(e, ex, who);
+                           });
+    engine_ = std::make_unique<daemon::FakeSandboxService>();
     thread_ = std::thread([this] { server_->run(*engine_); });
   }
   void TearDown() override {
@@ -98,7 +100,7 @@ class E2bApiTest : public ::testing::Test {
 
   std::filesystem::path dir_;
   std::unique_ptr<daemon::Server> server_;
-  std::unique_ptr<engine::Engine> engine_;
+  std::unique_ptr<engine::SandboxService> engine_;
   std::thread thread_;
 };
 

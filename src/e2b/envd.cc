@@ -104,7 +104,7 @@ std::string basic_auth_user(std::string_view authorization) {
 }
 
 // Which sandbox, and may this caller use it (see envd.h)?
-engine::SandboxInfo Envd::resolve(engine::Engine& engine, daemon::Exchange& ex,
+engine::SandboxInfo Envd::resolve(engine::SandboxService& engine, daemon::Exchange& ex,
                                   const daemon::Principal& who) const {
   const auto& req = ex.request();
   auto h = [&](const char* name) {
@@ -150,7 +150,7 @@ engine::SandboxInfo Envd::resolve(engine::Engine& engine, daemon::Exchange& ex,
   return info;
 }
 
-void Envd::serve(engine::Engine& engine, daemon::Exchange& ex, const daemon::Principal& who) const {
+void Envd::serve(engine::SandboxService& engine, daemon::Exchange& ex, const daemon::Principal& who) const {
   std::string path(ex.path().substr(kEnvdPrefix.size()));
   std::optional<Call> call;
   try {

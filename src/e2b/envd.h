@@ -40,7 +40,7 @@
 #include "daemon/principal.h"
 #include "e2b/access.h"
 #include "e2b/connect.h"
-#include "engine/engine.h"
+#include "engine/api/service.h"
 
 namespace airlock::e2b {
 
@@ -49,7 +49,7 @@ inline constexpr int kEnvdPort = 49983;
 
 // One call, its sandbox resolved and authorised.
 struct Call {
-  engine::Engine& engine;
+  engine::SandboxService& engine;
   daemon::Exchange& ex;
   engine::SandboxInfo sandbox;
   // The run-as user: the Basic auth user name when the SDK sent one, else
@@ -107,10 +107,10 @@ class Envd {
   }
 
   // Answers one request whose path starts with kEnvdPrefix.
-  void serve(engine::Engine& engine, daemon::Exchange& ex, const daemon::Principal& who) const;
+  void serve(engine::SandboxService& engine, daemon::Exchange& ex, const daemon::Principal& who) const;
 
  private:
-  engine::SandboxInfo resolve(engine::Engine& engine, daemon::Exchange& ex,
+  engine::SandboxInfo resolve(engine::SandboxService& engine, daemon::Exchange& ex,
                               const daemon::Principal& who) const;
   void serve_rpc(Call& call, const std::string& path) const;
 

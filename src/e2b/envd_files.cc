@@ -21,7 +21,7 @@ std::string query_user(const daemon::Query& q, const std::string& fallback) {
   return it != q.end() && !it->second.empty() ? it->second : fallback;
 }
 
-std::string resolved(engine::Engine& engine, const std::string& sandbox, std::string_view path,
+std::string resolved(engine::SandboxService& engine, const std::string& sandbox, std::string_view path,
                      const std::string& user) {
   try {
     return resolve_path(path, [&] { return engine.guest_home(sandbox, user); });
@@ -33,7 +33,7 @@ std::string resolved(engine::Engine& engine, const std::string& sandbox, std::st
 std::string basename_of(const std::string& p) { return p.substr(p.find_last_of('/') + 1); }
 
 // Writes one upload to `path` as `user`: the entry envd answers with.
-json write_one(engine::Engine& engine, const std::string& sandbox, const std::string& path,
+json write_one(engine::SandboxService& engine, const std::string& sandbox, const std::string& path,
                const std::string& user, const engine::ChunkSource& source) {
   try {
     engine.write_file_as(sandbox, path, 0644, source, user == "root" ? "" : user);
@@ -65,7 +65,7 @@ int files_status(const Error& e) {
   }
 }
 
-void files_get(engine::Engine& engine, daemon::Exchange& ex, const std::string& sandbox,
+void files_get(engine::SandboxService& engine, daemon::Exchange& ex, const std::string& sandbox,
                const std::string& user) {
   try {
     daemon::Query q = daemon::parse_query(ex.query());
@@ -90,7 +90,7 @@ void files_get(engine::Engine& engine, daemon::Exchange& ex, const std::string& 
   }
 }
 
-void files_post(engine::Engine& engine, daemon::Exchange& ex, const std::string& sandbox,
+void files_post(engine::SandboxService& engine, daemon::Exchange& ex, const std::string& sandbox,
                 const std::string& user) {
   try {
     daemon::Query q = daemon::parse_query(ex.query());

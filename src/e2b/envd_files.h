@@ -17,14 +17,14 @@
 #include <string>
 
 #include "daemon/exchange.h"
-#include "engine/engine.h"
+#include "engine/api/service.h"
 
 namespace airlock::e2b {
 
 // `user`: the user the call runs as when the query has no `username`.
-void files_get(engine::Engine& engine, daemon::Exchange& ex, const std::string& sandbox,
+void files_get(engine::SandboxService& engine, daemon::Exchange& ex, const std::string& sandbox,
                const std::string& user);
-void files_post(engine::Engine& engine, daemon::Exchange& ex, const std::string& sandbox,
+void files_post(engine::SandboxService& engine, daemon::Exchange& ex, const std::string& sandbox,
                 const std::string& user);
 
 // The HTTP status envd answers a failed file transfer with.

@@ -94,7 +94,7 @@ FsError fs_error(const Error& e) {
   }
 }
 
-std::string guest_home(engine::Engine& engine, const std::string& sandbox,
+std::string guest_home(engine::SandboxService& engine, const std::string& sandbox,
                        const std::string& user) {
   try {
     return engine.guest_home(sandbox, user);
@@ -328,7 +328,7 @@ void Filesystem::watch_dir(const FsCall& call, const json& req,
 
 Filesystem::Filesystem(WatchFn watch) : watch_(std::move(watch)) {
   if (!watch_)
-    watch_ = [](engine::Engine& engine, const std::string& sandbox, const std::string& path,
+    watch_ = [](engine::SandboxService& engine, const std::string& sandbox, const std::string& path,
                 bool recursive, const engine::WatchCallbacks& cb) {
       return engine.watch_files(sandbox, path, recursive, cb);
     };
@@ -374,7 +374,7 @@ json Filesystem::create_watcher(const FsCall& call, const json& req) {
   w->tenant = call.tenant;
   auto started = std::make_shared<std::promise<std::optional<FsError>>>();
   auto fut = started->get_future();
-  engine::Engine& engine = call.engine;
+  engine::SandboxService& engine = call.engine;
   Watcher* raw = w.get();  // the thread ends before the Watcher is destroyed
   w->thread = std::thread([this, raw, &engine, path, recursive, started] {
     bool began = false;

@@ -24,7 +24,7 @@
 #include <thread>
 
 #include "common/error.h"
-#include "engine/engine.h"
+#include "engine/api/service.h"
 
 namespace airlock::e2b {
 
@@ -55,7 +55,7 @@ std::string resolve_path(std::string_view path, const std::function<std::string(
 // The home directory of `user` in `sandbox`: the guest's answer
 // (Engine::guest_home, its passwd entry), so "~" here is the $HOME a process
 // of that user gets. FsError as envd reports the failure.
-std::string guest_home(engine::Engine& engine, const std::string& sandbox, const std::string& user);
+std::string guest_home(engine::SandboxService& engine, const std::string& sandbox, const std::string& user);
 
 // Go's os.FileMode.String() of an entry ("-rw-r--r--", "drwxr-xr-x",
 // "Lrwxrwxrwx", "dtrwxrwxrwx"), which envd returns as "permissions".
@@ -71,7 +71,7 @@ std::vector<nlohmann::json> fs_events(const nlohmann::json& event, const std::st
 // Who and where: the sandbox (already resolved and visible to the caller)
 // and the user the call runs as.
 struct FsCall {
-  engine::Engine& engine;
+  engine::SandboxService& engine;
   std::string sandbox;
   std::string user;
   std::string tenant;  // the sandbox's owner ("" = the operator's): whose watcher cap
@@ -80,7 +80,7 @@ struct FsCall {
 class Filesystem {
  public:
   // How a watcher watches: Engine::watch_files unless a test gives another.
-  using WatchFn = std::function<engine::WatchEnd(engine::Engine&, const std::string& sandbox,
+  using WatchFn = std::function<engine::WatchEnd(engine::SandboxService&, const std::string& sandbox,
                                                  const std::string& path, bool recursive,
                                                  const engine::WatchCallbacks&)>;
   explicit Filesystem(WatchFn watch = {});

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <thread>
 
+#include "daemon/fake_service_test_support.h"
 #include "daemon/request.h"
 #include "daemon/server.h"
 #include "e2b/envd_files.h"
@@ -97,8 +98,8 @@ TEST(EnvdFs, ErrorsMapToEnvdsCodes) {
 // Watchers hold a thread and a guest watch each: bounded, but per tenant,
 // so one tenant holding all it may does not stop another's.
 TEST(EnvdFs, TheWatcherCapIsPerTenant) {
-  engine::Engine engine(engine::Config{});
-  Filesystem fs([](engine::Engine&, const std::string&, const std::string&, bool,
+  daemon::FakeSandboxService engine;
+  Filesystem fs([](engine::SandboxService&, const std::string&, const std::string&, bool,
                    const engine::WatchCallbacks& cb) {
     cb.on_start(json::object());
     while (cb.on_idle()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
@@ -142,15 +143,15 @@ class EnvdFilesTest : public ::testing::Test {
     dir_ = ::mkdtemp(tmpl);
     server_ = std::make_unique<daemon::Server>(dir_ / "d.sock", daemon::ServerLimits{});
     server_->bind();
-    server_->add_extension("/files",
-                           [](engine::Engine& e, daemon::Exchange& ex, const daemon::Principal&) {
-                             std::string id(ex.request()["E2b-Sandbox-Id"]);
-                             if (ex.method() == "GET")
-                               files_get(e, ex, id, "user");
-                             else
-                               files_post(e, ex, id, "user");
-                           });
-    engine_ = std::make_unique<engine::Engine>(engine::Config{});
+    server_->add_extension(
+        "/files", [](engine::SandboxService& e, daemon::Exchange& ex, const daemon::Principal&) {
+          std::string id(ex.request()["E2b-Sandbox-Id"]);
+          if (ex.method() == "GET")
+            files_get(e, ex, id, "user");
+          else
+            files_post(e, ex, id, "user");
+        });
+    engine_ = std::make_unique<daemon::FakeSandboxService>();
     thread_ = std::thread([this] { server_->run(*engine_); });
     engine::SandboxSpec spec;
     spec.image = "minimal";
@@ -208,7 +209,7 @@ class EnvdFilesTest : public ::testing::Test {
 
   std::filesystem::path dir_;
   std::unique_ptr<daemon::Server> server_;
-  std::unique_ptr<engine::Engine> engine_;
+  std::unique_ptr<engine::SandboxService> engine_;
   std::thread thread_;
   std::string id_;
 };

@@ -60,7 +60,7 @@ struct Table {
   std::map<std::string, int> count;  // per sandbox, starting ones included
   int threads = 0;
   bool stopping = false;
-  engine::Engine* engine = nullptr;  // the daemon's one engine, seen at the first Start
+  engine::SandboxService* engine = nullptr;  // the daemon's one engine, seen at the first Start
 
   // Queues `e` for every attached stream; waits (with `lock` held on mu)
   // while a stream's queue is full, so a slow reader slows the process
@@ -194,7 +194,7 @@ void pump(Table& t, const std::shared_ptr<Proc>& p, const std::shared_ptr<Sub>& 
 
 // The engine exec of a started process, on its own thread: it outlives the
 // stream that started it.
-void run(Table& t, engine::Engine& engine, std::shared_ptr<Proc> p, engine::ExecRequest req) {
+void run(Table& t, engine::SandboxService& engine, std::shared_ptr<Proc> p, engine::ExecRequest req) {
   engine::ExecCallbacks cb;
   cb.on_start = [&](const std::string& exec_id, int pid) {
     std::unique_lock lock(t.mu);

@@ -24,6 +24,7 @@
 #include <string_view>
 #include <vector>
 
+#include "engine/api/service.h"
 #include "engine/api/types.h"
 #include "engine/audit/journal.h"
 #include "engine/storage/image_store.h"
@@ -31,9 +32,6 @@
 
 namespace airlock::metrics {
 class Writer;  // common/metrics/metrics.h
-}
-namespace airlock::recipes {
-struct BuildRequest;  // recipes/builder.h
 }
 
 namespace airlock::engine {
@@ -122,7 +120,7 @@ struct Config {
   bool background_delete = true;
 };
 
-class Engine {
+class Engine : public SandboxService {
  public:
   explicit Engine(Config config);
   ~Engine();  // stops background threads; running sandboxes are left running
@@ -135,30 +133,30 @@ class Engine {
   // timeout (the agent never answered; message has the console tail),
   // internal (QEMU failed). A failed create leaves no QEMU and no files; its
   // registry row is `failed` with the reason.
-  SandboxInfo create(const SandboxSpec& spec);
+  SandboxInfo create(const SandboxSpec& spec) override;
   // Live sandboxes whose metadata contains every pair in `filter`
   // (all = also deleted/failed/timed-out ones still in the registry).
   std::vector<SandboxInfo> list(const std::map<std::string, std::string>& filter = {},
-                                bool all = false);
+                                bool all = false) override;
   // Any sandbox still in the registry (also deleted ones); not_found if none.
-  SandboxInfo get(const std::string& id);
+  SandboxInfo get(const std::string& id) override;
   // Kills the VM, removes its files, state `deleted`. not_found for an
   // unknown id; conflict if it is already deleted/timed_out/failed (nothing
   // left to remove) or still starting.
-  void destroy(const std::string& id);
+  void destroy(const std::string& id) override;
   // As destroy, returning once this sandbox's VM and files are gone (DELETE
   // ?wait=true; the recipe builder keeps a step sandbox's disk as a layer at
   // once). Error(timeout) if the teardown takes longer than 60 s.
-  void destroy_and_wait(const std::string& id);
+  void destroy_and_wait(const std::string& id) override;
   // Moves a running sandbox's expiry to `seconds` (1 .. 604800) from now,
   // earlier or later; persisted, the reaper ends it then (timed_out).
   // invalid_argument field "timeout"; not_found; conflict unless running.
-  SandboxInfo set_timeout(const std::string& id, int seconds);
+  SandboxInfo set_timeout(const std::string& id, int seconds) override;
 
   // conflict unless running (also if the sandbox is stopped during the
   // call); guest errors (no such binary/cwd/user) keep the guest's Errc.
   ExecResult exec(const std::string& id, const ExecRequest& request,
-                  const ExecCallbacks& callbacks);
+                  const ExecCallbacks& callbacks) override;
   // Appends `source` to the stdin of a running exec started with
   // stdin_stream (a streaming exec() on its stream; a background one, or a
   // foreground one of a previous daemon, through the guest's job_stdin by
@@ -173,7 +171,7 @@ class Engine {
   // process does not read; true ends the call with Error(unavailable).
   StdinWrite write_stdin(const std::string& id, const std::string& exec_id,
                          const ChunkSource& source, bool eof,
-                         const std::function<bool()>& cancelled = {});
+                         const std::function<bool()>& cancelled = {}) override;
   // Attaches to a foreground exec that outlived its client (the daemon was
   // restarted, or the client detached) from byte `offset` of its output
   // (stdout and stderr as one sequence, counted from 0; engine_attach.cc).
@@ -183,44 +181,47 @@ class Engine {
   // streaming to its first client: conflict), invalid_argument field
   // "offset" (beyond what it produced), conflict (not running).
   std::optional<ExecResult> attach_exec(const std::string& id, const std::string& exec_id,
-                                        uint64_t offset, const AttachCallbacks& callbacks);
+                                        uint64_t offset, const AttachCallbacks& callbacks) override;
   // Sends `signal` to a running exec's process (tree); for a background
   // exec, 9 kills its whole tree even after its main process ended. A
   // foreground exec of a previous daemon is reached by exec_id; with no
   // client attached its end is collected (journal `exec`; up to 10 s).
-  void kill_exec(const std::string& id, const std::string& exec_id, int signal = 9);
+  void kill_exec(const std::string& id, const std::string& exec_id, int signal = 9) override;
   // Terminal input of a running pty exec (exec() with request.pty), e.g.
   // keystrokes; Ctrl-C is byte 3, which the guest pty turns into SIGINT.
   // Blocks while the guest's window is full (the program does not read its
   // terminal). not_found if no such exec is running (any more).
-  void pty_input(const std::string& id, const std::string& exec_id, std::string_view bytes);
+  void pty_input(const std::string& id, const std::string& exec_id,
+                 std::string_view bytes) override;
   // New window size of a running pty exec (the program gets SIGWINCH).
   // invalid_argument + field "cols"/"rows" outside 1..4096; not_found as above.
-  void pty_resize(const std::string& id, const std::string& exec_id, int cols, int rows);
+  void pty_resize(const std::string& id, const std::string& exec_id, int cols, int rows) override;
   // Starts request.background-style: returns once the process runs. Errors
   // as exec(). The exec's output goes nowhere (redirect it in the command).
-  ExecStatus exec_background(const std::string& id, const ExecRequest& request);
+  ExecStatus exec_background(const std::string& id, const ExecRequest& request) override;
   // The sandbox's background execs, oldest first (finished ones included,
   // the guest keeps the last 128).
-  std::vector<ExecStatus> list_execs(const std::string& id);
+  std::vector<ExecStatus> list_execs(const std::string& id) override;
   // A background exec, once it ended or after `timeout_s` (0 = now).
   // not_found for an unknown exec_id.
-  ExecStatus wait_exec(const std::string& id, const std::string& exec_id, double timeout_s = 0);
+  ExecStatus wait_exec(const std::string& id, const std::string& exec_id,
+                       double timeout_s = 0) override;
 
   uint64_t write_file(const std::string& id, const std::string& path, uint32_t mode,
-                      const ChunkSource& source);
-  uint64_t read_file(const std::string& id, const std::string& path, const ChunkSink& sink);
+                      const ChunkSource& source) override;
+  uint64_t read_file(const std::string& id, const std::string& path,
+                     const ChunkSink& sink) override;
   // {"entries": [{"name","type","size","mode","mtime"}, ...]}
-  nlohmann::json list_files(const std::string& id, const std::string& path);
-  nlohmann::json stat_file(const std::string& id, const std::string& path);
-  void make_dir(const std::string& id, const std::string& path, bool parents);
-  void remove_file(const std::string& id, const std::string& path, bool recursive);
-  nlohmann::json guest_info(const std::string& id);  // kernel, uptime, memory, disk
+  nlohmann::json list_files(const std::string& id, const std::string& path) override;
+  nlohmann::json stat_file(const std::string& id, const std::string& path) override;
+  void make_dir(const std::string& id, const std::string& path, bool parents) override;
+  void remove_file(const std::string& id, const std::string& path, bool recursive) override;
+  nlohmann::json guest_info(const std::string& id) override;  // kernel, uptime, memory, disk
   // The home directory of guest user `user` (name or uid; "" = root): the
   // $HOME an exec as that user gets, from the guest's passwd (guest op
   // "user"). not_found field "user" for an unknown user; guest_error if the
   // guest answers something that is not an absolute path.
-  std::string guest_home(const std::string& id, const std::string& user);
+  std::string guest_home(const std::string& id, const std::string& user) override;
   // File operations as E2B's filesystem service needs them (engine_files.cc).
   // Entries are checked and rebuilt by the host (file_entry.h) and carry
   // "path", "owner", "group" and a symlink's "target". `owner` (a guest user
@@ -228,17 +229,18 @@ class Engine {
   // directories) belongs to that user, as the files envd writes for the user
   // a call runs as; an unknown user is not_found field "user".
   uint64_t write_file_as(const std::string& id, const std::string& path, uint32_t mode,
-                         const ChunkSource& source, const std::string& owner);
+                         const ChunkSource& source, const std::string& owner) override;
   // `depth` levels below `path` (1..64; 1 = its entries), depth first, each
   // directory's entries by name; {"entries": [...], "truncated"?: true}
   // (the guest answers in pages; "truncated" past 100000 entries).
-  nlohmann::json list_files(const std::string& id, const std::string& path, int depth);
+  nlohmann::json list_files(const std::string& id, const std::string& path, int depth) override;
   // rename(2) `from` to `to` in the guest (missing parents of `to` made,
   // owned by `owner`); the entry now at `to`. not_found (field "path") if
   // `from` does not exist; conflict if `to` is a non-empty directory.
   nlohmann::json move_file(const std::string& id, const std::string& from, const std::string& to,
-                           const std::string& owner = {});
-  void make_dir_as(const std::string& id, const std::string& path, const std::string& owner);
+                           const std::string& owner = {}) override;
+  void make_dir_as(const std::string& id, const std::string& path,
+                   const std::string& owner) override;
   // Streams changes under the guest directory `path` (inotify in the guest;
   // recursive: every directory below it too, new ones included) to
   // `callbacks` on this thread until a callback returns false, the watch
@@ -248,16 +250,16 @@ class Engine {
   // running). Memory is bounded on both sides (the guest drops and counts
   // past its queue: an "overflow" event). Audited as a "file" op "watch".
   WatchEnd watch_files(const std::string& id, const std::string& path, bool recursive,
-                       const WatchCallbacks& callbacks);
+                       const WatchCallbacks& callbacks) override;
   // The running sandbox's QEMU jail as read back from /proc and its cgroup
   // (vmm/posture.h), plus "isolation": "kvm"|"tcg" with a "note" (under TCG
   // QEMU is not a security boundary by its own policy: the jail is what
   // protects the host), "jail": full|userns|none and "missing": the
   // protections not in force. conflict unless running (engine_posture.cc).
-  nlohmann::json posture(const std::string& id);
+  nlohmann::json posture(const std::string& id) override;
 
   // The sandbox's audit journal (kept after delete), oldest first.
-  std::vector<nlohmann::json> audit(const std::string& id);
+  std::vector<nlohmann::json> audit(const std::string& id) override;
   // Its size and what the cap dropped (counted since this engine started;
   // the sandbox's end record carries the final count as "journal_dropped").
   JournalStats journal_stats(const std::string& id);
@@ -265,27 +267,27 @@ class Engine {
   // registry and its signature (audit/chain.h; VerifyReport::to_json):
   // {"ok", "records", "head", "anchor", "unanchored", "breaks", "first_break",
   // ...}. Error(not_found) if the sandbox has no journal (engine_journal.cc).
-  nlohmann::json verify_journal(const std::string& id);
+  nlohmann::json verify_journal(const std::string& id) override;
   // A follower of every record of the journal from the first (GET
   // .../events); not_found like follow_network_events.
-  std::unique_ptr<RecordFollower> follow_journal(const std::string& id);
+  std::unique_ptr<RecordFollower> follow_journal(const std::string& id) override;
   // Paths added, modified and deleted in the sandbox's disk since `since`
   // ("start": its base image or template), read on the host from the disk
   // layers (storage/fsdiff.h; engine_changes.cc). `content`: unified diffs
   // of text files. Error(invalid_argument, field since) for anything else.
-  nlohmann::json changes(const std::string& id, const std::string& since, bool content);
+  nlohmann::json changes(const std::string& id, const std::string& since, bool content) override;
 
   // Replaces a running sandbox's egress policy; flows no longer allowed are
   // cut. Returns {"policy": <normalised>, "flows_cut": N}. A sandbox created
   // with mode "none" has no NIC: changing it is Error(conflict).
-  nlohmann::json set_network(const std::string& id, const nlohmann::json& policy);
+  nlohmann::json set_network(const std::string& id, const nlohmann::json& policy) override;
   // The sandbox's network events (net_dns, net_flow, net_flow_end, ...) from
   // its journal, oldest first, skipping the first `skip` of them (for polling).
   std::vector<nlohmann::json> network_events(const std::string& id, size_t skip = 0);
   // A follower of those events from the first one: next() returns only the
   // ones appended since its last call, wait() sleeps until the journal grows
   // (follow=true streams). not_found like network_events.
-  std::unique_ptr<RecordFollower> follow_network_events(const std::string& id);
+  std::unique_ptr<RecordFollower> follow_network_events(const std::string& id) override;
   // Inbound port forwards (off by default): host 127.0.0.1:host_port (0 = a
   // free port) to the guest's TCP guest_port, through the network helper;
   // recorded as net_port events, connections through it as inbound flows.
@@ -295,9 +297,10 @@ class Engine {
   // forward range), unavailable (no free port left in the range),
   // conflict (mode "none": no NIC; host port in use; guest port already
   // forwarded), not_found (remove: no such forward).
-  nlohmann::json add_port(const std::string& id, int guest_port, int host_port = 0);
-  nlohmann::json list_ports(const std::string& id);  // [{"host", "host_port", "guest_port"}]
-  void remove_port(const std::string& id, int host_port);
+  nlohmann::json add_port(const std::string& id, int guest_port, int host_port = 0) override;
+  nlohmann::json list_ports(
+      const std::string& id) override;  // [{"host", "host_port", "guest_port"}]
+  void remove_port(const std::string& id, int host_port) override;
 
   // Warm pool: keep `size` sandboxes of `image` in one shape cloned and
   // ready (0..64; 0 removes that shape's slot). `shape` may set cpus,
@@ -307,10 +310,10 @@ class Engine {
   // create of exactly that image and shape takes a member (start "pool").
   // Returns pool_info().
   nlohmann::json set_pool(const std::string& image, int size,
-                          const nlohmann::json& shape = nlohmann::json());
+                          const nlohmann::json& shape = nlohmann::json()) override;
   // [{"image", "shape", "learned", "target", "ready", "members", "hits",
   //   "misses", "replaced", "shed"}, ...], one per shape
-  nlohmann::json pool_info();
+  nlohmann::json pool_info() override;
 
   // Pause and resume (engine_pause.cc; docs/design.md "Snapshots, fork,
   // pause"). pause() saves the whole VM (RAM, devices; the disk stays) under
@@ -322,18 +325,18 @@ class Engine {
   // resume. resume() restores it with every other process intact; works
   // after a daemon restart.
   // conflict unless running (pause) / paused (resume); not_found.
-  SandboxInfo pause(const std::string& id);
-  SandboxInfo resume(const std::string& id);
+  SandboxInfo pause(const std::string& id) override;
+  SandboxInfo resume(const std::string& id) override;
   // Snapshots (engine_snapshots.cc): the disk of a running or paused
   // sandbox (with `memory`, its whole VM too) as a read-only snapshot
   // `name`. invalid_argument field "name" (empty, '/', "..", NUL, ...);
   // conflict (name taken, sandbox not running/paused); unavailable (host
   // disk full: nothing of it is left). Returns the snapshot's JSON.
-  nlohmann::json snapshot(const std::string& id, const std::string& name, bool memory);
-  nlohmann::json list_snapshots();
-  nlohmann::json get_snapshot(const std::string& name);
+  nlohmann::json snapshot(const std::string& id, const std::string& name, bool memory) override;
+  nlohmann::json list_snapshots() override;
+  nlohmann::json get_snapshot(const std::string& name) override;
   // conflict naming the sandboxes and snapshots that use it.
-  void delete_snapshot(const std::string& name);
+  void delete_snapshot(const std::string& name) override;
   // `airlock image save`: snapshot `snapshot`'s disk (its whole layer chain,
   // flattened) becomes the installed image `name`, with the exec defaults
   // of the snapshot's image (config.base names that image). The snapshot is
@@ -341,59 +344,55 @@ class Engine {
   // "snapshot"; conflict if image `name` exists or is a built-in recipe;
   // unavailable if the snapshot is damaged or the host's disk is full
   // (nothing of the image is left). Returns the image's JSON.
-  nlohmann::json save_snapshot_image(const std::string& snapshot, const std::string& name);
+  nlohmann::json save_snapshot_image(const std::string& snapshot, const std::string& name) override;
   // `count` (1..16) new running sandboxes continuing from `id`'s memory and
   // disk now (copy-on-write), each with its own identity; `id` keeps
   // running after a short stop. All or nothing.
-  std::vector<SandboxInfo> fork(const std::string& id, int count);
+  std::vector<SandboxInfo> fork(const std::string& id, int count) override;
 
   // version, accelerator + why, images, templates, pool.
-  nlohmann::json info();
+  nlohmann::json info() override;
   // The engine's metric families (engine_metrics.cc: sandboxes by state,
   // creates and execs with latency histograms, failures by typed reason,
   // pool, network flows and bytes, journal bytes, QEMU memory).
-  void write_metrics(metrics::Writer& out);
+  void write_metrics(metrics::Writer& out) override;
   // Can a create succeed now? {"ready": bool, "missing": ["..."]}: at
   // least one image is built and the accelerator probe is done (run now,
   // once, if it was not).
-  nlohmann::json readiness();
-  storage::ImageStore& images();
+  nlohmann::json readiness() override;
+  storage::ImageStore& images() override;
   // The directories a host-read disk chain may stay in (images, templates,
   // snapshots: storage/disk_chain.h); a build's layers are backed by them.
-  std::vector<std::filesystem::path> disk_roots();
-  // Image recipes (recipes/builder.cc; engine_build.cc): a sandbox booted on
+  std::vector<std::filesystem::path> disk_roots() override;
+  // Image recipes (src/recipes/builder.cc; engine_build.cc): a sandbox booted on
   // `image` as given, never a clone or a pool member: a build step runs on
   // the previous step's layer (image.rootfs a *.qcow2 file). Errors as create().
-  SandboxInfo create_on_image(const SandboxSpec& spec, const storage::Image& image);
+  SandboxInfo create_on_image(const SandboxSpec& spec, const storage::Image& image) override;
   // The qcow2 overlay of a running sandbox (a build step keeps it as a layer).
-  std::filesystem::path disk_path(const std::string& id);
-  // Builds image request.name from a recipe, each step in a build sandbox,
-  // cached as layers (recipes/builder.h: events, result, errors).
-  nlohmann::json build_recipe(const recipes::BuildRequest& request,
-                              const std::function<bool(const nlohmann::json&)>& on_event);
+  std::filesystem::path disk_path(const std::string& id) override;
 
   // Images (engine_images.cc; docs/design.md, "Images: import and
   // management"). The operator's business: the daemon serves them only over
   // the unix socket. list_images/inspect_image: storage::to_json(Image) +
   // "used_by" (["sandbox:ID", "pool:ID", "template:KEY", ...]).
-  nlohmann::json list_images();
-  nlohmann::json inspect_image(const std::string& name);  // + "versions"
+  nlohmann::json list_images() override;
+  nlohmann::json inspect_image(const std::string& name) override;  // + "versions"
   // An OCI layout / docker save archive becomes image `name` (oci_import.h).
   nlohmann::json import_image(const std::string& name, const std::filesystem::path& archive,
-                              bool replace);
+                              bool replace) override;
   // Error(conflict) naming every user while anything uses it.
-  void remove_image(const std::string& name);
+  void remove_image(const std::string& name) override;
   // {"bytes": {"images", "layers", "snapshots", "templates", "overlays", "journals", "total"}}
-  nlohmann::json disk_usage();
+  nlohmann::json disk_usage() override;
   // Frees what nothing uses: old image versions, orphaned cached layers,
   // leftovers of interrupted imports. {"dry_run", "freed_bytes", "removed": [...]}
-  nlohmann::json prune(bool dry_run);
+  nlohmann::json prune(bool dry_run) override;
   std::vector<std::string> image_users(const std::string& name);
   // A sandbox's resource use now (engine_stats.cc): {"cpu_seconds" (QEMU's
   // user+system time), "memory_bytes" (QEMU's resident set), "disk_bytes"
   // (allocated bytes of its overlay), "net_rx_bytes", "net_tx_bytes" (its
   // network flows), "age_s"}. Error(not_found) for an unknown id.
-  nlohmann::json stats(const std::string& id);
+  nlohmann::json stats(const std::string& id) override;
 
   // The engine's services (engine_impl.h); opaque outside the engine.
   struct Impl;

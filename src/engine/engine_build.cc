@@ -1,9 +1,8 @@
-// Engine entry points for image recipes (recipes/builder.cc): a sandbox on a
+// Engine entry points for image recipes (src/recipes/builder.cc): a sandbox on a
 // given image (a build layer), and the path of its disk.
 #include "common/error.h"
 #include "engine/engine.h"
 #include "engine/engine_impl.h"
-#include "engine/recipes/builder.h"
 #include "engine/validate.h"
 
 namespace airlock::engine {
@@ -22,11 +21,6 @@ SandboxInfo Engine::create_on_image(const SandboxSpec& spec, const storage::Imag
 std::filesystem::path Engine::disk_path(const std::string& id) {
   // not_found / conflict unless running
   return impl_->table.running(id)->run_dir() / "disk.qcow2";
-}
-
-nlohmann::json Engine::build_recipe(const recipes::BuildRequest& request,
-                                    const std::function<bool(const nlohmann::json&)>& on_event) {
-  return recipes::build(*this, impl_->cfg.image_dir, request, on_event);
 }
 
 }  // namespace airlock::engine

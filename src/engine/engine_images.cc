@@ -11,7 +11,7 @@
 #include "common/error.h"
 #include "engine/engine.h"
 #include "engine/engine_impl.h"
-#include "engine/recipes/builder.h"
+#include "engine/storage/layer_cache.h"
 #include "engine/storage/image_name.h"
 #include "engine/storage/oci_import.h"
 #include "engine/types_json.h"
@@ -200,7 +200,7 @@ nlohmann::json Engine::prune(bool dry_run) {
   }
   // The recipe layer cache (installed images are flattened: none needs it).
   std::vector<std::string> layers;
-  std::optional<uint64_t> layer_bytes = recipes::prune_layers(impl.cfg.image_dir, dry_run, layers);
+  std::optional<uint64_t> layer_bytes = storage::prune_layers(impl.cfg.image_dir, dry_run, layers);
   freed += layer_bytes.value_or(0);
   for (auto& l : layers) removed.push_back(std::move(l));
   nlohmann::json out = {{"dry_run", dry_run}, {"freed_bytes", freed}, {"removed", removed}};

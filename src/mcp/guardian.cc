@@ -11,8 +11,8 @@
 #include <set>
 #include <thread>
 
-#include "cli/args.h"
-#include "cli/client.h"
+#include "client/client.h"
+#include "client/text.h"
 #include "common/error.h"
 #include "mcp/session.h"
 
@@ -100,12 +100,12 @@ int guard_until_eof(int fd, const std::filesystem::path& socket, const std::stri
     pending.erase(0, start);
   }
   ::close(fd);
-  cli::Client client(socket);
+  client::Client client(socket);
   int destroyed = 0;
   std::set<std::string> done;
   auto destroy = [&](const std::string& id) {  // false: try again later (still starting)
     try {
-      client.call("DELETE", "/v1/sandboxes/" + cli::url_encode(id));
+      client.call("DELETE", "/v1/sandboxes/" + client::url_encode(id));
       ++destroyed;
       std::fprintf(stderr, "airlock mcp guardian: destroyed %s (the server ended without it)\n",
                    id.c_str());
@@ -124,9 +124,9 @@ int guard_until_eof(int fd, const std::filesystem::path& socket, const std::stri
   while (true) {
     bool again = false;
     try {
-      json live = client.call("GET", "/v1/sandboxes?" +
-                                         cli::url_encode(std::string("metadata.") + kSessionLabel) +
-                                         "=" + cli::url_encode(tag));
+      json live = client.call(
+          "GET", "/v1/sandboxes?" + client::url_encode(std::string("metadata.") + kSessionLabel) +
+                     "=" + client::url_encode(tag));
       for (const auto& sb : live) {
         std::string id = sb.value("id", "");
         if (!id.empty() && !done.count(id) && !destroy(id)) again = true;

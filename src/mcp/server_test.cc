@@ -1,5 +1,5 @@
 // The MCP server's protocol and tools against airlockd's real HTTP layer over
-// a real unix socket, with the fake engine of src/cli (everything but the
+// a real unix socket, with the fake engine of src/daemon (everything but the
 // VM). tests/mcp drives `airlock mcp` against real VMs with the official SDK.
 #include "daemon/server.h"
 
@@ -11,7 +11,8 @@
 #include <memory>
 #include <thread>
 
-#include "cli/client.h"
+#include "client/client.h"
+#include "daemon/fake_service_test_support.h"
 #include "mcp/guardian.h"
 #include "mcp/modern.h"
 #include "mcp/protocol.h"
@@ -31,9 +32,9 @@ class McpTest : public ::testing::Test {
     socket_ = dir_ / "d.sock";
     server_ = std::make_unique<daemon::Server>(socket_);
     server_->bind();
-    engine_ = std::make_unique<engine::Engine>(engine::Config{});
+    engine_ = std::make_unique<daemon::FakeSandboxService>();
     thread_ = std::thread([this] { server_->run(*engine_); });
-    session_ = std::make_unique<Session>(cli::Client(socket_));
+    session_ = std::make_unique<Session>(client::Client(socket_));
     protocol_ = std::make_unique<Protocol>(*session_);
   }
   void TearDown() override {
@@ -58,7 +59,7 @@ class McpTest : public ::testing::Test {
 
   std::filesystem::path dir_, socket_;
   std::unique_ptr<daemon::Server> server_;
-  std::unique_ptr<engine::Engine> engine_;
+  std::unique_ptr<engine::SandboxService> engine_;
   std::thread thread_;
   std::unique_ptr<Session> session_;
   std::unique_ptr<Protocol> protocol_;
@@ -263,7 +264,7 @@ TEST_F(McpTest, FailuresAreToolResultsNamingTheDaemonsCodeAndField) {
            {{"sandbox_id", "sb-1"}, {"path", "/a"}, {"content", "!!"}, {"encoding", "base64"}});
   EXPECT_NE(text(r).find("not valid base64"), std::string::npos);
   // A daemon that is not there is a tool error too, not a dead server.
-  Session nowhere(cli::Client(dir_ / "none.sock"));
+  Session nowhere(client::Client(dir_ / "none.sock"));
   r = nowhere.call("sandbox_list", json::object());
   EXPECT_EQ(r["isError"], true);
   EXPECT_NE(text(r).find("unavailable"), std::string::npos);
@@ -285,7 +286,7 @@ TEST_F(McpTest, ServeOverPipesAnswersEachLineAndCleansUpAtEof) {
   int in[2], out[2];
   ASSERT_EQ(::pipe(in), 0);
   ASSERT_EQ(::pipe(out), 0);
-  Session session{cli::Client(socket_)};
+  Session session{client::Client(socket_)};
   int rc = -1;
   std::thread server([&] { rc = serve(session, in[0], out[1]); });
   auto send = [&](const std::string& text) {
@@ -367,7 +368,7 @@ TEST_F(McpTest, GuardianDestroysWhatIsStillOwnedWhenThePipeCloses) {
   ASSERT_EQ(::write(p[1], text.data(), text.size()), ssize_t(text.size()));
   // Created under the session's label but never reported (the server died
   // before its create returned): found by the label.
-  Session tagged(cli::Client(socket_), "mcp-test-tag");
+  Session tagged(client::Client(socket_), "mcp-test-tag");
   std::string c = tagged.call("sandbox_create", json::object())["structuredContent"]["id"];
   std::string k = tagged.call("sandbox_create", {{"keep", true}})["structuredContent"]["id"];
   ::close(p[1]);  // the server died
@@ -416,7 +417,7 @@ TEST_F(McpTest, ActsOnlyOnSandboxesItCreatedUnlessAll) {
   // A kept sandbox is still this session's to use.
   EXPECT_FALSE(call("sandbox_exec", {{"sandbox_id", kept}, {"argv", {"echo", "k"}}})["isError"]);
 
-  Session all(cli::Client(socket_), "", Session::Scope::all);
+  Session all(client::Client(socket_), "", Session::Scope::all);
   json ran = all.call("sandbox_exec", {{"sandbox_id", foreign}, {"argv", {"echo", "hi"}}});
   EXPECT_FALSE(ran["isError"]) << ran.dump();
   EXPECT_EQ(all.call("sandbox_list", json::object())["structuredContent"]["sandboxes"].size(), 2u);

@@ -8,7 +8,7 @@
 #include <cerrno>
 #include <thread>
 
-#include "cli/args.h"
+#include "client/text.h"
 #include "common/error.h"
 #include "daemon/base64.h"
 #include "mcp/schema.h"
@@ -42,7 +42,7 @@ json outcome(std::string text, json structured) {
   return {{"text", std::move(text)}, {"structured", std::move(structured)}};
 }
 
-std::string id_path(const std::string& id) { return "/v1/sandboxes/" + cli::url_encode(id); }
+std::string id_path(const std::string& id) { return "/v1/sandboxes/" + client::url_encode(id); }
 
 bool valid_utf8(const std::string& s) {
   try {
@@ -78,7 +78,7 @@ void copy_keys(const json& args, json& body, std::initializer_list<const char*> 
 
 }  // namespace
 
-Session::Session(cli::Client client, std::string tag, Scope scope)
+Session::Session(client::Client client, std::string tag, Scope scope)
     : client_(std::move(client)), tag_(std::move(tag)), scope_(scope) {}
 
 void Session::check_scope(const std::string& id) const {
@@ -188,7 +188,8 @@ bool Session::cancel(const std::string& call_key) {
 
 bool Session::kill(const Running& target) {
   try {
-    client_.call("DELETE", id_path(target.sandbox_id) + "/exec/" + cli::url_encode(target.exec_id));
+    client_.call("DELETE",
+                 id_path(target.sandbox_id) + "/exec/" + client::url_encode(target.exec_id));
   } catch (const Error&) {
     return false;  // it ended meanwhile (404), or the sandbox went away
   }
@@ -383,7 +384,7 @@ json Session::list_files(const json& args) {
   std::string path = args["path"];
   check_scope(args["sandbox_id"]);
   json answer = client_.call(
-      "GET", id_path(args["sandbox_id"]) + "/files/list?path=" + cli::url_encode(path));
+      "GET", id_path(args["sandbox_id"]) + "/files/list?path=" + client::url_encode(path));
   json entries = answer.is_object() && answer.contains("entries") ? answer["entries"]
                  : answer.is_array()                              ? answer
                                                                   : json::array();
@@ -420,7 +421,7 @@ json Session::logs(const json& args) {
   for (size_t i = total > limit ? total - limit : 0; i < total; ++i) recent.push_back(records[i]);
   std::string text = std::to_string(recent.size()) + " of " + std::to_string(total) + " records\n";
   for (const auto& r : recent)
-    text += (net ? cli::format_net_event(r) : cli::format_audit_line(r)) + "\n";
+    text += (net ? client::format_net_event(r) : client::format_audit_line(r)) + "\n";
   return outcome(text, {{"records", recent}, {"total", total}});
 }
 
@@ -436,8 +437,8 @@ json Session::list(const json& args) {
   std::string q = args.value("all", false) ? "all=true" : "";
   json metadata = args.value("metadata", json::object());
   for (const auto& [k, v] : metadata.items())
-    q += (q.empty() ? "" : "&") + cli::url_encode("metadata." + k) + "=" +
-         cli::url_encode(v.get<std::string>());
+    q += (q.empty() ? "" : "&") + client::url_encode("metadata." + k) + "=" +
+         client::url_encode(v.get<std::string>());
   json list = client_.call("GET", "/v1/sandboxes" + (q.empty() ? "" : "?" + q));
   if (!list.is_array()) list = json::array();
   std::set<std::string> mine, created;

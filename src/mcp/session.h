@@ -1,5 +1,5 @@
 // The tools of one MCP client connection, over the daemon's public HTTP API
-// (cli::Client: the unix socket, or a TCP listener as one tenant). The
+// (client::Client: the unix socket, or a TCP listener as one tenant). The
 // session remembers the sandboxes it created so that close() can destroy
 // them when the client goes away, except those created with keep: true.
 //
@@ -11,7 +11,7 @@
 // Scope::all (`airlock mcp --all`) lifts this: every sandbox the daemon
 // shows this caller.
 //
-//   Session s(cli::Client(socket));
+//   Session s(client::Client(socket));
 //   json result = s.call("sandbox_exec", {{"sandbox_id", id}, {"command", "ls /"}});
 //   // result: {"content": [{"type":"text",...}], "structuredContent": {...}, "isError": false}
 //   s.close();  // destroys what it created
@@ -25,7 +25,7 @@
 #include <string>
 #include <vector>
 
-#include "cli/client.h"
+#include "client/client.h"
 
 namespace airlock::mcp {
 
@@ -38,7 +38,7 @@ class Session {
  public:
   enum class Scope { created, all };
   // `tag` (if not empty) labels the sandboxes this session owns.
-  explicit Session(cli::Client client, std::string tag = "", Scope scope = Scope::created);
+  explicit Session(client::Client client, std::string tag = "", Scope scope = Scope::created);
 
   // Runs tool `name` (which must exist: find_tool) with `arguments` and
   // returns the MCP CallToolResult. Every failure (bad arguments, the
@@ -82,7 +82,7 @@ class Session {
   // Error(not_found, field sandbox_id) unless the session may act on `id`.
   void check_scope(const std::string& id) const;
 
-  cli::Client client_;
+  client::Client client_;
   std::string tag_;
   Scope scope_;
   std::set<std::string> created_;  // guarded by mu_; keep ones too

@@ -91,7 +91,7 @@ struct JournalStats {
 
 // What a follower reads: the records appended since its last call. An
 // interface because the daemon's HTTP tests run against a fake engine that
-// keeps its journal in memory (src/cli/fake_engine_test_support.cc).
+// keeps its journal in memory (src/daemon/fake_service_test_support.cc).
 class RecordFollower {
  public:
   enum class Wake { grew, timeout, hangup };

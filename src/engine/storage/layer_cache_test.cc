@@ -1,6 +1,6 @@
-// recipes::prune_layers on a layer cache of the test's own (the build
-// itself runs real VMs: tests/integration/test_recipes.py).
-#include "engine/recipes/builder.h"
+// prune_layers on a layer cache of the test's own (the build that fills it
+// runs real VMs: tests/integration/test_recipes.py).
+#include "engine/storage/layer_cache.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -8,7 +8,7 @@
 #include <algorithm>
 #include <fstream>
 
-namespace airlock::recipes {
+namespace airlock::storage {
 namespace {
 namespace fs = std::filesystem;
 
@@ -51,5 +51,22 @@ TEST(PruneLayers, RemovesCachedLayersOnlyWhenNotADryRunAndLeavesOtherEntries) {
   EXPECT_TRUE(fs::exists("/etc/passwd"));
 }
 
+TEST(PruneLayers, LeavesTheCacheAloneWhileABuildHoldsIt) {
+  TempDir images;
+  fs::path layers = layer_dir(images.path);
+  fs::create_directories(layers);
+  std::ofstream(layers / "a.qcow2") << "layer";
+  std::vector<std::string> removed;
+  {
+    LayerCacheUse build;
+    EXPECT_EQ(prune_layers(images.path, false, removed), std::nullopt);
+    EXPECT_TRUE(removed.empty());
+    EXPECT_TRUE(fs::exists(layers / "a.qcow2"));
+    LayerCacheUse second_build;  // builds do not exclude each other
+  }
+  EXPECT_TRUE(prune_layers(images.path, false, removed));
+  EXPECT_FALSE(fs::exists(layers / "a.qcow2"));
+}
+
 }  // namespace
-}  // namespace airlock::recipes
+}  // namespace airlock::storage

@@ -1,9 +1,11 @@
-// The recipe build runner: Engine::build_recipe (docs/design.md, "Image
-// recipes"). Each step runs in a real build sandbox booted on the previous
+// The recipe build runner behind POST /v1/images/build (docs/design.md,
+// "Image recipes"), a client of the engine through its interface
+// (engine/api/service.h), never part of it. Each step runs in a real build sandbox booted on the previous
 // step's layer; the sandbox's qcow2 overlay, once the guest has synced and
 // remounted its root read-only, is kept as the step's layer:
 //   <image_dir>/cache/layers/<step key>.qcow2   (backing: the previous layer, or
-//                                          the base image's rootfs.ext4)
+//                                          the base image's rootfs.ext4;
+//                                          storage/layer_cache.h)
 // A step whose key has a layer is a cache hit and does not boot anything.
 // The last layer is flattened to a raw ext4 (qemu-img convert) and installed
 // as image NAME with the recipe's config (ImageStore::install).
@@ -18,10 +20,10 @@
 #include <string>
 #include <vector>
 
-#include "engine/recipes/plan.h"
+#include "recipes/plan.h"
 
 namespace airlock::engine {
-class Engine;
+class SandboxService;  // engine/api/service.h
 }
 
 namespace airlock::recipes {
@@ -50,17 +52,7 @@ using EventFn = std::function<bool(const nlohmann::json&)>;
 // tail), conflict (NAME is a built-in image), others as Engine::create.
 // On any error nothing of this build remains but the layers of the steps
 // that succeeded.
-nlohmann::json build(engine::Engine& engine, const std::filesystem::path& image_dir,
+nlohmann::json build(engine::SandboxService& engine, const std::filesystem::path& image_dir,
                      const BuildRequest& request, const EventFn& on_event);
-
-// Where the layers live.
-std::filesystem::path layer_dir(const std::filesystem::path& image_dir);
-
-// `airlock prune`: the layer cache goes whole (installed images are
-// flattened, so none stands on a layer; the next build reruns its steps).
-// Appends "build-cache:<file>" to `removed` and returns the bytes freed, or
-// nullopt (nothing touched) while a build runs: it stands on these layers.
-std::optional<uint64_t> prune_layers(const std::filesystem::path& image_dir, bool dry_run,
-                                     std::vector<std::string>& removed);
 
 }  // namespace airlock::recipes

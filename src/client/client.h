@@ -18,7 +18,7 @@
 
 #include "common/error.h"
 
-namespace airlock::cli {
+namespace airlock::client {
 
 // The daemon's answer broke off after the request was sent (the daemon died
 // or closed the connection mid-exec): the command's fate is unknown. The CLI
@@ -140,4 +140,4 @@ void check_token_transport(const Remote& r, const std::string& token, const std:
 // Maps the daemon's error code string back to an Errc ("not_found" -> not_found).
 int errc_from_string(const std::string& code);
 
-}  // namespace airlock::cli
+}  // namespace airlock::client

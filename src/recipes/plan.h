@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/recipes/recipe.h"
+#include "recipes/recipe.h"
 
 namespace airlock::recipes {
 

@@ -1,4 +1,4 @@
-#include "cli/client.h"
+#include "client/client.h"
 
 #include <unistd.h>
 
@@ -17,10 +17,10 @@
 #include <mutex>
 #include <variant>
 
-#include "cli/args.h"
+#include "client/text.h"
 #include "common/error.h"
 
-namespace airlock::cli {
+namespace airlock::client {
 
 namespace net = boost::asio;
 namespace beast = boost::beast;
@@ -562,4 +562,4 @@ uint64_t Client::download(const std::string& id, const std::string& path, int fd
   return total;
 }
 
-}  // namespace airlock::cli
+}  // namespace airlock::client

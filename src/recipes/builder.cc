@@ -1,4 +1,4 @@
-#include "engine/recipes/builder.h"
+#include "recipes/builder.h"
 
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>
@@ -9,17 +9,17 @@
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
-#include <shared_mutex>
 #include <thread>
 
 #include "common/error.h"
 #include "common/scope_guard.h"
 #include "common/subprocess.h"
-#include "engine/engine.h"
-#include "engine/recipes/install.h"
-#include "engine/sandbox/sandbox.h"
+#include "engine/api/service.h"
+#include "recipes/install.h"
 #include "engine/storage/digest.h"
 #include "engine/storage/image_name.h"
+#include "engine/storage/image_store.h"
+#include "engine/storage/layer_cache.h"
 
 namespace airlock::recipes {
 namespace fs = std::filesystem;
@@ -27,20 +27,9 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
-// Under cache/: not an image name (ImageStore::names_on_disk skips it), and
-// `airlock df` counts it among the layers.
-fs::path layer_dir(const fs::path& image_dir) { return image_dir / "cache" / "layers"; }
-
 namespace {
 
 constexpr size_t kMaxSteps = 14;
-
-// Builds hold it shared for their whole run; prune_layers takes it
-// exclusively, or does nothing when a build runs.
-std::shared_mutex& layer_cache_mutex() {
-  static std::shared_mutex m;
-  return m;
-}
 
 // Guest output as valid UTF-8 (invalid bytes become U+FFFD): it goes into
 // JSON events and error messages.
@@ -94,7 +83,7 @@ constexpr const char* kFreeze =
     "sleep 0.1; done; sync";
 
 struct StepRun {
-  engine::Engine& engine;
+  engine::SandboxService& engine;
   const storage::Image& base;
   const Recipe& recipe;
   Events& events;
@@ -225,10 +214,10 @@ std::string step_field(const Recipe& recipe, const std::vector<Step>& steps, siz
 
 }  // namespace
 
-json build(engine::Engine& engine, const fs::path& image_dir, const BuildRequest& req,
+json build(engine::SandboxService& engine, const fs::path& image_dir, const BuildRequest& req,
            const EventFn& on_event) {
   auto t0 = Clock::now();
-  std::shared_lock hold_layers(layer_cache_mutex());
+  storage::LayerCacheUse hold_layers;
   storage::check_image_name(req.name, "name");
   auto builtin = engine.images().recipes();
   if (std::find(builtin.begin(), builtin.end(), req.name) != builtin.end())
@@ -274,7 +263,7 @@ json build(engine::Engine& engine, const fs::path& image_dir, const BuildRequest
   events({{"type", "plan"}, {"steps", steps.size()}, {"base", base->name}, {"key", key}});
   events.check();
 
-  fs::path layers = layer_dir(image_dir);
+  fs::path layers = storage::layer_dir(image_dir);
   std::error_code ec;
   fs::create_directories(layers, ec);
   fs::permissions(layers,
@@ -311,22 +300,6 @@ json build(engine::Engine& engine, const fs::path& image_dir, const BuildRequest
                     });
   return {{"image", image_json(img)}, {"key", key},     {"steps", steps.size()},
           {"cached", cached},         {"built", built}, {"elapsed_s", since(t0)}};
-}
-
-std::optional<uint64_t> prune_layers(const fs::path& image_dir, bool dry_run,
-                                     std::vector<std::string>& removed) {
-  std::unique_lock lock(layer_cache_mutex(), std::try_to_lock);
-  if (!lock.owns_lock()) return std::nullopt;
-  uint64_t freed = 0;
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator(layer_dir(image_dir), ec)) {
-    // Layers are airlock's own regular files; anything else is left alone.
-    if (!e.is_regular_file(ec) || e.is_symlink(ec)) continue;
-    freed += allocated_bytes(e.path());
-    removed.push_back("build-cache:" + e.path().filename().string());
-    if (!dry_run) fs::remove(e.path(), ec);
-  }
-  return freed;
 }
 
 }  // namespace airlock::recipes

@@ -1,4 +1,4 @@
-#include "engine/recipes/plan.h"
+#include "recipes/plan.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>

@@ -12,16 +12,16 @@
 #include <string>
 
 #include "common/subprocess.h"
-#include "engine/recipes/recipe.h"
+#include "recipes/recipe.h"
 #include "engine/storage/image_store.h"
 
 namespace airlock::engine {
-class Engine;
+class SandboxService;  // engine/api/service.h
 }
 
 namespace airlock::recipes {
 
-storage::Image install_image(engine::Engine& engine, const std::filesystem::path& image_dir,
+storage::Image install_image(engine::SandboxService& engine, const std::filesystem::path& image_dir,
                              const std::string& name, const storage::Image& base,
                              const std::filesystem::path& top, const Recipe& recipe,
                              const std::string& key, int layers, const std::string& source,

@@ -1,5 +1,4 @@
-// A fake engine::Engine for the HTTP tests: the same class and methods as
-// libairlock (engine.h), linked instead of it, keeping sandboxes and files in
+// FakeSandboxService (fake_service_test_support.h): sandboxes and files in
 // memory. Commands understood by exec (argv[0]):
 //   echo ARGS...   stdout = ARGS joined by spaces
 //   bytes          stdout = all 256 byte values, stderr = "err"
@@ -17,24 +16,28 @@
 //                  ends it by that signal; argv empty = the same
 //   connect IP PORT  a TCP flow decided by the sandbox's policy: records
 //                  net_flow (and net_flow_end with 10/20 bytes if allowed)
+#include "daemon/fake_service_test_support.h"
+
 #include <poll.h>
 
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <mutex>
 #include <set>
 #include <thread>
 
 #include "common/error.h"
 #include "common/metrics/metrics.h"
-#include "engine/engine.h"
 #include "engine/net/policy.h"
 
-namespace airlock::engine {
+namespace airlock::daemon {
+// The fake speaks the engine's types throughout.
+using namespace airlock::engine;
 
-struct Engine::Impl {
+struct FakeSandboxService::Impl {
   std::mutex mu;
   std::condition_variable cv;
   std::map<std::string, SandboxInfo> boxes;
@@ -50,10 +53,10 @@ struct Engine::Impl {
   std::set<std::string> stdin_closed;  // eof sent or exec ended
 };
 
-Engine::Engine(Config) : impl_(std::make_unique<Impl>()) {}
-Engine::~Engine() = default;
+FakeSandboxService::FakeSandboxService() : impl_(std::make_unique<Impl>()) {}
+FakeSandboxService::~FakeSandboxService() = default;
 
-SandboxInfo Engine::create(const SandboxSpec& spec) {
+SandboxInfo FakeSandboxService::create(const SandboxSpec& spec) {
   if (spec.image != "minimal")
     throw Error(Errc::not_found, "no image named '" + spec.image + "'", "image");
   std::lock_guard lock(impl_->mu);
@@ -70,7 +73,8 @@ SandboxInfo Engine::create(const SandboxSpec& spec) {
   return info;
 }
 
-std::vector<SandboxInfo> Engine::list(const std::map<std::string, std::string>& filter, bool all) {
+std::vector<SandboxInfo> FakeSandboxService::list(const std::map<std::string, std::string>& filter,
+                                                  bool all) {
   std::lock_guard lock(impl_->mu);
   std::vector<SandboxInfo> out;
   for (auto& [id, sb] : impl_->boxes) {
@@ -85,14 +89,14 @@ std::vector<SandboxInfo> Engine::list(const std::map<std::string, std::string>& 
   return out;
 }
 
-SandboxInfo Engine::get(const std::string& id) {
+SandboxInfo FakeSandboxService::get(const std::string& id) {
   std::lock_guard lock(impl_->mu);
   auto it = impl_->boxes.find(id);
   if (it == impl_->boxes.end()) throw Error(Errc::not_found, "no sandbox " + id, "id");
   return it->second;
 }
 
-void Engine::destroy(const std::string& id) {
+void FakeSandboxService::destroy(const std::string& id) {
   get(id);
   std::lock_guard lock(impl_->mu);
   if (impl_->boxes[id].state == State::deleted)
@@ -102,9 +106,9 @@ void Engine::destroy(const std::string& id) {
 }
 
 // The fake has no teardown to wait for.
-void Engine::destroy_and_wait(const std::string& id) { destroy(id); }
+void FakeSandboxService::destroy_and_wait(const std::string& id) { destroy(id); }
 
-SandboxInfo Engine::set_timeout(const std::string& id, int seconds) {
+SandboxInfo FakeSandboxService::set_timeout(const std::string& id, int seconds) {
   if (get(id).state != State::running) throw Error(Errc::conflict, "sandbox is not running");
   std::lock_guard lock(impl_->mu);
   auto& box = impl_->boxes[id];
@@ -113,7 +117,8 @@ SandboxInfo Engine::set_timeout(const std::string& id, int seconds) {
   return box;
 }
 
-ExecResult Engine::exec(const std::string& id, const ExecRequest& req, const ExecCallbacks& cb) {
+ExecResult FakeSandboxService::exec(const std::string& id, const ExecRequest& req,
+                                    const ExecCallbacks& cb) {
   if (get(id).state != State::running) throw Error(Errc::conflict, "sandbox is not running");
   std::vector<std::string> argv = req.argv;
   if (argv.empty() && req.pty) argv = {"pty"};
@@ -266,8 +271,9 @@ ExecResult Engine::exec(const std::string& id, const ExecRequest& req, const Exe
   return r;
 }
 
-StdinWrite Engine::write_stdin(const std::string& id, const std::string& exec_id,
-                               const ChunkSource& source, bool eof, const std::function<bool()>&) {
+StdinWrite FakeSandboxService::write_stdin(const std::string& id, const std::string& exec_id,
+                                           const ChunkSource& source, bool eof,
+                                           const std::function<bool()>&) {
   get(id);
   StdinWrite w;
   {
@@ -295,7 +301,8 @@ StdinWrite Engine::write_stdin(const std::string& id, const std::string& exec_id
   return w;
 }
 
-void Engine::pty_input(const std::string&, const std::string& exec_id, std::string_view bytes) {
+void FakeSandboxService::pty_input(const std::string&, const std::string& exec_id,
+                                   std::string_view bytes) {
   std::lock_guard lock(impl_->mu);
   if (!impl_->pty_live.count(exec_id))
     throw Error(Errc::not_found, "no running exec " + exec_id, "exec_id");
@@ -303,7 +310,8 @@ void Engine::pty_input(const std::string&, const std::string& exec_id, std::stri
   impl_->cv.notify_all();
 }
 
-void Engine::pty_resize(const std::string&, const std::string& exec_id, int cols, int rows) {
+void FakeSandboxService::pty_resize(const std::string&, const std::string& exec_id, int cols,
+                                    int rows) {
   std::lock_guard lock(impl_->mu);
   if (!impl_->pty_live.count(exec_id))
     throw Error(Errc::not_found, "no running exec " + exec_id, "exec_id");
@@ -311,7 +319,7 @@ void Engine::pty_resize(const std::string&, const std::string& exec_id, int cols
   impl_->cv.notify_all();
 }
 
-void Engine::kill_exec(const std::string& id, const std::string& exec_id, int sig) {
+void FakeSandboxService::kill_exec(const std::string& id, const std::string& exec_id, int sig) {
   {
     std::lock_guard lock(impl_->mu);
     if (impl_->pty_live.count(exec_id)) {
@@ -326,8 +334,8 @@ void Engine::kill_exec(const std::string& id, const std::string& exec_id, int si
   impl_->cv.notify_all();
 }
 
-uint64_t Engine::write_file(const std::string& id, const std::string& path, uint32_t,
-                            const ChunkSource& source) {
+uint64_t FakeSandboxService::write_file(const std::string& id, const std::string& path, uint32_t,
+                                        const ChunkSource& source) {
   get(id);
   std::string data;
   while (auto chunk = source()) data += *chunk;
@@ -336,7 +344,8 @@ uint64_t Engine::write_file(const std::string& id, const std::string& path, uint
   return data.size();
 }
 
-uint64_t Engine::read_file(const std::string& id, const std::string& path, const ChunkSink& sink) {
+uint64_t FakeSandboxService::read_file(const std::string& id, const std::string& path,
+                                       const ChunkSink& sink) {
   get(id);
   std::string data;
   {
@@ -350,27 +359,28 @@ uint64_t Engine::read_file(const std::string& id, const std::string& path, const
   return data.size();
 }
 
-nlohmann::json Engine::list_files(const std::string& id, const std::string& path) {
+nlohmann::json FakeSandboxService::list_files(const std::string& id, const std::string& path) {
   get(id);
   return nlohmann::json::array({{{"name", "a"}, {"path", path}}});
 }
-nlohmann::json Engine::stat_file(const std::string& id, const std::string& path) {
+nlohmann::json FakeSandboxService::stat_file(const std::string& id, const std::string& path) {
   get(id);
   std::lock_guard lock(impl_->mu);
   auto it = impl_->files.find(id + path);
   if (it == impl_->files.end()) throw Error(Errc::not_found, "no file " + path, "path");
   return {{"type", "file"}, {"size", it->second.size()}};
 }
-void Engine::make_dir(const std::string& id, const std::string&, bool) { get(id); }
-uint64_t Engine::write_file_as(const std::string& id, const std::string& path, uint32_t mode,
-                               const ChunkSource& source, const std::string&) {
+void FakeSandboxService::make_dir(const std::string& id, const std::string&, bool) { get(id); }
+uint64_t FakeSandboxService::write_file_as(const std::string& id, const std::string& path,
+                                           uint32_t mode, const ChunkSource& source,
+                                           const std::string&) {
   return write_file(id, path, mode, source);
 }
-nlohmann::json Engine::list_files(const std::string& id, const std::string& path, int) {
+nlohmann::json FakeSandboxService::list_files(const std::string& id, const std::string& path, int) {
   return list_files(id, path);
 }
-nlohmann::json Engine::move_file(const std::string& id, const std::string& from,
-                                 const std::string& to, const std::string&) {
+nlohmann::json FakeSandboxService::move_file(const std::string& id, const std::string& from,
+                                             const std::string& to, const std::string&) {
   get(id);
   std::lock_guard lock(impl_->mu);
   auto it = impl_->files.find(id + from);
@@ -379,34 +389,38 @@ nlohmann::json Engine::move_file(const std::string& id, const std::string& from,
   impl_->files.erase(id + from);
   return {{"name", to.substr(to.rfind('/') + 1)}, {"path", to}, {"type", "file"}};
 }
-void Engine::make_dir_as(const std::string& id, const std::string&, const std::string&) { get(id); }
-void Engine::remove_file(const std::string& id, const std::string& path, bool) {
+void FakeSandboxService::make_dir_as(const std::string& id, const std::string&,
+                                     const std::string&) {
+  get(id);
+}
+void FakeSandboxService::remove_file(const std::string& id, const std::string& path, bool) {
   get(id);
   std::lock_guard lock(impl_->mu);
   if (!impl_->files.erase(id + path)) throw Error(Errc::not_found, "no file " + path, "path");
 }
-WatchEnd Engine::watch_files(const std::string& id, const std::string&, bool,
-                             const WatchCallbacks&) {
+WatchEnd FakeSandboxService::watch_files(const std::string& id, const std::string&, bool,
+                                         const WatchCallbacks&) {
   get(id);
   // File watches need a real guest (tests/integration/test_watch.py).
   throw Error(Errc::unavailable, "the fake engine has no guest to watch");
 }
-std::string Engine::guest_home(const std::string& id, const std::string& user) {
+std::string FakeSandboxService::guest_home(const std::string& id, const std::string& user) {
   get(id);
   // The fake has no passwd: E2B templates' convention.
   return user.empty() || user == "root" || user == "0" ? "/root" : "/home/" + user;
 }
-nlohmann::json Engine::guest_info(const std::string& id) {
+nlohmann::json FakeSandboxService::guest_info(const std::string& id) {
   get(id);
   return {{"kernel", "6.1.0-fake"}};
 }
-std::vector<nlohmann::json> Engine::audit(const std::string& id) {
+std::vector<nlohmann::json> FakeSandboxService::audit(const std::string& id) {
   std::lock_guard lock(impl_->mu);
   auto it = impl_->audit.find(id);
   if (it == impl_->audit.end()) throw Error(Errc::not_found, "no journal for " + id, "id");
   return it->second;
 }
-nlohmann::json Engine::set_network(const std::string& id, const nlohmann::json& policy) {
+nlohmann::json FakeSandboxService::set_network(const std::string& id,
+                                               const nlohmann::json& policy) {
   SandboxInfo sb = get(id);
   if (sb.state != State::running) throw Error(Errc::conflict, "sandbox " + id + " is not running");
   if (sb.spec.network.value("mode", "none") == "none")
@@ -429,61 +443,63 @@ nlohmann::json Engine::set_network(const std::string& id, const nlohmann::json& 
                               {"policy", p.to_json()}});
   return {{"policy", p.to_json()}, {"flows_cut", cut}};
 }
-std::vector<nlohmann::json> Engine::network_events(const std::string& id, size_t skip) {
+std::vector<nlohmann::json> FakeSandboxService::network_events(const std::string& id, size_t skip) {
   std::vector<nlohmann::json> out;
   for (auto& e : audit(id))
     if (e.value("event", "").rfind("net_", 0) == 0) out.push_back(e);
   out.erase(out.begin(), out.begin() + std::ptrdiff_t(std::min(skip, out.size())));
   return out;
 }
+namespace {
 // Follows the in-memory journal by index; waits by polling (a fake need not
 // be woken: 20 ms slices), watching the client's socket like the real one.
-std::unique_ptr<RecordFollower> Engine::follow_network_events(const std::string& id) {
-  struct Follower : RecordFollower {
-    Engine* engine;
-    std::string id;
-    size_t seen = 0;
-    std::vector<nlohmann::json> next() override {
-      auto all = engine->network_events(id, seen);
-      seen += all.size();
-      return all;
-    }
-    Wake wait(std::chrono::milliseconds timeout, int hangup_fd) override {
-      pollfd p{hangup_fd, 0, 0};
-      int ms = static_cast<int>(std::min<int64_t>(timeout.count(), 20));
-      if (::poll(&p, hangup_fd >= 0 ? 1 : 0, ms) > 0 && (p.revents & (POLLHUP | POLLERR)))
-        return Wake::hangup;
-      return Wake::grew;
-    }
-  };
+// `read` returns the records past `seen` and moves it on.
+struct PollingFollower : RecordFollower {
+  explicit PollingFollower(std::function<std::vector<nlohmann::json>(size_t& seen)> r)
+      : read(std::move(r)) {}
+  std::function<std::vector<nlohmann::json>(size_t& seen)> read;
+  size_t seen = 0;
+  std::vector<nlohmann::json> next() override { return read(seen); }
+  Wake wait(std::chrono::milliseconds timeout, int hangup_fd) override {
+    pollfd p{hangup_fd, 0, 0};
+    int ms = static_cast<int>(std::min<int64_t>(timeout.count(), 20));
+    if (::poll(&p, hangup_fd >= 0 ? 1 : 0, ms) > 0 && (p.revents & (POLLHUP | POLLERR)))
+      return Wake::hangup;
+    return Wake::grew;
+  }
+};
+}  // namespace
+
+std::unique_ptr<RecordFollower> FakeSandboxService::follow_network_events(const std::string& id) {
   audit(id);  // not_found for an unknown id
-  auto f = std::make_unique<Follower>();
-  f->engine = this;
-  f->id = id;
-  return f;
+  return std::make_unique<PollingFollower>([this, id](size_t& seen) {
+    auto all = network_events(id, seen);
+    seen += all.size();
+    return all;
+  });
 }
-nlohmann::json Engine::info() { return {{"version", "fake"}, {"accel", "tcg"}}; }
-storage::ImageStore& Engine::images() {
+nlohmann::json FakeSandboxService::info() { return {{"version", "fake"}, {"accel", "tcg"}}; }
+storage::ImageStore& FakeSandboxService::images() {
   throw Error(Errc::internal, "the fake engine has no image store");
 }
 // Image management is tested against the real engine (test_images.py).
-std::vector<std::filesystem::path> Engine::disk_roots() { return {}; }
-nlohmann::json Engine::list_images() { return nlohmann::json::array(); }
-nlohmann::json Engine::inspect_image(const std::string& name) {
+std::vector<std::filesystem::path> FakeSandboxService::disk_roots() { return {}; }
+nlohmann::json FakeSandboxService::list_images() { return nlohmann::json::array(); }
+nlohmann::json FakeSandboxService::inspect_image(const std::string& name) {
   throw Error(Errc::not_found, "no image '" + name + "'", "name");
 }
-nlohmann::json Engine::import_image(const std::string&, const std::filesystem::path&, bool) {
+nlohmann::json FakeSandboxService::import_image(const std::string&, const std::filesystem::path&,
+                                                bool) {
   throw Error(Errc::unavailable, "the fake engine cannot import images");
 }
-void Engine::remove_image(const std::string& name) {
+void FakeSandboxService::remove_image(const std::string& name) {
   throw Error(Errc::not_found, "no image '" + name + "'", "name");
 }
-nlohmann::json Engine::disk_usage() { return {{"bytes", nlohmann::json::object()}}; }
-nlohmann::json Engine::prune(bool dry_run) {
+nlohmann::json FakeSandboxService::disk_usage() { return {{"bytes", nlohmann::json::object()}}; }
+nlohmann::json FakeSandboxService::prune(bool dry_run) {
   return {{"dry_run", dry_run}, {"freed_bytes", 0}, {"removed", nlohmann::json::array()}};
 }
-std::vector<std::string> Engine::image_users(const std::string&) { return {}; }
-nlohmann::json Engine::stats(const std::string& id) {
+nlohmann::json FakeSandboxService::stats(const std::string& id) {
   auto info = get(id);
   return {{"id", id},           {"state", to_string(info.state)},
           {"cpu_seconds", 0.0}, {"memory_bytes", 0},
@@ -498,94 +514,87 @@ namespace {
   throw Error(Errc::unavailable, std::string("the fake engine has no ") + what);
 }
 }  // namespace
-ExecStatus Engine::exec_background(const std::string&, const ExecRequest&) {
+ExecStatus FakeSandboxService::exec_background(const std::string&, const ExecRequest&) {
   unsupported("background execs");
 }
-std::vector<ExecStatus> Engine::list_execs(const std::string&) { unsupported("background execs"); }
-ExecStatus Engine::wait_exec(const std::string&, const std::string&, double) {
+std::vector<ExecStatus> FakeSandboxService::list_execs(const std::string&) {
   unsupported("background execs");
 }
-std::optional<ExecResult> Engine::attach_exec(const std::string&, const std::string&, uint64_t,
-                                              const AttachCallbacks&) {
+ExecStatus FakeSandboxService::wait_exec(const std::string&, const std::string&, double) {
+  unsupported("background execs");
+}
+std::optional<ExecResult> FakeSandboxService::attach_exec(const std::string&, const std::string&,
+                                                          uint64_t, const AttachCallbacks&) {
   unsupported("attaching to execs");
 }
-nlohmann::json Engine::posture(const std::string&) { unsupported("jail"); }
-nlohmann::json Engine::add_port(const std::string&, int, int) { unsupported("port forwards"); }
-nlohmann::json Engine::list_ports(const std::string&) { unsupported("port forwards"); }
-void Engine::remove_port(const std::string&, int) { unsupported("port forwards"); }
-nlohmann::json Engine::set_pool(const std::string&, int, const nlohmann::json&) {
+nlohmann::json FakeSandboxService::posture(const std::string&) { unsupported("jail"); }
+nlohmann::json FakeSandboxService::add_port(const std::string&, int, int) {
+  unsupported("port forwards");
+}
+nlohmann::json FakeSandboxService::list_ports(const std::string&) { unsupported("port forwards"); }
+void FakeSandboxService::remove_port(const std::string&, int) { unsupported("port forwards"); }
+nlohmann::json FakeSandboxService::set_pool(const std::string&, int, const nlohmann::json&) {
   unsupported("warm pool");
 }
-nlohmann::json Engine::pool_info() { return nlohmann::json::array(); }
-nlohmann::json Engine::build_recipe(const recipes::BuildRequest&,
-                                    const std::function<bool(const nlohmann::json&)>&) {
+nlohmann::json FakeSandboxService::pool_info() { return nlohmann::json::array(); }
+// Image recipes boot build sandboxes on their layers: tested against the
+// real engine (tests/integration/test_recipes.py).
+SandboxInfo FakeSandboxService::create_on_image(const SandboxSpec&, const storage::Image&) {
+  unsupported("image recipes");
+}
+std::filesystem::path FakeSandboxService::disk_path(const std::string&) {
   unsupported("image recipes");
 }
 // Pause, resume, snapshots and fork need a VM's state: tested against the
 // real engine (engine_snapshot_fake_test, tests/integration/test_snapshots.py).
-SandboxInfo Engine::pause(const std::string&) { unsupported("pause"); }
-SandboxInfo Engine::resume(const std::string&) { unsupported("resume"); }
-nlohmann::json Engine::snapshot(const std::string&, const std::string&, bool) {
+SandboxInfo FakeSandboxService::pause(const std::string&) { unsupported("pause"); }
+SandboxInfo FakeSandboxService::resume(const std::string&) { unsupported("resume"); }
+nlohmann::json FakeSandboxService::snapshot(const std::string&, const std::string&, bool) {
   unsupported("snapshots");
 }
-nlohmann::json Engine::list_snapshots() { return nlohmann::json::array(); }
-nlohmann::json Engine::get_snapshot(const std::string& name) {
+nlohmann::json FakeSandboxService::list_snapshots() { return nlohmann::json::array(); }
+nlohmann::json FakeSandboxService::get_snapshot(const std::string& name) {
   throw Error(Errc::not_found, "no snapshot " + name, "name");
 }
-void Engine::delete_snapshot(const std::string& name) { get_snapshot(name); }
-nlohmann::json Engine::save_snapshot_image(const std::string& snapshot, const std::string&) {
+void FakeSandboxService::delete_snapshot(const std::string& name) { get_snapshot(name); }
+nlohmann::json FakeSandboxService::save_snapshot_image(const std::string& snapshot,
+                                                       const std::string&) {
   return get_snapshot(snapshot);
 }
-std::vector<SandboxInfo> Engine::fork(const std::string&, int) { unsupported("fork"); }
+std::vector<SandboxInfo> FakeSandboxService::fork(const std::string&, int) { unsupported("fork"); }
 
 // The fake's sandboxes by state; the real families are tested against the
 // real engine (tests/integration/test_metrics.py).
-void Engine::write_metrics(metrics::Writer& out) {
+void FakeSandboxService::write_metrics(metrics::Writer& out) {
   std::map<metrics::Labels, double> by_state;
   std::lock_guard lock(impl_->mu);
   for (const auto& [id, sb] : impl_->boxes) by_state[{{"state", to_string(sb.state)}}] += 1;
   out.gauge("airlock_sandboxes", "Sandboxes by state", by_state);
 }
-nlohmann::json Engine::readiness() {
+nlohmann::json FakeSandboxService::readiness() {
   return {{"ready", true}, {"missing", nlohmann::json::array()}};
 }
 
 // The journal chain and the disk diff need real files: the fake has no
 // chain to check and no disk layers.
-nlohmann::json Engine::verify_journal(const std::string& id) {
+nlohmann::json FakeSandboxService::verify_journal(const std::string& id) {
   audit(id);  // not_found for an unknown id
   throw Error(Errc::unavailable, "the fake engine keeps no hash chain");
 }
-std::unique_ptr<RecordFollower> Engine::follow_journal(const std::string& id) {
-  struct Follower : RecordFollower {
-    Engine* engine;
-    std::string id;
-    size_t seen = 0;
-    std::vector<nlohmann::json> next() override {
-      auto all = engine->audit(id);
-      std::vector<nlohmann::json> out(
-          all.begin() + static_cast<std::ptrdiff_t>(std::min(seen, all.size())), all.end());
-      seen = all.size();
-      return out;
-    }
-    Wake wait(std::chrono::milliseconds timeout, int hangup_fd) override {
-      pollfd p{hangup_fd, 0, 0};
-      int ms = static_cast<int>(std::min<int64_t>(timeout.count(), 20));
-      if (::poll(&p, hangup_fd >= 0 ? 1 : 0, ms) > 0 && (p.revents & (POLLHUP | POLLERR)))
-        return Wake::hangup;
-      return Wake::grew;
-    }
-  };
+std::unique_ptr<RecordFollower> FakeSandboxService::follow_journal(const std::string& id) {
   audit(id);
-  auto f = std::make_unique<Follower>();
-  f->engine = this;
-  f->id = id;
-  return f;
+  return std::make_unique<PollingFollower>([this, id](size_t& seen) {
+    auto all = audit(id);
+    std::vector<nlohmann::json> out(
+        all.begin() + static_cast<std::ptrdiff_t>(std::min(seen, all.size())), all.end());
+    seen = all.size();
+    return out;
+  });
 }
-nlohmann::json Engine::changes(const std::string& id, const std::string& since, bool) {
+nlohmann::json FakeSandboxService::changes(const std::string& id, const std::string& since, bool) {
   if (since != "start") throw Error(Errc::invalid_argument, "since must be \"start\"", "since");
   get(id);
   throw Error(Errc::unavailable, "the fake engine has no disk layers");
 }
 
-}  // namespace airlock::engine
+}  // namespace airlock::daemon

@@ -1,4 +1,4 @@
-#include "engine/recipes/install.h"
+#include "recipes/install.h"
 
 #include <unistd.h>
 
@@ -8,10 +8,9 @@
 #include "common/scope_guard.h"
 #include "common/subprocess.h"
 #include "engine/confine/confine.h"
-#include "engine/engine.h"
-#include "engine/recipes/builder.h"
-#include "engine/sandbox/sandbox.h"
+#include "engine/api/service.h"
 #include "engine/storage/disk_chain.h"
+#include "engine/storage/layer_cache.h"
 
 namespace airlock::recipes {
 namespace fs = std::filesystem;
@@ -25,7 +24,7 @@ SubprocessOptions minutes_timeout(int m) {
 
 constexpr const char* kKeyLabel = "airlock.recipe.key";
 
-storage::Image install_image(engine::Engine& engine, const fs::path& image_dir,
+storage::Image install_image(engine::SandboxService& engine, const fs::path& image_dir,
                              const std::string& name, const storage::Image& base,
                              const fs::path& top, const Recipe& recipe, const std::string& key,
                              int layers, const std::string& source,
@@ -42,7 +41,7 @@ storage::Image install_image(engine::Engine& engine, const fs::path& image_dir,
   // Flattened next to the layers (same filesystem as the image dir, so
   // install can hard-link it), removed whatever happens.
   fs::path tmp =
-      layer_dir(image_dir) / (".flat-" + key.substr(0, 16) + "-" + std::to_string(::getpid()));
+      storage::layer_dir(image_dir) / (".flat-" + key.substr(0, 16) + "-" + std::to_string(::getpid()));
   std::error_code ec;
   fs::remove_all(tmp, ec);
   fs::create_directories(tmp);

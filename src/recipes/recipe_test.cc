@@ -1,4 +1,4 @@
-#include "engine/recipes/recipe.h"
+#include "recipes/recipe.h"
 
 #include <gtest/gtest.h>
 
