@@ -1,4 +1,4 @@
-// The battery of `airlock probe` (sections 1-6 of issue 5): real sandboxes
+// The battery of `airlock probe` (its six sections): real sandboxes
 // through the daemon, every outcome observed, never assumed.
 #include <fcntl.h>
 #include <netinet/in.h>

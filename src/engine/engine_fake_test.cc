@@ -1,6 +1,6 @@
 // The engine on the fake launcher: lifecycle, pool, reaper and failure
 // paths with the real engine and the real airlock-guest, no QEMU (each test
-// runs in well under a second or two). Regression tests of issue 9 §4/§5.
+// runs in well under a second or two). Regression tests of the engine's resource bounds.
 #include <gtest/gtest.h>
 #include <sys/socket.h>
 #include <sys/stat.h>

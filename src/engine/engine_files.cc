@@ -1,5 +1,5 @@
 // The file operations E2B's filesystem service needs beyond the native
-// API's (issue 11): list with depth, move, and ownership of what a call
+// API's: list with depth, move, and ownership of what a call
 // creates. Every entry the guest reports is checked and rebuilt by the
 // guest client (channel/file_entry.h) before the engine sees it.
 #include "common/error.h"

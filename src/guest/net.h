@@ -1,4 +1,4 @@
-// The guest's network interface, configured from the host's hello (issue 4).
+// The guest's network interface, configured from the host's hello.
 //
 // The host sends {"network": {"address": "10.0.2.15/24", "gateway": "10.0.2.2",
 // "dns": "10.0.2.3"}} in hello when the VM has a NIC (the airlock-net helper's

@@ -119,7 +119,7 @@ void Server::run() {
     // What the last batch of events sent goes out in one write: each write
     // to the port is a virtqueue kick handled by QEMU while the vCPU waits:
     // 0.05-4 ms of the guest's time per write under TCG on a loaded host
-    // (bench/RESULTS.md, issue 13).
+    // (bench/RESULTS.md).
     const int hold_ms = flush_if_due();
     collect_garbage();
     // After a batch of events that sent a reply, never while an exec's

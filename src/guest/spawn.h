@@ -1,6 +1,6 @@
 // Starting one exec's main process (exec_tree.cc) as cheaply as the guest
 // allows. Under TCG every page-table copy, copy-on-write fault and cgroup
-// migration is emulated; measured in a guest (bench/RESULTS.md, issue 13):
+// migration is emulated; measured in a guest (bench/RESULTS.md):
 // the agent's fork + join of the exec's cgroup + exec was the bulk of an
 // exec of `true`. So, where the kernel has clone3 (5.3+; CLONE_INTO_CGROUP
 // 5.7+):

@@ -29,7 +29,7 @@
 
 namespace airlock::protocol {
 
-// Version 2 (issue 12): foreground execs with an exec_id survive the host
+// Version 2: foreground execs with an exec_id survive the host
 // going away (detach) and are resumed with the `attach` op.
 inline constexpr uint32_t kVersion = 2;
 // The oldest version a guest still answers (with that version).

@@ -161,7 +161,7 @@ TEST_F(TemplateStoreTest, InterruptedBuildsAreCleanedAndPruneKeepsTheNewest) {
   EXPECT_FALSE(fs::exists(root_ / "ram" / "mid.ram"));
 }
 
-// The RAM directory is the daemon's own (issue 9): made 0700 by the store,
+// The RAM directory is the daemon's own: made 0700 by the store,
 // and a directory that is a symlink, too open, or someone else's is refused
 // at start and before each use, naming the path and the fault.
 std::string refusal(const fs::path& tpl, const fs::path& ram) {

@@ -68,7 +68,7 @@ struct VmConfig {
   Accel accel = Accel::tcg;
   // TCG only: the translation cache in MiB (`-accel tcg,tb-size=N`). QEMU
   // 7.2's default is 1 GiB and it fills with the code the guest runs, so an
-  // uncapped apt or python run takes QEMU far past guest RAM (issue 9). The
+  // uncapped apt or python run takes QEMU far past guest RAM. The
   // jail's memory limit counts it. 0 = QEMU's default (uncapped, for benches).
   int tcg_tb_size_mb = kDefaultTcgTbSizeMb;
   // The jail cgroup's cpu weight from the start (CgroupLimits::cpu_weight;
