@@ -546,7 +546,7 @@ Engine::~Engine() {
   // Pool members are nobody's sandboxes yet: they do not outlive the engine.
   impl_->drain_pool();
   // Deletes already answered finish before the engine goes.
-  impl_->drain_reclaim();
+  impl_->reclaimer.drain();
   impl_->stop_reaper();
   // Sandboxes keep running: Vm's destructor detaches, the next Engine on
   // this data_dir re-adopts them.
@@ -557,7 +557,7 @@ std::vector<SandboxInfo> Engine::list(const std::map<std::string, std::string>& 
   std::vector<SandboxInfo> out;
   for (auto& rec : impl_->registry.list(all)) {
     if (rec.info.spec.metadata.count(kPoolMarker)) continue;  // not handed out: nobody's
-    if (impl_->deleted_view(rec.info) && !all) continue;
+    if (impl_->reclaimer.deleted_view(rec.info) && !all) continue;
     bool match = true;
     for (const auto& [k, v] : filter) {
       auto it = rec.info.spec.metadata.find(k);
@@ -571,7 +571,7 @@ std::vector<SandboxInfo> Engine::list(const std::map<std::string, std::string>& 
 SandboxInfo Engine::get(const std::string& id) {
   auto rec = impl_->registry.get(id);
   if (!rec) throw Error(Errc::not_found, "no sandbox " + id, "id");
-  impl_->deleted_view(rec->info);
+  impl_->reclaimer.deleted_view(rec->info);
   return rec->info;
 }
 

@@ -105,7 +105,7 @@ nlohmann::json Engine::import_image(const std::string& name, const fs::path& arc
 }
 
 void Engine::remove_image(const std::string& name) {
-  impl_->settle_reclaim();  // a sandbox deleted just before is no user any more
+  impl_->reclaimer.settle_all();  // a sandbox deleted just before is no user any more
   auto who = image_users(name);
   if (!who.empty()) {
     std::string list;
@@ -141,7 +141,7 @@ nlohmann::json Engine::disk_usage() {
 
 nlohmann::json Engine::prune(bool dry_run) {
   auto& impl = *impl_;
-  impl.settle_reclaim();  // what deleted sandboxes held is freed with them
+  impl.reclaimer.settle_all();  // what deleted sandboxes held is freed with them
   // Image directories whose rootfs backs a live sandbox's overlay or a
   // template's disk: kept even when they are no longer current.
   std::vector<fs::path> in_use;

@@ -24,6 +24,7 @@
 #include "engine/engine_metrics.h"
 #include "engine/launcher.h"
 #include "engine/lifecycle/admission.h"
+#include "engine/lifecycle/reclaimer.h"
 #include "engine/net/host/events.h"
 #include "engine/net/host/helper.h"
 #include "engine/registry/registry.h"
@@ -193,34 +194,12 @@ struct Engine::Impl {
                 std::optional<State> only_from = std::nullopt);
   // Background teardown (engine_reclaim.cc): moves `sb` to `stopping`
   // (false, nothing done, as teardown), closes its channel and queues the
-  // rest (finish_stop to `deleted`) on the reclaim thread. Never throws.
+  // rest (finish_stop to `deleted`) on the reclaimer. Never throws.
   bool teardown_async(const std::shared_ptr<Sandbox>& sb, const std::string& reason);
-  void reclaim_loop();
   // Synchronous teardown to `deleted` of a live sandbox (an engine-internal
   // undo that must be complete when it returns, e.g. a failed fork's
   // members); nothing if it is not live.
   void destroy_now(const std::string& id, const std::string& reason);
-  // Finishes every queued teardown and stops the thread (engine shutdown).
-  void drain_reclaim();
-  // Waits (at most `limit`) until no deleted sandbox's teardown is pending:
-  // what judges who uses a snapshot or image (a deleted fork still holds
-  // its snapshot until its teardown ends), and what reuses a deleted
-  // sandbox's files, sees every delete that was answered as complete.
-  void settle_reclaim(std::chrono::milliseconds limit = std::chrono::seconds(30));
-  // Waits (at most `limit`) for the teardown of one deleted sandbox; false
-  // if it is still pending then.
-  bool settle_one(const std::string& id, std::chrono::milliseconds limit);
-  std::mutex reclaim_mu;  // reclaim_queue, reclaim_stopping, reclaim_thread
-  std::condition_variable reclaim_cv;
-  std::deque<std::pair<std::shared_ptr<Sandbox>, std::string>> reclaim_queue;
-  std::set<std::string> deleting;  // ids deleted by request, teardown not finished
-  // The API's view of a registry row: a sandbox deleted by request whose
-  // teardown is still running is shown `deleted` (it is out of service and
-  // its end is certain); the registry keeps `stopping` until the teardown
-  // ends (crash safety). Returns true if it changed `info`.
-  bool deleted_view(SandboxInfo& info);
-  bool reclaim_stopping = false;
-  std::thread reclaim_thread;
   // The rest of teardown for a sandbox already in `stopping`.
   void finish_stop(Sandbox& sb, State state, const std::string& reason, const std::string& event,
                    const std::string& failure, const nlohmann::json& details) noexcept;
@@ -340,6 +319,12 @@ struct Engine::Impl {
   // (outside `mu`). Also starts the agent ping when one is due.
   // `now` is steady_ms(). Called WITHOUT `mu` (it reads /proc and cgroups).
   std::optional<Verdict> check_health(const std::shared_ptr<Sandbox>& sb, int64_t now);
+
+  // The background teardowns (lifecycle/reclaimer.h), last: its thread
+  // uses the members above, and it is drained before they go.
+  lifecycle::Reclaimer reclaimer{[this](Sandbox& sb, const std::string& reason) {
+    finish_stop(sb, State::deleted, reason, "deleted", {}, nlohmann::json::object());
+  }};
 };
 
 }  // namespace airlock::engine

@@ -533,7 +533,7 @@ void Engine::destroy(const std::string& id) {
 
 void Engine::destroy_and_wait(const std::string& id) {
   destroy(id);
-  if (!impl_->settle_one(id, std::chrono::seconds(60)))
+  if (!impl_->reclaimer.settle_one(id, std::chrono::seconds(60)))
     throw Error(Errc::timeout,
                 "sandbox " + id + " is deleted but its teardown is still running after 60 s", "id");
 }

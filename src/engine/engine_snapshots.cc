@@ -369,7 +369,7 @@ nlohmann::json Engine::get_snapshot(const std::string& name) {
 void Engine::delete_snapshot(const std::string& name) {
   auto& impl = *impl_;
   impl.snaps->get(name);  // not_found
-  impl.settle_reclaim();  // a fork deleted just before is no user any more
+  impl.reclaimer.settle_all();  // a fork deleted just before is no user any more
   auto users = impl.snapshot_users(name, "");
   if (!users.empty()) {
     std::string who;
