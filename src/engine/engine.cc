@@ -51,15 +51,25 @@ std::string random_id(const std::string& prefix) {
 namespace {
 
 // Fills in the defaults documented on Config and creates the data layout.
+// Absolute, without "." or ".." parts or a trailing separator.
+fs::path normal_dir(const fs::path& p) {
+  fs::path n = fs::absolute(p).lexically_normal();
+  if (n.filename().empty() && n.has_parent_path() && n != n.root_path()) n = n.parent_path();
+  return n;
+}
+
 Config with_defaults(Config c) {
   if (c.data_dir.empty()) throw Error(Errc::invalid_argument, "data_dir must be set", "data_dir");
-  c.data_dir = fs::absolute(c.data_dir);
+  c.data_dir = normal_dir(c.data_dir);
   std::error_code ec;
   fs::path exe_dir = fs::read_symlink("/proc/self/exe", ec).parent_path();
   if (c.image_dir.empty()) {
     const char* env = std::getenv("AIRLOCK_IMAGE_DIR");
     c.image_dir = env && *env ? fs::path(env) : c.data_dir / "images";
   }
+  // The jail binds the lexically normal form of every path QEMU opens; QEMU
+  // must be given that same form, or "images/x/../vmlinuz" is not there.
+  c.image_dir = normal_dir(c.image_dir);
   if (c.share_dir.empty()) c.share_dir = (exe_dir / ".." / "share" / "airlock").lexically_normal();
   if (c.guest_agent.empty()) {
     // Binaries live in build/bin, test binaries in build/tests: look beside

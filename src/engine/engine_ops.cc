@@ -370,6 +370,15 @@ class ForegroundExec {
   std::chrono::steady_clock::time_point t0_;
 };
 
+// The request as the sandbox runs it (the image's command if it names
+// none; in `copy` then), checked.
+const ExecRequest& checked_request(const Sandbox& sb, const ExecRequest& given, ExecRequest& copy) {
+  const ExecRequest& request = with_image_command(sb, given, copy);
+  validate_exec(request);
+  validate_exec_extras(request);
+  return request;
+}
+
 // exec() without the metrics: the lookup and checks, then the run.
 ExecResult run_foreground(Engine::Impl& impl, const std::string& id, const ExecRequest& given,
                           const ExecCallbacks& callbacks) {
@@ -377,9 +386,7 @@ ExecResult run_foreground(Engine::Impl& impl, const std::string& id, const ExecR
   auto sb = impl.table.running(id);
   ActivityGuard active(*sb);
   ExecRequest with_image;
-  const ExecRequest& request = with_image_command(*sb, given, with_image);
-  validate_exec(request);
-  validate_exec_extras(request);
+  const ExecRequest& request = checked_request(*sb, given, with_image);
   if (request.background)
     throw Error(Errc::invalid_argument, "a background exec is started with exec_background()",
                 "background");
@@ -392,9 +399,7 @@ ExecStatus start_background(Engine::Impl& impl, const std::string& id, const Exe
   auto sb = impl.table.running(id);
   ActivityGuard active(*sb);
   ExecRequest with_image;
-  const ExecRequest& request = with_image_command(*sb, given, with_image);
-  validate_exec(request);
-  validate_exec_extras(request);
+  const ExecRequest& request = checked_request(*sb, given, with_image);
   if (request.stdin_data)
     throw Error(Errc::invalid_argument, "a background exec takes no stdin", "stdin");
   channel::ExecParams params = exec_params(*sb, request);

@@ -136,7 +136,8 @@ TEST_F(EngineTest, CreateExecDestroyLeavesNothing) {
   EXPECT_EQ(engine.get(sb.id).state, State::deleted);
   EXPECT_EQ(error_code_of([&] { engine.exec(sb.id, {.argv = {"true"}}, {}); }), Errc::conflict);
   EXPECT_EQ(error_code_of([&] { testing::destroy_wait(engine, sb.id); }), Errc::conflict);
-  EXPECT_EQ(error_code_of([&] { testing::destroy_wait(engine, "sb-000000000000"); }), Errc::not_found);
+  EXPECT_EQ(error_code_of([&] { testing::destroy_wait(engine, "sb-000000000000"); }),
+            Errc::not_found);
   EXPECT_TRUE(engine.list().empty());
   EXPECT_EQ(engine.list({}, true).size(), 1u);
   auto ev = events(engine, sb.id);
@@ -151,6 +152,23 @@ TEST_F(EngineTest, CreateExecDestroyLeavesNothing) {
   ASSERT_NE(first_exec, recs.end());
   EXPECT_EQ((*first_exec)["exit_code"], 7);
   EXPECT_EQ((*first_exec)["argv"][0], "sh");
+}
+
+// A relative or dotted image dir (AIRLOCK_IMAGE_DIR=../build/guest-images)
+// boots: QEMU is given the same normal paths the jail binds.
+TEST_F(EngineTest, AnImageDirWithDotDotBoots) {
+  Config cfg = cfg_;
+  cfg.image_dir = cfg_.image_dir / "minimal" / ".." / ".";
+  {
+    Engine engine(cfg);
+    SandboxInfo sb = engine.create({.image = "minimal"});
+    EXPECT_EQ(sb.state, State::running);
+    ExecResult r = engine.exec(sb.id, {.argv = {"true"}}, {});
+    ASSERT_TRUE(r.exit_code.has_value());
+    EXPECT_EQ(*r.exit_code, 0);
+    engine.destroy(sb.id);
+  }  // the engine finishes the background teardown before it goes
+  expect_nothing_left();
 }
 
 TEST_F(EngineTest, BadSpecsAreRejectedAndNothingIsCreated) {
