@@ -72,11 +72,35 @@ func userOf(spec *specs.Process) *uint32 {
 }
 
 // openWriter opens one of containerd's output fifos ("" = none: discarded).
+// It holds a reader of its own open too, as runc's shim does: while
+// containerd is down (a restart) a write then waits on a full pipe instead
+// of failing with EPIPE and losing the output, and the restarted containerd
+// reads on from the same fifo.
 func openWriter(ctx context.Context, path string) (io.WriteCloser, error) {
 	if path == "" {
 		return nopWriteCloser{io.Discard}, nil
 	}
-	return fifo.OpenFifo(ctx, path, syscall.O_WRONLY, 0)
+	w, err := fifo.OpenFifo(ctx, path, syscall.O_WRONLY, 0)
+	if err != nil {
+		return nil, err
+	}
+	r, err := fifo.OpenFifo(ctx, path, syscall.O_RDONLY, 0)
+	if err != nil {
+		w.Close()
+		return nil, err
+	}
+	return heldFifo{w, r}, nil
+}
+
+type heldFifo struct {
+	io.WriteCloser
+	reader io.Closer
+}
+
+func (f heldFifo) Close() error {
+	err := f.WriteCloser.Close()
+	f.reader.Close()
+	return err
 }
 
 type nopWriteCloser struct{ io.Writer }

@@ -44,8 +44,9 @@ def read(path):
         return ""
 
 
-class CriSequence:
-    """The tests; a subclass names the runtime handler."""
+class CriFixture:
+    """A private containerd (CRI on) and airlockd, the images, and the
+    helpers of the CRI tests; a subclass names the runtime handler."""
 
     HANDLER = None
 
@@ -154,6 +155,11 @@ class CriSequence:
         self.assertEqual(self.ctd.new_netns(), set(), "a pod network namespace is left")
         self.assertEqual(list(self.cri.call("ListPodSandbox").items), [])
         self.assertEqual(self.ctd.ctr("container", "ls", "-q").stdout.split(), [])
+
+
+
+class CriSequence(CriFixture):
+    """kubelet's sequence, the pod IP, bad pod annotations."""
 
     def test_kubelets_sequence(self):
         pb = self.pb
