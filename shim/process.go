@@ -38,6 +38,8 @@ type process struct {
 	stdinFifo    io.ReadCloser
 	stdinSend    func([]byte, bool) error // set once the pump runs
 	stdinClosing bool                     // CloseIO was called
+	limits       *execLimits              // the container's memory limit (nil: none)
+	oomKilled    bool                     // the guest's OOM killer killed part of it
 
 	exited  chan struct{} // closed once the exit is recorded (and published)
 	started chan struct{} // closed once the start event is published
@@ -154,7 +156,7 @@ func (p *process) startExec(ctx context.Context, a *airlock, sid string, onExit 
 	}
 	closeOut := func() { stdout.Close(); stderr.Close() }
 	req := &execRequest{Argv: p.spec.Args, Env: envMap(p.spec.Env), Cwd: p.spec.Cwd, User: userOf(p.spec),
-		OutputLimit: 1 << 40, StdinStream: p.stdinFifo != nil}
+		OutputLimit: 1 << 40, StdinStream: p.stdinFifo != nil, Limits: p.limits}
 	stream, err := a.exec(ctx, sid, req)
 	if err != nil {
 		closeOut()
@@ -193,6 +195,11 @@ func (p *process) startExec(ctx context.Context, a *airlock, sid string, onExit 
 				continue
 			case "exit":
 				status = ev.exitStatus()
+				if ev.Reason == "oom_killed" {
+					p.mu.Lock()
+					p.oomKilled = true
+					p.mu.Unlock()
+				}
 			case "error":
 				log.G(ctx).Warnf("exec of process ended by airlockd: %s", ev.Error.describe())
 			}

@@ -1,5 +1,6 @@
 """Pods under the CRI beyond kubelet's plain sequence (test_cri.py): a
-containerd restarted under a running pod and two pods at once. The same test code runs against runtime handler
+containerd restarted under a running pod, two pods at once, and app
+containers' memory limits. The same test code runs against runtime handler
 `airlock` and `runc`; where the two differ, the assertion says how."""
 
 import concurrent.futures
@@ -12,6 +13,7 @@ from test_cri import SKIP, read
 
 # Prints tick-1, tick-2, ... to its log, one every 0.2 s, until stopped.
 TICKER = ["sh", "-c", "i=0; while :; do i=$((i+1)); echo tick-$i; sleep 0.2; done"]
+HOG = ["tail", "/dev/zero"]  # no newline in /dev/zero: tail keeps it all in memory
 
 
 class PodsTests(test_cri.CriFixture):
@@ -114,6 +116,71 @@ class PodsTests(test_cri.CriFixture):
 
         with concurrent.futures.ThreadPoolExecutor(2) as pool:
             list(pool.map(lambda n: self.remove_pod(pods[n], [cids[n]]), names))
+        self.assertAllGone()
+
+    def test_a_container_past_its_memory_limit_is_oom_killed(self):
+        """memory_limit_in_bytes bounds the container's processes: one that
+        allocates past it is OOM-killed (137, reason OOMKilled), and so is an
+        exec into a limited container that does; the pod runs on."""
+        pb = self.pb
+        config = self.pod_config("hogs")
+        pod = self.run_pod(config)
+        hog = self.start_container(pod, config, "hog", command=HOG, memory=32 << 20)
+        st = self.wait_exited(hog)
+        self.assertEqual((st.exit_code, st.reason), (137, "OOMKilled"), st)
+
+        calm = self.start_container(pod, config, "calm", command=["sleep", "600"], memory=32 << 20)
+        r = self.cri.call("ExecSync", container_id=calm, cmd=HOG, timeout=60)
+        self.assertEqual(r.exit_code, 137, r)
+        # Well under the limit: runs.
+        r = self.cri.call("ExecSync", container_id=calm, cmd=["sh", "-c", "x=$(seq 1 1000); echo ${#x}"],
+                          timeout=60)
+        self.assertEqual((r.exit_code, r.stdout), (0, b"3892\n"))
+        self.assertEqual(self.cri.call("PodSandboxStatus", pod_sandbox_id=pod).status.state, pb.SANDBOX_READY)
+        self.cri.call("RemoveContainer", container_id=hog)
+        self.remove_pod(pod, [calm])
+        self.assertAllGone()
+
+    def test_limits_airlock_cannot_honour_are_refused(self):
+        """Under airlock, a memory limit below the guest agent's 1 MiB, above
+        the pod VM's memory (256 MiB by default), or on a terminal is refused
+        at StartContainer naming the field, with nothing made in the VM. runc
+        refuses the tiny one too (below what its init already uses, with
+        containerd's code Unknown) and runs the other two (a cgroup limit, no
+        VM, and its terminals take limits)."""
+        pb = self.pb
+        config = self.pod_config("strict")
+        pod = self.run_pod(config)
+        cases = {"tiny": dict(memory=512 << 10), "huge": dict(memory=2 << 30),
+                 "tty": dict(memory=64 << 20, tty=True)}
+        for name, kw in cases.items():
+            cid = self.create(pod, self.container_config(name, command=["sleep", "600"], **kw), config)
+            if self.HANDLER == "runc" and name == "tiny":
+                with self.assertRaises(self.cri.grpc.RpcError) as e:
+                    self.cri.call("StartContainer", container_id=cid)
+                self.assertEqual(e.exception.code(), self.cri.grpc.StatusCode.UNKNOWN, e.exception.details())
+                self.assertIn("unable to set memory limit to 524288", e.exception.details())
+            elif self.HANDLER == "runc":
+                self.cri.call("StartContainer", container_id=cid)
+                self.assertEqual(self.cri.call("ContainerStatus", container_id=cid).status.state,
+                                 pb.CONTAINER_RUNNING, name)
+                self.cri.call("StopContainer", container_id=cid, timeout=0)
+            else:
+                with self.assertRaises(self.cri.grpc.RpcError) as e:
+                    self.cri.call("StartContainer", container_id=cid)
+                self.assertEqual(e.exception.code(), self.cri.grpc.StatusCode.INVALID_ARGUMENT,
+                                 e.exception.details())
+                self.assertIn("memory_limit_in_bytes", e.exception.details())
+            self.cri.call("RemoveContainer", container_id=cid)
+        if self.HANDLER == "airlock":
+            # Refused before the shim made anything in the pod's VM.
+            [sb] = self.api.call("GET", "/v1/sandboxes")
+            _, _, exit_event = self.api.exec(sb["id"], argv=["ls", "/.airlock-ctr"])
+            self.assertNotEqual(exit_event["exit_code"], 0)
+        # The pod is fine: a container within the limits runs.
+        ok = self.start_container(pod, config, "ok", command=["sleep", "600"], memory=64 << 20)
+        self.assertEqual(self.cri.call("ContainerStatus", container_id=ok).status.state, pb.CONTAINER_RUNNING)
+        self.remove_pod(pod, [ok])
         self.assertAllGone()
 
 
