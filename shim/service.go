@@ -526,6 +526,15 @@ func (s *service) Kill(ctx context.Context, r *taskAPI.KillRequest) (*ptypes.Emp
 		p.finish(128+r.Signal, func(p *process) { s.exited(c, p) })
 		return empty, nil
 	}
+	if st, _, _, _ := c.init.state(); st == task.StatusPaused {
+		// Thawed first: a frozen process would take the signal only when
+		// thawed, and a cgroup left frozen would freeze the guest agent's
+		// next exec that reuses it.
+		if err := s.setFrozen(ctx, c, s.processesIn(c, task.StatusPaused), false); err != nil {
+			return nil, err
+		}
+		s.send(&eventstypes.TaskResumed{ContainerID: c.id})
+	}
 	if err := p.kill(ctx, c.client, c.sandbox, r.Signal); err != nil {
 		return nil, err
 	}
@@ -561,7 +570,7 @@ func (s *service) Pids(ctx context.Context, r *taskAPI.PidsRequest) (*taskAPI.Pi
 	}
 	var procs []*task.ProcessInfo
 	add := func(p *process) {
-		if st, pid, _, _ := p.state(); st == task.StatusRunning {
+		if st, pid, _, _ := p.state(); st == task.StatusRunning || st == task.StatusPaused {
 			procs = append(procs, &task.ProcessInfo{Pid: pid})
 		}
 	}
@@ -611,15 +620,6 @@ func (s *service) Shutdown(ctx context.Context, r *taskAPI.ShutdownRequest) (*pt
 	}
 	s.shutdown.Shutdown()
 	return empty, nil
-}
-
-func (s *service) Pause(ctx context.Context, r *taskAPI.PauseRequest) (*ptypes.Empty, error) {
-	return nil, errdefs.ToGRPCf(errdefs.ErrNotImplemented,
-		"pause: airlock's pause saves the VM and ends its streaming execs, which would kill the container's process")
-}
-
-func (s *service) Resume(ctx context.Context, r *taskAPI.ResumeRequest) (*ptypes.Empty, error) {
-	return nil, errdefs.ToGRPCf(errdefs.ErrNotImplemented, "resume: the container was never paused")
 }
 
 func (s *service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskRequest) (*ptypes.Empty, error) {

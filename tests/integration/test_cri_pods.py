@@ -5,6 +5,7 @@ containers' memory limits. The same test code runs against runtime handler
 
 import concurrent.futures
 import re
+import time
 import unittest
 
 import harness
@@ -116,6 +117,27 @@ class PodsTests(test_cri.CriFixture):
 
         with concurrent.futures.ThreadPoolExecutor(2) as pool:
             list(pool.map(lambda n: self.remove_pod(pods[n], [cids[n]]), names))
+        self.assertAllGone()
+
+    def test_a_pods_container_paused_and_resumed(self):
+        """`ctr task pause` of a pod's app container (the CRI has no pause;
+        containerd's task API does): its log stops, and runs on after resume."""
+        config = self.pod_config("napping")
+        pod = self.run_pod(config)
+        cid = self.start_container(pod, config, "ticker", command=TICKER)
+        log = f"{config.log_directory}/ticker/0.log"
+        self.wait_for("ticks in the log", lambda: len(self.ticks(log)) >= 3, timeout=30)
+        r = self.ctd.ctr("task", "pause", cid)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("PAUSED", self.ctd.ctr("task", "ls").stdout)
+        time.sleep(0.5)  # a line already on its way may still land
+        before = self.ticks(log)
+        time.sleep(1.5)
+        self.assertEqual(self.ticks(log), before, "the paused container went on printing")
+        r = self.ctd.ctr("task", "resume", cid)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.wait_for("new ticks", lambda: max(self.ticks(log)) >= max(before) + 3, timeout=30)
+        self.remove_pod(pod, [cid])
         self.assertAllGone()
 
     def test_a_container_past_its_memory_limit_is_oom_killed(self):
