@@ -150,8 +150,9 @@ type networkPolicy struct {
 }
 
 type sandbox struct {
-	ID    string `json:"id"`
-	State string `json:"state"`
+	ID       string `json:"id"`
+	State    string `json:"state"`
+	MemoryMB int    `json:"memory_mb"`
 }
 
 type image struct {
@@ -172,6 +173,12 @@ type execRequest struct {
 	Timeout     int               `json:"timeout"`
 	OutputLimit int64             `json:"output_limit_bytes"`
 	StdinStream bool              `json:"stdin_stream,omitempty"`
+	Limits      *execLimits       `json:"limits,omitempty"`
+}
+
+// execLimits are the limits of an exec's own cgroup in the guest.
+type execLimits struct {
+	MemoryMB int64 `json:"memory_mb,omitempty"`
 }
 
 // execEvent is one line of the exec NDJSON stream (and a PTY text frame).

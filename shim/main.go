@@ -132,8 +132,10 @@ func (s *airlockShim) Cleanup(ctx context.Context) (*taskAPI.DeleteResponse, err
 	if err := mount.UnmountAll(filepath.Join(bundle, "rootfs"), 0); err != nil {
 		log.G(ctx).WithError(err).Warn("unmount of the rootfs")
 	}
-	// A shim that was killed could not remove its socket.
-	if address, err := shim.ReadAddress(filepath.Join(bundle, "address")); err == nil {
+	// A shim that was killed could not remove its socket. containerd runs
+	// `delete` after every task's end too, and a pod's app container shares
+	// its pod's live shim (and socket): that one stays.
+	if address, err := shim.ReadAddress(filepath.Join(bundle, "address")); err == nil && !shim.CanConnect(address) {
 		shim.RemoveSocket(address)
 	}
 	return &taskAPI.DeleteResponse{ExitedAt: time.Now(), ExitStatus: 128 + uint32(syscall.SIGKILL)}, nil

@@ -79,12 +79,17 @@ func (s *service) createInPod(ctx context.Context, r *taskAPI.CreateTaskRequest,
 			"container %s: its pod's sandbox container %s (annotation %s) is not running in this shim", r.ID, podID,
 			annotationSandboxID)
 	}
+	// Refused before anything is made in the VM.
+	limits, err := memoryLimit(spec, pod.memoryMB)
+	if err != nil {
+		return nil, err
+	}
 	if err := pod.ensureCtrInit(ctx); err != nil {
 		return nil, err
 	}
 	dir := guestCtrDir + "/" + r.ID
 	c := &container{id: r.ID, bundle: r.Bundle, sandbox: pod.sandbox, client: pod.client, guestDir: dir,
-		execs: map[string]*process{}}
+		execs: map[string]*process{}, limits: limits}
 	if err := c.copyIntoPod(ctx, rootfs); err != nil {
 		c.removeFromPod(context.Background())
 		return nil, err
@@ -96,6 +101,7 @@ func (s *service) createInPod(ctx context.Context, r *taskAPI.CreateTaskRequest,
 		return nil, err
 	}
 	c.init = newProcess("", inPod(dir, spec.Process), r.Stdin, r.Stdout, r.Stderr, r.Terminal)
+	c.init.limits = limits
 	log.G(ctx).Infof("container %s runs in pod %s's airlock sandbox %s (rootfs copied to %s)", r.ID, podID,
 		pod.sandbox, dir)
 	return c, nil

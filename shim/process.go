@@ -38,6 +38,8 @@ type process struct {
 	stdinFifo    io.ReadCloser
 	stdinSend    func([]byte, bool) error // set once the pump runs
 	stdinClosing bool                     // CloseIO was called
+	limits       *execLimits              // the container's memory limit (nil: none)
+	oomKilled    bool                     // the guest's OOM killer killed part of it
 
 	exited  chan struct{} // closed once the exit is recorded (and published)
 	started chan struct{} // closed once the start event is published
@@ -72,11 +74,35 @@ func userOf(spec *specs.Process) *uint32 {
 }
 
 // openWriter opens one of containerd's output fifos ("" = none: discarded).
+// It holds a reader of its own open too, as runc's shim does: while
+// containerd is down (a restart) a write then waits on a full pipe instead
+// of failing with EPIPE and losing the output, and the restarted containerd
+// reads on from the same fifo.
 func openWriter(ctx context.Context, path string) (io.WriteCloser, error) {
 	if path == "" {
 		return nopWriteCloser{io.Discard}, nil
 	}
-	return fifo.OpenFifo(ctx, path, syscall.O_WRONLY, 0)
+	w, err := fifo.OpenFifo(ctx, path, syscall.O_WRONLY, 0)
+	if err != nil {
+		return nil, err
+	}
+	r, err := fifo.OpenFifo(ctx, path, syscall.O_RDONLY, 0)
+	if err != nil {
+		w.Close()
+		return nil, err
+	}
+	return heldFifo{w, r}, nil
+}
+
+type heldFifo struct {
+	io.WriteCloser
+	reader io.Closer
+}
+
+func (f heldFifo) Close() error {
+	err := f.WriteCloser.Close()
+	f.reader.Close()
+	return err
 }
 
 type nopWriteCloser struct{ io.Writer }
@@ -130,7 +156,7 @@ func (p *process) startExec(ctx context.Context, a *airlock, sid string, onExit 
 	}
 	closeOut := func() { stdout.Close(); stderr.Close() }
 	req := &execRequest{Argv: p.spec.Args, Env: envMap(p.spec.Env), Cwd: p.spec.Cwd, User: userOf(p.spec),
-		OutputLimit: 1 << 40, StdinStream: p.stdinFifo != nil}
+		OutputLimit: 1 << 40, StdinStream: p.stdinFifo != nil, Limits: p.limits}
 	stream, err := a.exec(ctx, sid, req)
 	if err != nil {
 		closeOut()
@@ -169,6 +195,11 @@ func (p *process) startExec(ctx context.Context, a *airlock, sid string, onExit 
 				continue
 			case "exit":
 				status = ev.exitStatus()
+				if ev.Reason == "oom_killed" {
+					p.mu.Lock()
+					p.oomKilled = true
+					p.mu.Unlock()
+				}
 			case "error":
 				log.G(ctx).Warnf("exec of process ended by airlockd: %s", ev.Error.describe())
 			}

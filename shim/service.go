@@ -45,8 +45,10 @@ type container struct {
 	init    *process
 	execs   map[string]*process
 
-	guestDir string   // an app container of a pod: its copy in the pod's VM ("": the sandbox is its own)
-	ports    forwards // airlock.dev/ports: the pod IP's ports relayed to the guest
+	guestDir string      // an app container of a pod: its copy in the pod's VM ("": the sandbox is its own)
+	memoryMB int         // the sandbox's VM memory (a pod's sandbox container)
+	limits   *execLimits // an app container's memory limit, for each of its processes
+	ports    forwards    // airlock.dev/ports: the pod IP's ports relayed to the guest
 	initMu   sync.Mutex
 	initUp   bool // a pod's sandbox container: airlock-ctr-init is in its VM
 }
@@ -111,6 +113,8 @@ func topic(e interface{}) string {
 		return runtime.TaskPausedEventTopic
 	case *eventstypes.TaskResumed:
 		return runtime.TaskResumedEventTopic
+	case *eventstypes.TaskOOM:
+		return runtime.TaskOOMEventTopic
 	}
 	return runtime.TaskUnknownTopic
 }
@@ -283,7 +287,7 @@ func (s *service) createVM(ctx context.Context, r *taskAPI.CreateTaskRequest, sp
 		return nil, err
 	}
 	c := &container{id: r.ID, bundle: r.Bundle, sandbox: sb.ID, client: client, execs: map[string]*process{},
-		init: newProcess("", spec.Process, r.Stdin, r.Stdout, r.Stderr, r.Terminal)}
+		init: newProcess("", spec.Process, r.Stdin, r.Stdout, r.Stderr, r.Terminal), memoryMB: sb.MemoryMB}
 	if err := c.ports.start(ctx, client, sb.ID, netnsPath(spec), shape.Ports); err != nil {
 		c.ports.close()
 		return nil, err
@@ -375,6 +379,14 @@ func (s *service) exited(c *container, p *process) {
 	if p.id != "" {
 		id = p.id
 	}
+	p.mu.Lock()
+	oom := p.oomKilled
+	p.mu.Unlock()
+	if oom {
+		// Before the exit, as runc's shim reports it: the CRI then gives
+		// the container the reason OOMKilled.
+		s.send(&eventstypes.TaskOOM{ContainerID: c.id})
+	}
 	s.send(&eventstypes.TaskExit{ContainerID: c.id, ID: id, Pid: pid, ExitStatus: status, ExitedAt: at})
 	if p.id != "" {
 		return
@@ -464,7 +476,16 @@ func (s *service) Exec(ctx context.Context, r *taskAPI.ExecProcessRequest) (*pty
 	if c.guestDir != "" {
 		spec = inPod(c.guestDir, spec)
 	}
-	c.execs[r.ExecID] = newProcess(r.ExecID, spec, r.Stdin, r.Stdout, r.Stderr, r.Terminal)
+	p := newProcess(r.ExecID, spec, r.Stdin, r.Stdout, r.Stderr, r.Terminal)
+	if !r.Terminal {
+		p.limits = c.limits
+	} else if c.limits != nil {
+		// airlockd's PTY sessions take no limits; refusing would end
+		// `kubectl exec -it` into every limited container. The VM's memory
+		// still bounds it.
+		log.G(ctx).Warnf("exec %s of %s: a terminal exec runs without the container's memory limit", r.ExecID, r.ID)
+	}
+	c.execs[r.ExecID] = p
 	s.mu.Unlock()
 	s.send(&eventstypes.TaskExecAdded{ContainerID: c.id, ExecID: r.ExecID})
 	return empty, nil
@@ -505,6 +526,15 @@ func (s *service) Kill(ctx context.Context, r *taskAPI.KillRequest) (*ptypes.Emp
 		p.finish(128+r.Signal, func(p *process) { s.exited(c, p) })
 		return empty, nil
 	}
+	if st, _, _, _ := c.init.state(); st == task.StatusPaused {
+		// Thawed first: a frozen process would take the signal only when
+		// thawed, and a cgroup left frozen would freeze the guest agent's
+		// next exec that reuses it.
+		if err := s.setFrozen(ctx, c, s.processesIn(c, task.StatusPaused), false); err != nil {
+			return nil, err
+		}
+		s.send(&eventstypes.TaskResumed{ContainerID: c.id})
+	}
 	if err := p.kill(ctx, c.client, c.sandbox, r.Signal); err != nil {
 		return nil, err
 	}
@@ -540,7 +570,7 @@ func (s *service) Pids(ctx context.Context, r *taskAPI.PidsRequest) (*taskAPI.Pi
 	}
 	var procs []*task.ProcessInfo
 	add := func(p *process) {
-		if st, pid, _, _ := p.state(); st == task.StatusRunning {
+		if st, pid, _, _ := p.state(); st == task.StatusRunning || st == task.StatusPaused {
 			procs = append(procs, &task.ProcessInfo{Pid: pid})
 		}
 	}
@@ -590,15 +620,6 @@ func (s *service) Shutdown(ctx context.Context, r *taskAPI.ShutdownRequest) (*pt
 	}
 	s.shutdown.Shutdown()
 	return empty, nil
-}
-
-func (s *service) Pause(ctx context.Context, r *taskAPI.PauseRequest) (*ptypes.Empty, error) {
-	return nil, errdefs.ToGRPCf(errdefs.ErrNotImplemented,
-		"pause: airlock's pause saves the VM and ends its streaming execs, which would kill the container's process")
-}
-
-func (s *service) Resume(ctx context.Context, r *taskAPI.ResumeRequest) (*ptypes.Empty, error) {
-	return nil, errdefs.ToGRPCf(errdefs.ErrNotImplemented, "resume: the container was never paused")
 }
 
 func (s *service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskRequest) (*ptypes.Empty, error) {

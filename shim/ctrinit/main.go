@@ -8,6 +8,9 @@
 //	airlock-ctr-init run -root R -cwd C -uid U -gid G [-groups a,b] -- ARGV...
 //	                                  chroot R, chdir C, drop to U:G, exec ARGV
 //	airlock-ctr-init remove DIR       unmounts and removes what unpack made
+//	airlock-ctr-init freeze 1|0 PID...
+//	                                  freezes (1) or thaws (0) the cgroup v2
+//	                                  of each PID (the shim's Pause/Resume)
 //
 // Errors go to stderr and exit status 127 (run) or 1, as a shell's would.
 package main
@@ -27,7 +30,7 @@ import (
 
 func main() {
 	if len(os.Args) < 2 {
-		fail(1, "usage: airlock-ctr-init unpack TAR DIR | run ... -- ARGV | remove DIR")
+		fail(1, "usage: airlock-ctr-init unpack TAR DIR | run ... -- ARGV | remove DIR | freeze 1|0 PID...")
 	}
 	var err error
 	switch os.Args[1] {
@@ -41,6 +44,11 @@ func main() {
 		if err != nil {
 			fail(127, err.Error())
 		}
+	case "freeze":
+		if len(os.Args) < 4 {
+			fail(1, "usage: airlock-ctr-init freeze 1|0 PID...")
+		}
+		err = freeze(os.Args[2], os.Args[3:])
 	case "remove":
 		if len(os.Args) != 3 {
 			fail(1, "usage: airlock-ctr-init remove DIR")

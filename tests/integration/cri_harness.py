@@ -19,7 +19,7 @@ K8S_NS = "k8s.io"
 PAUSE_IMG = "localhost/airlock-test/pause:1"
 APP_IMG = "localhost/airlock-test/app:1"
 BUSYBOX = "/bin/busybox"
-APPLETS = ["sh", "echo", "uname", "sleep", "cat", "ls", "true", "id", "seq", "httpd"]
+APPLETS = ["sh", "echo", "uname", "sleep", "cat", "ls", "true", "id", "seq", "httpd", "tail"]
 POD_SUBNET = "10.244.7.0/24"  # the CNI bridge's, inside the test's own network namespace
 SHIM_SOCKETS = "/run/containerd/s"  # containerd 1.6 puts every shim's socket here
 NETNS = "/run/netns"  # where containerd's CRI pins a pod's network namespace
@@ -119,11 +119,14 @@ state = "{d}/state"
     container_annotations = ["airlock.dev/*"]
 {options}""")
         self.netns_before = entries(NETNS)
-        env = dict(os.environ, PATH=harness.BIN + ":" + os.environ.get("PATH", "/usr/bin:/bin"),
-                   AIRLOCK_SOCKET=airlock_socket)
+        self.argv = prefix + ["containerd", "--config", self.cfg]
+        self.env = dict(os.environ, PATH=harness.BIN + ":" + os.environ.get("PATH", "/usr/bin:/bin"),
+                        AIRLOCK_SOCKET=airlock_socket)
         self.log = open(os.path.join(d, "containerd.log"), "wb")
-        self.proc = subprocess.Popen(prefix + ["containerd", "--config", self.cfg], env=env, stdout=self.log,
-                                     stderr=subprocess.STDOUT)
+        self._start()
+
+    def _start(self):
+        self.proc = subprocess.Popen(self.argv, env=self.env, stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.time() + 30
         while time.time() < deadline:
             if os.path.exists(self.sock) and self.ctr("version").returncode == 0:
@@ -134,6 +137,15 @@ state = "{d}/state"
         log = self.tail()
         self.stop()
         raise RuntimeError("containerd did not start: " + log)
+
+    def restart(self):
+        """containerd ends (SIGTERM, as `systemctl restart` does) and starts
+        again with the same config, root, state and sockets; its shims and
+        their tasks run on."""
+        self.proc.send_signal(signal.SIGTERM)
+        self.proc.wait(timeout=20)
+        self.log.write(b"\n--- restarted by the test ---\n")
+        self._start()
 
     def tail(self, n=6000):
         self.log.flush()

@@ -324,6 +324,58 @@ disabled_plugins = ["io.containerd.grpc.v1.cri"]
         self.assertEqual(self.ctr("container", "rm", "tty2").returncode, 0)
         self.assertAllGone()
 
+    def test_pause_and_resume(self):
+        """Pause freezes the container's processes (init and execs) and
+        Resume thaws them, with their streams open throughout (airlock's VM
+        pause would end them); Kill of a paused container thaws it first."""
+        events = subprocess.Popen(["ctr", "--address", self.ctd_sock, "events"], stdout=subprocess.PIPE,
+                                  stderr=subprocess.DEVNULL, text=True)
+        execs = iter(range(1000))
+
+        def count(path):
+            e = self.ctr("task", "exec", "--exec-id", f"c{next(execs)}", "napper", "cat", path)
+            self.assertEqual(e.returncode, 0, e.stdout + e.stderr)
+            return int(e.stdout)
+        tick = "i=0; while :; do i=$((i+1)); echo $i > /tmp/{}; sleep 0.1; done"
+        try:
+            time.sleep(0.5)
+            r = self.ctr("run", "-d", "--runtime", RUNTIME, IMG, "napper", "sh", "-c", tick.format("init"))
+            self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+            ex = subprocess.Popen(["ctr", "--address", self.ctd_sock, "--namespace", NS, "task", "exec",
+                                   "--exec-id", "ticker", "napper", "sh", "-c", tick.format("exec")],
+                                  stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            self.wait_for("both counters", lambda: self.ctr("task", "exec", "--exec-id", f"w{next(execs)}", "napper",
+                                                             "cat", "/tmp/init", "/tmp/exec").returncode == 0)
+            self.assertEqual(self.ctr("task", "pause", "napper").returncode, 0)
+            self.assertIn("PAUSED", self.ctr("task", "ls").stdout)
+            frozen = (count("/tmp/init"), count("/tmp/exec"))
+            time.sleep(1)
+            self.assertEqual((count("/tmp/init"), count("/tmp/exec")), frozen, "a paused process ran on")
+            self.assertEqual(len(self.ctr("task", "ps", "napper").stdout.strip().splitlines()), 3)  # header, 2
+
+            self.assertEqual(self.ctr("task", "resume", "napper").returncode, 0)
+            self.assertIn("RUNNING", self.ctr("task", "ls").stdout)
+            self.wait_for("both counters to run on", lambda: count("/tmp/init") > frozen[0] + 3 and
+                          count("/tmp/exec") > frozen[1] + 3)
+            self.assertIsNone(ex.poll(), "the exec's stream ended over the pause")
+            r = self.ctr("task", "resume", "napper")
+            self.assertNotEqual(r.returncode, 0)
+            self.assertIn("not paused", r.stderr)
+
+            self.assertEqual(self.ctr("task", "pause", "napper").returncode, 0)
+            self.assertEqual(self.ctr("task", "kill", "-s", "SIGKILL", "napper").returncode, 0)
+            self.wait_for("the task to stop", lambda: "STOPPED" in self.ctr("task", "ls").stdout)
+            self.assertEqual(ex.wait(timeout=30), 137)  # the init's end kills its execs
+            self.assertEqual(self.ctr("task", "rm", "napper").returncode, 0)
+            self.assertEqual(self.ctr("container", "rm", "napper").returncode, 0)
+            self.assertAllGone()
+            time.sleep(0.5)
+        finally:
+            events.terminate()
+            out = events.communicate(timeout=10)[0]
+        topics = [m.group(1) for m in re.finditer(r" (/tasks/(?:paused|resumed)) \{\"container_id\":\"napper\"", out)]
+        self.assertEqual(topics, ["/tasks/paused", "/tasks/resumed", "/tasks/paused", "/tasks/resumed"], out)
+
     def test_a_killed_shim_is_cleaned_up(self):
         r = self.ctr("run", "-d", "--runtime", RUNTIME, IMG, "doomed", "sleep", "600")
         self.assertEqual(r.returncode, 0, r.stderr)

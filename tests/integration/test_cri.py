@@ -44,8 +44,9 @@ def read(path):
         return ""
 
 
-class CriSequence:
-    """The tests; a subclass names the runtime handler."""
+class CriFixture:
+    """A private containerd (CRI on) and airlockd, the images, and the
+    helpers of the CRI tests; a subclass names the runtime handler."""
 
     HANDLER = None
 
@@ -104,13 +105,14 @@ class CriSequence:
             linux=pb.LinuxPodSandboxConfig(security_context=pb.LinuxSandboxSecurityContext(
                 namespace_options=pb.NamespaceOption(network=network, pid=pb.CONTAINER, ipc=pb.POD))))
 
-    def container_config(self, name, image=cri_harness.APP_IMG, command=APP_CMD):
+    def container_config(self, name, image=cri_harness.APP_IMG, command=APP_CMD, memory=256 << 20, tty=False):
+        """memory: memory_limit_in_bytes (0: none)."""
         pb = self.pb
         return pb.ContainerConfig(metadata=pb.ContainerMetadata(name=name), image=pb.ImageSpec(image=image),
                                   command=command, envs=[pb.KeyValue(key="GREETING", value="hi")],
-                                  log_path=f"{name}/0.log",
+                                  log_path=f"{name}/0.log", tty=tty,
                                   linux=pb.LinuxContainerConfig(resources=pb.LinuxContainerResources(
-                                      memory_limit_in_bytes=256 << 20)))
+                                      memory_limit_in_bytes=memory)))
 
     def wait_for(self, what, fn, timeout=60):
         deadline = time.time() + timeout
@@ -155,6 +157,17 @@ class CriSequence:
         self.assertEqual(list(self.cri.call("ListPodSandbox").items), [])
         self.assertEqual(self.ctd.ctr("container", "ls", "-q").stdout.split(), [])
 
+    def wait_exited(self, cid, timeout=60):
+        """The container's status once it has exited."""
+        def exited():
+            st = self.cri.call("ContainerStatus", container_id=cid).status
+            return st if st.state == self.pb.CONTAINER_EXITED else None
+        return self.wait_for(f"container {cid} to exit", exited, timeout=timeout)
+
+
+class CriSequence(CriFixture):
+    """kubelet's sequence, the pod IP, bad pod annotations."""
+
     def test_kubelets_sequence(self):
         pb = self.pb
         v = self.cri.call("Version", version="v1")
@@ -193,8 +206,9 @@ class CriSequence:
             self.assertEqual(kernel, os.uname().release)
 
         # A second app container of the pod, on a terminal, in the same VM.
-        term = self.container_config("term", command=["sh", "-c", "tty; echo term-ok; exec sleep 600"])
-        term.tty = True
+        # No memory limit: airlock's terminal sessions take none (test_cri_limits.py).
+        term = self.container_config("term", command=["sh", "-c", "tty; echo term-ok; exec sleep 600"], memory=0,
+                                     tty=True)
         tid = self.create(pod, term, config)
         self.cri.call("StartContainer", container_id=tid)
         tlog = os.path.join(config.log_directory, "term", "0.log")
