@@ -51,6 +51,87 @@ struct FakeSandboxService::Impl {
   // Streamed stdin of running `cat` execs: exec id -> chunks, "" = eof.
   std::map<std::string, std::deque<std::string>> stdin_queues;
   std::set<std::string> stdin_closed;  // eof sent or exec ended
+
+  using Out = std::function<bool(int, std::string_view)>;
+  // A terminal that echoes its input until ^D (exit 0) or a kill_exec.
+  void run_pty(ExecResult& r, const ExecRequest::Pty& pty, const Out& out) {
+    out(1, "size " + std::to_string(pty.cols) + "x" + std::to_string(pty.rows) + "\r\n");
+    std::unique_lock lock(mu);
+    for (;;) {
+      cv.wait(lock, [&] { return !pty_in[r.exec_id].empty() || pty_signal.count(r.exec_id); });
+      if (pty_signal.count(r.exec_id)) {
+        r.signal = pty_signal[r.exec_id];
+        r.reason = "killed";
+        break;
+      }
+      std::string in = std::move(pty_in[r.exec_id]);
+      pty_in[r.exec_id].clear();
+      size_t eot = in.find('\x04');
+      lock.unlock();
+      bool alive = out(1, in.substr(0, eot));
+      lock.lock();
+      if (!alive) {
+        r.signal = 9;
+        r.reason = "killed";
+        break;
+      }
+      if (eot != std::string::npos) {
+        r.exit_code = 0;
+        r.reason = "exited";
+        break;
+      }
+    }
+    pty_live.erase(r.exec_id);
+  }
+  // `cat` on streamed stdin: echoes each chunk until eof or a kill.
+  void run_cat_stream(ExecResult& r, const Out& out) {
+    for (;;) {
+      std::string chunk;
+      {
+        std::unique_lock lock(mu);
+        auto& q = stdin_queues[r.exec_id];
+        cv.wait(lock, [&] { return !q.empty() || killed.count(r.exec_id); });
+        if (q.empty() || q.front().empty()) break;
+        chunk = std::move(q.front());
+        q.pop_front();
+      }
+      r.stdin_bytes += chunk.size();
+      out(1, chunk);
+    }
+    std::lock_guard lock(mu);
+    stdin_queues.erase(r.exec_id);
+    stdin_closed.insert(r.exec_id);
+  }
+  // `connect IP PORT`: the policy's decision journaled as the helper would
+  // (a flow, and its end when allowed); true if allowed.
+  bool connect(const std::string& id, const nlohmann::json& network,
+               const std::vector<std::string>& argv) {
+    auto policy = net::NetworkPolicy::parse(network);
+    auto ip = net::IpAddr::parse(argv.at(1));
+    if (!ip) throw Error(Errc::invalid_argument, "bad address", "argv");
+    uint16_t port = uint16_t(std::stoi(argv.at(2)));
+    net::Decision d = policy.decide(*ip, port, net::Proto::tcp);
+    nlohmann::json flow = {{"ts", "2026-12-02T11:00:00.000Z"},
+                           {"sandbox", id},
+                           {"event", "net_flow"},
+                           {"proto", "tcp"},
+                           {"dst", ip->to_string()},
+                           {"port", port},
+                           {"name", ""},
+                           {"rule", d.rule},
+                           {"allowed", d.allowed}};
+    std::lock_guard lock(mu);
+    audit[id].push_back(flow);
+    if (d.allowed) {
+      flow["event"] = "net_flow_end";
+      flow["bytes_out"] = 10;
+      flow["bytes_in"] = 20;
+      flow["duration_ms"] = 5;
+      flow["reason"] = "fin";
+      audit[id].push_back(flow);
+    }
+    return d.allowed;
+  }
 };
 
 FakeSandboxService::FakeSandboxService() : impl_(std::make_unique<Impl>()) {}
@@ -141,35 +222,7 @@ ExecResult FakeSandboxService::exec(const std::string& id, const ExecRequest& re
   };
   const std::string& cmd = argv[0];
   if (cmd == "pty" && req.pty) {
-    out(1, "size " + std::to_string(req.pty->cols) + "x" + std::to_string(req.pty->rows) + "\r\n");
-    std::unique_lock lock(impl_->mu);
-    for (;;) {
-      impl_->cv.wait(lock, [&] {
-        return !impl_->pty_in[r.exec_id].empty() || impl_->pty_signal.count(r.exec_id);
-      });
-      if (impl_->pty_signal.count(r.exec_id)) {
-        r.signal = impl_->pty_signal[r.exec_id];
-        r.reason = "killed";
-        break;
-      }
-      std::string in = std::move(impl_->pty_in[r.exec_id]);
-      impl_->pty_in[r.exec_id].clear();
-      size_t eot = in.find('\x04');
-      lock.unlock();
-      bool alive = out(1, in.substr(0, eot));
-      lock.lock();
-      if (!alive) {
-        r.signal = 9;
-        r.reason = "killed";
-        break;
-      }
-      if (eot != std::string::npos) {
-        r.exit_code = 0;
-        r.reason = "exited";
-        break;
-      }
-    }
-    impl_->pty_live.erase(r.exec_id);
+    impl_->run_pty(r, *req.pty, out);
     return r;
   } else if (cmd == "echo") {
     std::string s;
@@ -181,22 +234,7 @@ ExecResult FakeSandboxService::exec(const std::string& id, const ExecRequest& re
     out(1, all);
     out(2, "err");
   } else if (cmd == "cat" && req.stdin_stream) {
-    for (;;) {
-      std::string chunk;
-      {
-        std::unique_lock lock(impl_->mu);
-        auto& q = impl_->stdin_queues[r.exec_id];
-        impl_->cv.wait(lock, [&] { return !q.empty() || impl_->killed.count(r.exec_id); });
-        if (q.empty() || q.front().empty()) break;
-        chunk = std::move(q.front());
-        q.pop_front();
-      }
-      r.stdin_bytes += chunk.size();
-      out(1, chunk);
-    }
-    std::lock_guard lock(impl_->mu);
-    impl_->stdin_queues.erase(r.exec_id);
-    impl_->stdin_closed.insert(r.exec_id);
+    impl_->run_cat_stream(r, out);
   } else if (cmd == "cat") {
     r.stdin_bytes = req.stdin_data ? req.stdin_data->size() : 0;
     if (req.stdin_data) out(1, *req.stdin_data);
@@ -214,31 +252,7 @@ ExecResult FakeSandboxService::exec(const std::string& id, const ExecRequest& re
   } else if (cmd == "fail-late") {
     throw Error(Errc::guest_error, "guest went away");
   } else if (cmd == "connect") {
-    auto policy = net::NetworkPolicy::parse(get(id).spec.network);
-    auto ip = net::IpAddr::parse(argv.at(1));
-    if (!ip) throw Error(Errc::invalid_argument, "bad address", "argv");
-    uint16_t port = uint16_t(std::stoi(argv.at(2)));
-    net::Decision d = policy.decide(*ip, port, net::Proto::tcp);
-    nlohmann::json flow = {{"ts", "2026-12-02T11:00:00.000Z"},
-                           {"sandbox", id},
-                           {"event", "net_flow"},
-                           {"proto", "tcp"},
-                           {"dst", ip->to_string()},
-                           {"port", port},
-                           {"name", ""},
-                           {"rule", d.rule},
-                           {"allowed", d.allowed}};
-    std::lock_guard lock(impl_->mu);
-    impl_->audit[id].push_back(flow);
-    if (d.allowed) {
-      flow["event"] = "net_flow_end";
-      flow["bytes_out"] = 10;
-      flow["bytes_in"] = 20;
-      flow["duration_ms"] = 5;
-      flow["reason"] = "fin";
-      impl_->audit[id].push_back(flow);
-    }
-    r.exit_code = d.allowed ? 0 : 1;
+    r.exit_code = impl_->connect(id, get(id).spec.network, argv) ? 0 : 1;
     return r;
   } else if (cmd == "drip") {
     out(1, "a\n");

@@ -1,6 +1,6 @@
 // GET /v1/sandboxes/{id}/exec/{exec_id}?offset=N: attach to a foreground
 // exec that outlived its client (daemon restart) and stream its output from
-// byte N as NDJSON (api/openapi.yaml, "Attach"; engine_attach.cc).
+// byte N as NDJSON (api/openapi.yaml, "Attach"; exec/attach.cc).
 #include <poll.h>
 
 #include <cstdlib>

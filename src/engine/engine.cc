@@ -1,6 +1,6 @@
 // Engine construction, queries, the reaper thread and re-adoption after a
 // daemon restart. create/destroy live in engine_lifecycle.cc, exec and file
-// operations in engine_ops.cc.
+// operations in exec/ (execs) and engine_files.cc.
 #include "engine/engine.h"
 
 #include <spdlog/spdlog.h>
@@ -34,18 +34,6 @@ int64_t now_ms() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(
              std::chrono::system_clock::now().time_since_epoch())
       .count();
-}
-
-std::string random_id(const std::string& prefix) {
-  char bytes[6];
-  size_t got = 0;
-  while (got < sizeof bytes) {
-    ssize_t n = ::getrandom(bytes + got, sizeof bytes - got, 0);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) throw_errno("getrandom");
-    got += static_cast<size_t>(n);
-  }
-  return prefix + protocol::to_hex(std::string_view(bytes, sizeof bytes));
 }
 
 namespace {
@@ -539,7 +527,7 @@ Engine::Engine(Config config) : impl_(std::make_unique<Impl>(std::move(config)))
   }
   impl_->reaper = std::thread([this] { impl_->reaper_loop(); });
   try {
-    impl_->pool_thread = std::thread([this] { impl_->pool_loop(); });
+    impl_->pool.start();
   } catch (...) {
     impl_->stop_reaper();
     throw;
@@ -547,14 +535,8 @@ Engine::Engine(Config config) : impl_(std::make_unique<Impl>(std::move(config)))
 }
 
 Engine::~Engine() {
-  {
-    std::lock_guard lock(impl_->pool_mu);
-    impl_->pool_stopping = true;
-  }
-  impl_->pool_wake.notify_all();
-  if (impl_->pool_thread.joinable()) impl_->pool_thread.join();
   // Pool members are nobody's sandboxes yet: they do not outlive the engine.
-  impl_->drain_pool();
+  impl_->pool.stop();
   // Deletes already answered finish before the engine goes.
   impl_->reclaimer.drain();
   impl_->stop_reaper();
@@ -631,6 +613,37 @@ nlohmann::json Engine::info() {
                      {"memory_mb", impl_->cfg.pool_learn_memory_mb},
                      {"idle_s", impl_->cfg.pool_learn_idle_s}};
   return j;
+}
+
+// Execs: the exec room (exec/service.h) does the work.
+ExecResult Engine::exec(const std::string& id, const ExecRequest& request,
+                        const ExecCallbacks& callbacks) {
+  return impl_->execs.run(id, request, callbacks);
+}
+ExecStatus Engine::exec_background(const std::string& id, const ExecRequest& request) {
+  return impl_->execs.start_background(id, request);
+}
+void Engine::kill_exec(const std::string& id, const std::string& exec_id, int signal) {
+  impl_->execs.kill(id, exec_id, signal);
+}
+std::vector<ExecStatus> Engine::list_execs(const std::string& id) { return impl_->execs.list(id); }
+ExecStatus Engine::wait_exec(const std::string& id, const std::string& exec_id, double timeout_s) {
+  return impl_->execs.wait(id, exec_id, timeout_s);
+}
+std::optional<ExecResult> Engine::attach_exec(const std::string& id, const std::string& exec_id,
+                                              uint64_t offset, const AttachCallbacks& callbacks) {
+  return impl_->execs.attach_exec(id, exec_id, offset, callbacks);
+}
+StdinWrite Engine::write_stdin(const std::string& id, const std::string& exec_id,
+                               const ChunkSource& source, bool eof,
+                               const std::function<bool()>& cancelled) {
+  return impl_->execs.write_stdin(id, exec_id, source, eof, cancelled);
+}
+void Engine::pty_input(const std::string& id, const std::string& exec_id, std::string_view bytes) {
+  impl_->execs.pty_input(id, exec_id, bytes);
+}
+void Engine::pty_resize(const std::string& id, const std::string& exec_id, int cols, int rows) {
+  impl_->execs.pty_resize(id, exec_id, cols, rows);
 }
 
 }  // namespace airlock::engine

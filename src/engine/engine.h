@@ -109,7 +109,7 @@ struct Config {
   int journal_anchor_lag_ms = 50;
   // Per foreground exec, the output the guest keeps so a client can attach
   // again after a daemon restart (airlockd --exec-buffer-bytes; 64 KiB ..
-  // 1 GiB). Beyond it the oldest bytes go, counted (engine_attach.cc).
+  // 1 GiB). Beyond it the oldest bytes go, counted (exec/attach.cc).
   uint64_t exec_buffer_bytes = 1ull << 20;
   // On (the default; airlockd --sync-delete turns it off): destroy()
   // answers once the sandbox is `stopping` and out of service; its VM and
@@ -174,7 +174,7 @@ class Engine : public SandboxService {
                          const std::function<bool()>& cancelled = {}) override;
   // Attaches to a foreground exec that outlived its client (the daemon was
   // restarted, or the client detached) from byte `offset` of its output
-  // (stdout and stderr as one sequence, counted from 0; engine_attach.cc).
+  // (stdout and stderr as one sequence, counted from 0; exec/attach.cc).
   // Returns the result once it ended (its journal record is written then,
   // once), nullopt if the caller detached again. Errors: not_found (no such
   // exec waiting for a client: unknown, finished and collected, or still

@@ -278,27 +278,6 @@ TEST_F(EngineFake, SetTimeoutMovesTheExpiry) {
   EXPECT_TRUE(journaled);
 }
 
-// std::stod on /proc/pressure/memory ran outside any try in the pool
-// thread: a malformed line would have killed the daemon.
-TEST(MemoryPressure, MalformedFilesNeverThrow) {
-  std::string tmpl = (fs::temp_directory_path() / "airlock-psi-XXXXXX").string();
-  ASSERT_NE(mkdtemp(tmpl.data()), nullptr);
-  fs::path dir = tmpl;
-  std::ofstream(dir / "meminfo") << "MemTotal: 1000 kB\nMemAvailable: 900 kB\n";
-  for (const char* psi : {"some avg10=garbage avg60=0.00\n", "some avg10=\n",
-                          "some avg10=1e999999 x\n", "", "\x01\x02 avg10=-"}) {
-    std::ofstream(dir / "psi") << psi;
-    bool p = true;
-    EXPECT_NO_THROW(p = memory_pressure(dir / "meminfo", dir / "psi")) << psi;
-    EXPECT_FALSE(p) << psi;
-  }
-  std::ofstream(dir / "psi") << "some avg10=55.00 avg60=0.00 avg300=0.00 total=1\n";
-  EXPECT_TRUE(memory_pressure(dir / "meminfo", dir / "psi"));
-  std::ofstream(dir / "meminfo") << "MemTotal: garbage\n";
-  EXPECT_NO_THROW(memory_pressure(dir / "meminfo", dir / "nope"));
-  fs::remove_all(dir);
-}
-
 // The reaper held the engine-wide lock while it read /proc and cgroups for
 // every sandbox: with slow reads, every call on any sandbox waited for it.
 TEST_F(EngineFake, ReaperChecksOutsideTheEngineLock) {

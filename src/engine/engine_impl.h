@@ -1,6 +1,7 @@
-// Engine internals shared by engine.cc (construction, queries, reaper,
-// re-adoption), engine_lifecycle.cc (create/destroy) and engine_ops.cc
-// (exec and files). Not part of the public API.
+// Engine internals: the rooms Engine::Impl holds and the lifecycle steps
+// still implemented on it (engine.cc: construction, queries, reaper,
+// re-adoption; engine_lifecycle.cc: create/destroy; engine_files.cc,
+// engine_snapshots.cc, engine_pause.cc, ...). Not part of the public API.
 #pragma once
 
 #include <algorithm>
@@ -22,11 +23,13 @@
 #include "engine/channel/guest_client.h"
 #include "engine/engine.h"
 #include "engine/engine_metrics.h"
+#include "engine/exec/service.h"
 #include "engine/launcher.h"
 #include "engine/lifecycle/admission.h"
 #include "engine/lifecycle/reclaimer.h"
 #include "engine/net/host/events.h"
 #include "engine/net/host/helper.h"
+#include "engine/pool/warm_pool.h"
 #include "engine/registry/registry.h"
 #include "engine/sandbox/sandbox.h"
 #include "engine/sandbox/table.h"
@@ -48,41 +51,6 @@ inline constexpr const char* kPoolMarker = "airlock.pool";
 using lifecycle::free_bytes;
 using lifecycle::kLowSpaceBytes;
 using lifecycle::rethrow_if_disk_full;
-// "<prefix>" + 12 lowercase hex digits from getrandom.
-std::string random_id(const std::string& prefix);
-
-// engine_ops.cc, shared with engine_attach.cc: the exit fields and drop
-// counts of a guest exec's end into `res`; a guest failure rethrown as what
-// it means for the sandbox (stopped, failed).
-void take_outcome(const channel::ExecOutcome& o, ExecResult& res);
-[[noreturn]] void rethrow_exec_error(Sandbox& sb, const Error& e);
-// engine_attach.cc, for kill_exec: after a detached exec (nobody attached)
-// was signalled, attaches from `end` (its output so far) and waits up to
-// kKillCollect for its end, so its `exec` record is written as an attach
-// writes it. Not ending in time (a handled signal), or another client
-// attaching meanwhile, is not an error.
-void collect_detached_end(Engine& engine, const std::string& id, const std::string& exec_id,
-                          uint64_t end);
-inline constexpr auto kKillCollect = std::chrono::seconds(10);
-
-// Marks a call on `sb` in flight for idle_timeout: the sandbox is active
-// from construction to destruction (the end of the call counts too).
-class ActivityGuard {
- public:
-  explicit ActivityGuard(Sandbox& sb) : sb_(sb) {
-    sb_.last_activity_ms = steady_ms();
-    ++sb_.busy;
-  }
-  ~ActivityGuard() {
-    sb_.last_activity_ms = steady_ms();
-    --sb_.busy;
-  }
-  ActivityGuard(const ActivityGuard&) = delete;
-  ActivityGuard& operator=(const ActivityGuard&) = delete;
-
- private:
-  Sandbox& sb_;
-};
 
 // False if the sandbox has a network helper and it is no longer running
 // (the reaper fails the sandbox: its VM would have lost its network).
@@ -106,30 +74,27 @@ struct Verdict {
 Verdict classify_death(const std::filesystem::path& run_dir, int pid,
                        const std::string& memory_cgroup);
 
-// Memory pressure for the warm pool (engine_pool.cc): less than 10% of RAM
-// available in `meminfo`, or PSI `psi` avg10 above 10%. A missing or
-// malformed file counts as no pressure; never throws.
-bool memory_pressure(const std::filesystem::path& meminfo = "/proc/meminfo",
-                     const std::filesystem::path& psi = "/proc/pressure/memory");
+// The lifecycle behind the warm pool (engine_handout.cc): members are made by
+// launch + warm-up and ended by teardown, like every sandbox.
+// The pool's knobs from the engine's Config (pool_tick_ms, pool_learn_*).
+inline pool::Options pool_options(const Config& cfg) {
+  pool::Options o;
+  o.tick_ms = cfg.pool_tick_ms;
+  o.learn_shapes = cfg.pool_learn_shapes;
+  o.learn_memory_mb = cfg.pool_learn_memory_mb;
+  o.learn_idle_s = cfg.pool_learn_idle_s;
+  return o;
+}
+class PoolMembers final : public pool::Members {
+ public:
+  explicit PoolMembers(Engine::Impl& impl) : impl_(impl) {}
+  std::shared_ptr<Sandbox> make(const pool::Key& key) override;
+  bool usable(const Sandbox& sb, bool untouched) const override;
+  void end(Sandbox& sb, const std::string& reason) override;
+  void end_async(const std::shared_ptr<Sandbox>& sb, const std::string& reason) override;
 
-// Warm pool (engine_pool.cc): one slot per shape (image, cpus, memory_mb,
-// disk_mb, NIC or not); several shapes of one image coexist.
-struct PoolKey {
-  std::string image;
-  int cpus = 1, memory_mb = 256, disk_mb = 1024;
-  bool networked = false;  // members carry a NIC under deny-everything
-  auto operator<=>(const PoolKey&) const = default;
-};
-struct PoolSlot {
-  PoolKey key;
-  int target = 0;
-  // Learned from creates that found no ready member (not configured):
-  // bounded by Config::pool_learn_*, forgotten when unused for
-  // pool_learn_idle_s; a configured slot is never touched by learning.
-  bool learned = false;
-  int64_t last_used_ms = 0;  // steady_ms() of its last create (hit or miss)
-  std::deque<std::shared_ptr<Sandbox>> ready;
-  int64_t hits = 0, misses = 0, replaced = 0, shed = 0;
+ private:
+  Engine::Impl& impl_;
 };
 
 struct Engine::Impl {
@@ -155,6 +120,10 @@ struct Engine::Impl {
 
   // The live sandboxes (sandbox/table.h).
   SandboxTable table;
+  // Execs on them (exec/service.h): foreground, background, attach, stdin,
+  // terminal, kill; the Engine's exec calls delegate to it.
+  exec::ExecService execs{table, journal, metrics,
+                          exec::Options{.buffer_bytes = cfg.exec_buffer_bytes}};
   // The reaper thread (engine.cc, engine_failure.cc): its own lock and wake.
   std::mutex reaper_mu;  // reaper_stopping
   std::condition_variable reaper_wake;
@@ -266,44 +235,21 @@ struct Engine::Impl {
   // to return: a pause ends them (engine_pause.cc).
   void kill_foreground_execs(Sandbox& sb, std::chrono::milliseconds wait);
 
-  // Warm pool (engine_pool.cc).
-  std::mutex pool_mu;  // pool_slots, pool_retired, pool_counts, pool_stopping, pool_kicked
-  std::condition_variable pool_wake;
-  // The slots changed (set_pool): look now, not on the next tick. A flag and
-  // not just the notify, which is lost if the thread is not waiting yet.
-  bool pool_kicked = false;
-  std::map<PoolKey, PoolSlot> pool_slots;
-  // Members of slots removed on a create's path (a learned slot evicted):
-  // the pool thread tears them down, off the create's hot path.
-  std::vector<std::shared_ptr<Sandbox>> pool_retired;
-  // Hits and misses per image since the daemon started (the metrics'
-  // counters: slots come and go, counters must not go down).
-  std::map<std::string, std::pair<int64_t, int64_t>> pool_counts;
-  bool pool_stopping = false;
-  std::thread pool_thread;
-  // A learned slot for `key` (a create's miss), within the count and memory
-  // budget, evicting the least recently used learned slots; grows a learned
-  // slot by one member (up to kLearnedMaxTarget) on a later miss. Holds
-  // pool_mu. Returns the slot, or null if learning is off or the shape
-  // alone is over the budget.
-  PoolSlot* learn_shape(const PoolKey& key, int64_t now);
-  // A ready member of `checked`'s exact shape (image, cpus, memory_mb,
-  // disk_mb, NIC or not), made the caller's: running, its spec, metadata and
-  // lifetime, its clock set to the host's; nullopt if none (a miss, which
-  // learning records). `trace` (if any) gets the hand-out's phases.
+  // The hand-out of a pool member (engine_handout.cc): a ready member of
+  // `checked`'s exact shape (image, cpus, memory_mb, disk_mb, NIC or not),
+  // made the caller's: running, its spec, metadata and lifetime, its clock
+  // set to the host's; nullopt if none (a miss, which the pool learns from).
+  // `trace` (if any) gets the hand-out's phases.
   std::optional<SandboxInfo> take_pooled(const SandboxSpec& checked, Trace* trace = nullptr);
-  void pool_loop();
   // Runs the image's warm-up commands (or `true`) in a new member and
-  // records them (engine_pool.cc: why). False if one failed. Never throws.
+  // records them (engine_handout.cc: why). False if one failed. Never throws.
   bool warm_up(Sandbox& sb, const std::vector<std::string>& commands);
-  // Kills every pool member (engine shutdown). Never throws.
-  void drain_pool();
 
   // With `tpl`: a clone of it (restore, no boot) instead of a cold boot.
   std::optional<BootFailure> boot_once(Sandbox& sb, const storage::Image& img, vmm::Accel accel,
                                        const templates::Template* tpl = nullptr,
                                        const snapshots::Snapshot* from = nullptr);
-  // A short guest operation on the running sandbox `id` (engine_ops.cc):
+  // A short guest operation on the running sandbox `id` (engine_files.cc):
   // `path`, if given, is checked first; `op` runs a guest_client call on its
   // channel within kJsonOpTimeout. A failed call is rethrown as what it
   // means for the sandbox (stopped, failed); a GuestReplyError as it is.
@@ -319,6 +265,12 @@ struct Engine::Impl {
   // (outside `mu`). Also starts the agent ping when one is due.
   // `now` is steady_ms(). Called WITHOUT `mu` (it reads /proc and cgroups).
   std::optional<Verdict> check_health(const std::shared_ptr<Sandbox>& sb, int64_t now);
+
+  // The warm pool (pool/warm_pool.h): its slots, counters, lock and thread.
+  // After what its members' making and ending use; stopped by ~Engine
+  // before anything else goes.
+  PoolMembers pool_members{*this};
+  pool::WarmPool pool{pool_options(cfg), pool_members};
 
   // The background teardowns (lifecycle/reclaimer.h), last: its thread
   // uses the members above, and it is drained before they go.

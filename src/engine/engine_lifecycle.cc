@@ -292,7 +292,7 @@ SandboxInfo create_sandbox(Engine::Impl& impl, const SandboxSpec& spec) {
   validate_disk_fits(checked, img.rootfs_bytes);
   trace.mark("image");
   // A warm pool member of this image and shape, if there is one: ready at
-  // once (engine_pool.cc).
+  // once (pool/warm_pool.h; the hand-out is engine_handout.cc).
   if (auto pooled = impl.take_pooled(checked, &trace)) return *pooled;
   vmm::AccelVerdict accel = impl.resolve_accel(img);
   return impl.launch(checked, img, accel, false)->info();

@@ -141,13 +141,10 @@ void Engine::write_metrics(metrics::Writer& out) {
     target[l] += slot.value("target", 0);
     ready[l] += slot.value("ready", 0);
   }
-  {
-    // Since the daemon started: slots come and go, counters never go down.
-    std::lock_guard lock(impl.pool_mu);
-    for (const auto& [image, c] : impl.pool_counts) {
-      hits[{{"image", image}}] = static_cast<double>(c.first);
-      misses[{{"image", image}}] = static_cast<double>(c.second);
-    }
+  // Since the daemon started: slots come and go, counters never go down.
+  for (const auto& [image, c] : impl.pool.counts()) {
+    hits[{{"image", image}}] = static_cast<double>(c.first);
+    misses[{{"image", image}}] = static_cast<double>(c.second);
   }
   out.gauge("airlock_pool_target", "Warm pool size asked for, by image", target);
   out.gauge("airlock_pool_ready", "Warm pool members ready to hand out, by image", ready);

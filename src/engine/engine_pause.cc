@@ -75,7 +75,7 @@ void Engine::Impl::pause_locked(Sandbox& sb, const std::string& reason) {
   // (exec() turns the result into the typed conflict "paused during the
   // call"). Background execs are the guest's jobs: frozen and continued.
   kill_foreground_execs(sb, std::chrono::seconds(10));
-  // Other calls on the guest end now, typed (engine_ops.cc rethrow_for).
+  // Other calls on the guest end now, typed (sandbox.h rethrow_guest_failure).
   if (sb.channel) sb.channel->close("sandbox " + id + " is being paused");
   uint64_t bytes = 0;
   std::string sha;

@@ -218,6 +218,40 @@ void save_split(Sandbox& sb, const fs::path& dir, const std::function<void()>& t
 
 }  // namespace
 
+namespace {
+
+// A paused sandbox's whole VM is already on disk (pause saved it): its
+// memory is copied into the snapshot; returns its RAM block's name, "" if
+// the pause's record does not say.
+std::string copy_paused_memory(const fs::path& paused, const fs::path& into) {
+  copy_or_throw(paused / "mem.state", into / "mem.state");
+  nlohmann::json pm;
+  try {
+    std::ifstream in(paused / "paused.json");
+    pm = nlohmann::json::parse(in);
+  } catch (const std::exception&) {
+  }
+  return pm.value("ram_block", "");
+}
+
+// What a snapshot records of its source: who, from what, and its shape.
+void describe_source(snapshots::Snapshot& meta, const Sandbox& sb, bool memory, bool internal) {
+  const SandboxInfo info = sb.info();
+  meta.source = sb.id();
+  meta.parent = info.spec.from;
+  meta.image = info.spec.image;
+  meta.tenant = info.spec.tenant;
+  meta.memory = memory;
+  meta.internal = internal;
+  meta.cpus = info.spec.cpus;
+  meta.memory_mb = info.spec.memory_mb;
+  meta.disk_mb = info.spec.disk_mb;
+  meta.accel = info.accel;
+  meta.networked = sb.networked;
+}
+
+}  // namespace
+
 snapshots::Snapshot Engine::Impl::take_snapshot(Sandbox& sb, const std::string& name, bool memory,
                                                 bool internal,
                                                 std::shared_ptr<vmm::SealedRam>* split_ram) {
@@ -282,15 +316,7 @@ snapshots::Snapshot Engine::Impl::take_snapshot(Sandbox& sb, const std::string& 
         sb.vm->stop_cpus();
       }
     } else if (memory) {
-      // A paused sandbox's whole VM is already on disk.
-      copy_or_throw(paused_dir(id) / "mem.state", st.dir / "mem.state");
-      nlohmann::json pm;
-      try {
-        std::ifstream in(paused_dir(id) / "paused.json");
-        pm = nlohmann::json::parse(in);
-      } catch (const std::exception&) {
-      }
-      meta.ram_block = pm.value("ram_block", "");
+      meta.ram_block = copy_paused_memory(paused_dir(id), st.dir);
     }
     if (!layer_taken) take_layer();  // back(): the source continues; the rest works on copies
     // The layer's header was the sandbox's QEMU's to write: a chain leaving
@@ -312,18 +338,7 @@ snapshots::Snapshot Engine::Impl::take_snapshot(Sandbox& sb, const std::string& 
     throw;
   }
   sb.transition(State::snapshotting, from);
-  const SandboxInfo info = sb.info();
-  meta.source = id;
-  meta.parent = info.spec.from;
-  meta.image = info.spec.image;
-  meta.tenant = info.spec.tenant;
-  meta.memory = memory;
-  meta.internal = internal;
-  meta.cpus = info.spec.cpus;
-  meta.memory_mb = info.spec.memory_mb;
-  meta.disk_mb = info.spec.disk_mb;
-  meta.accel = info.accel;
-  meta.networked = sb.networked;
+  describe_source(meta, sb, memory, internal);
   meta.created_at_ms = wall_ms();
   meta.took_ms = ms_since(t0);
   meta.paused_ms = paused_ms;
@@ -368,7 +383,7 @@ nlohmann::json Engine::get_snapshot(const std::string& name) {
 
 void Engine::delete_snapshot(const std::string& name) {
   auto& impl = *impl_;
-  impl.snaps->get(name);  // not_found
+  impl.snaps->get(name);        // not_found
   impl.reclaimer.settle_all();  // a fork deleted just before is no user any more
   auto users = impl.snapshot_users(name, "");
   if (!users.empty()) {

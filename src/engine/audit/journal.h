@@ -10,7 +10,7 @@
 // Events the engine writes: created, boot_failed, retry, exec_start, exec
 // (argv, cwd, user, env_keys, exit, duration, bytes, stdout_sha256,
 // stderr_sha256), exec_attach (a reattach's delivered range and its
-// hashes: engine_attach.cc), file (op, path, bytes, sha256 for writes), net_*,
+// hashes: exec/attach.cc), file (op, path, bytes, sha256 for writes), net_*,
 // network_changed, timed_out, deleted, failed, adopted; the journal's own
 // journal_truncated, journal_torn_tail, journal_reanchored,
 // journal_anchor_mismatch. Whatever else changes a sandbox (snapshots,

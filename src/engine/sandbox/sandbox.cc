@@ -1,11 +1,14 @@
 #include "engine/sandbox/sandbox.h"
 
 #include <spdlog/spdlog.h>
+#include <sys/random.h>
 
+#include <cerrno>
 #include <chrono>
 
 #include "common/error.h"
 #include "engine/types_json.h"
+#include "protocol/messages.h"
 
 namespace airlock::engine {
 
@@ -156,6 +159,39 @@ nlohmann::json Sandbox::network() const {
 void Sandbox::set_network(nlohmann::json policy) {
   std::lock_guard lock(state_mu_);
   network_ = std::move(policy);
+}
+
+std::string random_id(const std::string& prefix) {
+  char bytes[6];
+  size_t got = 0;
+  while (got < sizeof bytes) {
+    ssize_t n = ::getrandom(bytes + got, sizeof bytes - got, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) throw_errno("getrandom");
+    got += static_cast<size_t>(n);
+  }
+  return prefix + protocol::to_hex(std::string_view(bytes, sizeof bytes));
+}
+
+void throw_paused_during_call(const Sandbox& sb) {
+  throw Error(Errc::conflict, "sandbox " + sb.rec.info.id +
+                                  " was paused during the call: a pause ends foreground execs "
+                                  "(this one was killed); background execs survive it");
+}
+
+void rethrow_guest_failure(Sandbox& sb, const Error& e) {
+  if (State now = sb.state(); now == State::pausing || now == State::paused)
+    throw_paused_during_call(sb);
+  auto [st, failure, reason] =
+      sb.wait_ended(sb.channel && sb.channel->closed() ? std::chrono::milliseconds(5000)
+                                                       : std::chrono::milliseconds(0));
+  if (st == State::failed && !failure.empty())
+    throw Error(Errc::guest_error, "sandbox " + sb.rec.info.id +
+                                       " failed during the call: " + failure + ": " + reason);
+  if (e.code() == Errc::guest_error && st != State::running)
+    throw Error(Errc::conflict, "sandbox " + sb.rec.info.id + " was stopped (" + to_string(st) +
+                                    (reason.empty() ? "" : ": " + reason) + ") during the call");
+  throw e;
 }
 
 }  // namespace airlock::engine

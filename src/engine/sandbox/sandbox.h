@@ -113,7 +113,7 @@ class Sandbox {
   // Set at creation and never changed: whether the VM has a NIC (mode
   // "none" cannot be changed into another mode, nor back).
   bool networked = false;
-  // Warm pool: the channel's stream count after the warm-up (engine_pool.cc).
+  // Warm pool: the channel's stream count after the warm-up (engine_handout.cc).
   uint32_t streams_at_ready = 0;
   // Written only before the sandbox is shared (create/recover) or under
   // `mu`; the state field inside is not used (state() is).
@@ -177,5 +177,39 @@ class Sandbox {
   std::string failure_, reason_;
   nlohmann::json network_;
 };
+
+// Marks a call on `sb` in flight for idle_timeout: the sandbox is active
+// from construction to destruction (the end of the call counts too).
+class ActivityGuard {
+ public:
+  explicit ActivityGuard(Sandbox& sb) : sb_(sb) {
+    sb_.last_activity_ms = steady_ms();
+    ++sb_.busy;
+  }
+  ~ActivityGuard() {
+    sb_.last_activity_ms = steady_ms();
+    --sb_.busy;
+  }
+  ActivityGuard(const ActivityGuard&) = delete;
+  ActivityGuard& operator=(const ActivityGuard&) = delete;
+
+ private:
+  Sandbox& sb_;
+};
+
+// "<prefix>" + 12 lowercase hex digits from getrandom (sandbox, pool member
+// and exec ids).
+std::string random_id(const std::string& prefix);
+
+// A pause ends foreground execs (engine_pause.cc, kill_foreground_execs):
+// their callers get this, whether the kill's exit status or the channel's
+// close reached the call first.
+[[noreturn]] void throw_paused_during_call(const Sandbox& sb);
+// A guest call on `sb` failed with `e`: rethrown as what it means for the
+// sandbox. Stopped meanwhile: the action no longer fits its state (conflict);
+// failed (QEMU died, agent lost; the reaper notices within about a second
+// and classifies it, and this waits for that, 5 s at most): the cause
+// (vmm_died, guest_panic, ...); paused: throw_paused_during_call; else `e`.
+[[noreturn]] void rethrow_guest_failure(Sandbox& sb, const Error& e);
 
 }  // namespace airlock::engine

@@ -1,13 +1,12 @@
-// Streamed stdin of a running exec (Engine::write_stdin): the bytes go to the
+// Streamed stdin of a running exec (ExecService::write_stdin): the bytes go to the
 // guest in data frames within its credit window (GuestChannel::write_stdin),
 // so memory stays bounded whatever the size and however slowly the process
 // reads.
 #include "common/error.h"
 #include "engine/channel/guest_client.h"
-#include "engine/engine.h"
-#include "engine/engine_impl.h"
+#include "engine/exec/service.h"
 
-namespace airlock::engine {
+namespace airlock::engine::exec {
 
 namespace {
 
@@ -34,10 +33,10 @@ StdinWrite write_job_stdin(Sandbox& sb, const std::string& exec_id, const ChunkS
 
 }  // namespace
 
-StdinWrite Engine::write_stdin(const std::string& id, const std::string& exec_id,
-                               const ChunkSource& source, bool eof,
-                               const std::function<bool()>& cancelled) {
-  auto sb = impl_->table.running(id);
+StdinWrite ExecService::write_stdin(const std::string& id, const std::string& exec_id,
+                                    const ChunkSource& source, bool eof,
+                                    const std::function<bool()>& cancelled) {
+  auto sb = table_.running(id);
   ActivityGuard active(*sb);
   std::shared_ptr<StdinPipe> pipe;
   bool running = false;
@@ -88,4 +87,4 @@ StdinWrite Engine::write_stdin(const std::string& id, const std::string& exec_id
   return w;
 }
 
-}  // namespace airlock::engine
+}  // namespace airlock::engine::exec

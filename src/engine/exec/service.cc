@@ -1,20 +1,20 @@
-// exec and file operations on a running sandbox. Each call is driven on the
-// caller's thread through the typed guest client (channel/guest_client.h)
-// over the sandbox's GuestChannel, and audited.
+#include "engine/exec/service.h"
+
 #include <spdlog/spdlog.h>
 
 #include <chrono>
 #include <csignal>
 
 #include "common/error.h"
+#include "engine/api/limits.h"
+#include "engine/audit/chain.h"
 #include "engine/channel/guest_client.h"
-#include "engine/engine.h"
-#include "engine/engine_impl.h"
+#include "engine/exec/outcome.h"
 #include "engine/trace.h"
 #include "engine/types_json.h"
 #include "engine/validate.h"
 
-namespace airlock::engine {
+namespace airlock::engine::exec {
 
 namespace {
 
@@ -24,61 +24,18 @@ constexpr auto kJsonOpTimeout = std::chrono::seconds(60);
 // the guest reporting it (the guest enforces the timeout itself).
 constexpr auto kExecGrace = std::chrono::seconds(30);
 
-// Streaming file transfers may legitimately take long under TCG; the
-// sandbox's life bounds them (the reaper kills the VM at expiry).
-channel::Deadline transfer_deadline(const Sandbox& sb) {
-  int64_t left_ms = std::max<int64_t>(sb.expires_steady_ms.load() - steady_ms(), 1000);
-  return Clock::now() + std::chrono::milliseconds(std::min<int64_t>(left_ms, 3600 * 1000));
-}
-
-// A pause ends foreground execs (engine_pause.cc, kill_foreground_execs):
-// their callers get this, whether the kill's exit status or the channel's
-// close reached the call first.
-[[noreturn]] void throw_paused_during_call(Sandbox& sb) {
-  throw Error(Errc::conflict, "sandbox " + sb.rec.info.id +
-                                  " was paused during the call: a pause ends foreground execs "
-                                  "(this one was killed); background execs survive it");
-}
-
-// A guest failure on a sandbox that was stopped meanwhile is reported as
-// what it is: the action no longer fits the sandbox's state. If the guest
-// went away under the call (QEMU died, agent lost), the reaper notices
-// within about a second and classifies it; the call waits for that (5 s at
-// most) so its error names the cause (vmm_died, guest_panic, ...).
-[[noreturn]] void rethrow_for(Sandbox& sb, const Error& e) {
-  // Paused under the call (pause closes the channel): typed.
-  if (State now = sb.state(); now == State::pausing || now == State::paused)
-    throw_paused_during_call(sb);
-  auto [st, failure, reason] =
-      sb.wait_ended(sb.channel && sb.channel->closed() ? std::chrono::milliseconds(5000)
-                                                       : std::chrono::milliseconds(0));
-  if (st == State::failed && !failure.empty())
-    throw Error(Errc::guest_error, "sandbox " + sb.rec.info.id +
-                                       " failed during the call: " + failure + ": " + reason);
-  if (e.code() == Errc::guest_error && st != State::running)
-    throw Error(Errc::conflict, "sandbox " + sb.rec.info.id + " was stopped (" + to_string(st) +
-                                    (reason.empty() ? "" : ": " + reason) + ") during the call");
-  throw e;
-}
-
-// The exit fields of a guest outcome (decoded and bounded by the client)
-// into `res`; the duration only if the guest reported one.
-void take_exit(const channel::ExecOutcome& o, ExecResult& res) {
-  res.exit_code = o.exit_code;
-  res.signal = o.signal;
-  res.timed_out = o.timed_out;
-  res.reason = o.reason;
-  if (o.duration_ms) res.duration_ms = *o.duration_ms;
-}
-
 // What the daemon's parser cannot see: the engine's own bounds.
 void validate_exec_extras(const ExecRequest& r) {
-  if (r.limits.pids < 0 || r.limits.pids > 1048576)
-    throw Error(Errc::invalid_argument, "limits.pids must be between 1 and 1048576 (0 = none)",
-                "limits.pids");
-  if (r.limits.memory_mb < 0 || r.limits.memory_mb > 1048576)
-    throw Error(Errc::invalid_argument, "limits.memory_mb must be between 1 and 1048576 (0 = none)",
-                "limits.memory_mb");
+  // 0 = no limit; otherwise within the API's table.
+  auto check = [](int64_t v, limits::Range range, const char* field) {
+    if (v != 0 && !range.contains(v))
+      throw Error(Errc::invalid_argument,
+                  std::string(field) + " must be between " + std::to_string(range.min) + " and " +
+                      std::to_string(range.max) + " (0 = none)",
+                  field);
+  };
+  check(r.limits.pids, limits::kExecPids, "limits.pids");
+  check(r.limits.memory_mb, limits::kExecMemoryMb, "limits.memory_mb");
   if (!(r.limits.cpu_seconds == 0 ||
         (r.limits.cpu_seconds >= 0.01 && r.limits.cpu_seconds <= 31536000)))
     throw Error(Errc::invalid_argument,
@@ -91,19 +48,6 @@ void validate_exec_extras(const ExecRequest& r) {
     throw Error(Errc::invalid_argument, "output_limit_bytes must be at most 2^40",
                 "output_limit_bytes");
 }
-
-}  // namespace
-
-void take_outcome(const channel::ExecOutcome& o, ExecResult& res) {
-  take_exit(o, res);
-  res.stdout_dropped = o.stdout_dropped;
-  res.stderr_dropped = o.stderr_dropped;
-  res.truncated = res.stdout_dropped > 0 || res.stderr_dropped > 0;
-}
-
-[[noreturn]] void rethrow_exec_error(Sandbox& sb, const Error& e) { rethrow_for(sb, e); }
-
-namespace {
 
 // The guest exec request for `request` (argv, env, cwd, user, timeout, limits).
 // An exec giving neither argv nor cmd (and no pty) runs the image's
@@ -152,10 +96,6 @@ ExecStatus status_of(const channel::Job& j) {
   return s;
 }
 
-}  // namespace
-
-namespace {
-
 // The names of the environment an exec was given, never the values (they
 // hold secrets), for the journal.
 nlohmann::json env_keys(const ExecRequest& request) {
@@ -168,10 +108,6 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-}  // namespace
-
-namespace {
-
 // One foreground exec, step by step: its stream in the sandbox's exec table
 // (and stdin pipe), the start on record, the guest's run with the caller's
 // callbacks, and the end on record with the SHA-256 of exactly the bytes
@@ -179,9 +115,11 @@ namespace {
 // guest's word).
 class ForegroundExec {
  public:
-  ForegroundExec(Engine::Impl& impl, std::shared_ptr<Sandbox> sb, const std::string& id,
-                 const ExecRequest& request, const ExecCallbacks& callbacks, Trace& trace)
-      : impl_(impl),
+  ForegroundExec(AuditJournal& journal, const Options& opts, std::shared_ptr<Sandbox> sb,
+                 const std::string& id, const ExecRequest& request, const ExecCallbacks& callbacks,
+                 Trace& trace)
+      : journal_(journal),
+        opts_(opts),
         sb_(std::move(sb)),
         id_(id),
         request_(request),
@@ -195,7 +133,7 @@ class ForegroundExec {
     // marks it detached (attach_exec writes the end) or, if the sandbox is
     // gone, closes it as `interrupted`.
     try {
-      impl_.journal.append(id_, "exec_start", audit_);  // write(2) survives a daemon kill
+      journal_.append(id_, "exec_start", audit_);  // write(2) survives a daemon kill
     } catch (...) {
       finish();
       throw;
@@ -226,7 +164,7 @@ class ForegroundExec {
     }
     result_.exec_id = random_id("ex-");
     params_.exec_id = result_.exec_id;
-    params_.output_buffer_bytes = impl_.cfg.exec_buffer_bytes;
+    params_.output_buffer_bytes = opts_.buffer_bytes;
     stream_ = sb_->channel->open_stream();
     {
       std::lock_guard lock(sb_->mu);
@@ -309,11 +247,11 @@ class ForegroundExec {
     audit_["error"] = e.what();
     audit_["duration_ms"] = elapsed_ms();
     try {
-      impl_.journal.append(id_, "exec", audit_);
+      journal_.append(id_, "exec", audit_);
     } catch (const std::exception& a) {
       spdlog::error("sandbox {}: audit: {}", id_, a.what());
     }
-    rethrow_for(*sb_, e);
+    rethrow_guest_failure(*sb_, e);
   }
 
   void complete(const channel::ExecOutcome& r) {
@@ -349,12 +287,13 @@ class ForegroundExec {
     State now = sb_->state();
     bool paused = result_.signal == SIGKILL && (now == State::pausing || now == State::paused);
     if (paused) audit_["ended_by"] = "pause";
-    impl_.journal.append(id_, "exec", audit_);
+    journal_.append(id_, "exec", audit_);
     trace_.mark("journal_end");
     if (paused) throw_paused_during_call(*sb_);
   }
 
-  Engine::Impl& impl_;
+  AuditJournal& journal_;
+  const Options& opts_;
   std::shared_ptr<Sandbox> sb_;
   const std::string& id_;
   const ExecRequest& request_;
@@ -379,11 +318,13 @@ const ExecRequest& checked_request(const Sandbox& sb, const ExecRequest& given, 
   return request;
 }
 
-// exec() without the metrics: the lookup and checks, then the run.
-ExecResult run_foreground(Engine::Impl& impl, const std::string& id, const ExecRequest& given,
-                          const ExecCallbacks& callbacks) {
+}  // namespace
+
+// run() without the metrics: the lookup and checks, then the run.
+ExecResult ExecService::run_foreground(const std::string& id, const ExecRequest& given,
+                                       const ExecCallbacks& callbacks) {
   Trace trace("exec", id);
-  auto sb = impl.table.running(id);
+  auto sb = table_.running(id);
   ActivityGuard active(*sb);
   ExecRequest with_image;
   const ExecRequest& request = checked_request(*sb, given, with_image);
@@ -391,12 +332,12 @@ ExecResult run_foreground(Engine::Impl& impl, const std::string& id, const ExecR
     throw Error(Errc::invalid_argument, "a background exec is started with exec_background()",
                 "background");
   trace.mark("lookup");
-  return ForegroundExec(impl, sb, id, request, callbacks, trace).run();
+  return ForegroundExec(journal_, opts_, sb, id, request, callbacks, trace).run();
 }
 
-// exec_background() without the metrics.
-ExecStatus start_background(Engine::Impl& impl, const std::string& id, const ExecRequest& given) {
-  auto sb = impl.table.running(id);
+// start_background() without the metrics.
+ExecStatus ExecService::run_background(const std::string& id, const ExecRequest& given) {
+  auto sb = table_.running(id);
   ActivityGuard active(*sb);
   ExecRequest with_image;
   const ExecRequest& request = checked_request(*sb, given, with_image);
@@ -421,52 +362,49 @@ ExecStatus start_background(Engine::Impl& impl, const std::string& id, const Exe
     throw;  // not a job this sandbox can name: nothing on record
   } catch (const Error& e) {
     audit["error"] = e.what();
-    impl.journal.append(id, "exec", audit);
-    rethrow_for(*sb, e);
+    journal_.append(id, "exec", audit);
+    rethrow_guest_failure(*sb, e);
   }
   audit["pid"] = s.pid;
-  impl.journal.append(id, "exec", audit);
+  journal_.append(id, "exec", audit);
   return s;
 }
 
-}  // namespace
-
-// exec() and exec_background() are counted by outcome and timed for GET
-// /metrics; run_foreground and start_background do the work.
-ExecResult Engine::exec(const std::string& id, const ExecRequest& request,
-                        const ExecCallbacks& callbacks) {
+// run() and start_background() are counted by outcome and timed for GET
+// /metrics; run_foreground and run_background do the work.
+ExecResult ExecService::run(const std::string& id, const ExecRequest& request,
+                            const ExecCallbacks& callbacks) {
   auto t0 = std::chrono::steady_clock::now();
   try {
-    ExecResult r = run_foreground(*impl_, id, request, callbacks);
-    impl_->metrics.exec_done("foreground", r.reason.empty() ? "exited" : r.reason,
-                             seconds_since(t0));
+    ExecResult r = run_foreground(id, request, callbacks);
+    metrics_.exec_done("foreground", r.reason.empty() ? "exited" : r.reason, seconds_since(t0));
     return r;
   } catch (const Error& e) {
-    impl_->metrics.exec_done("foreground", std::string(to_string(e.code())), seconds_since(t0));
+    metrics_.exec_done("foreground", std::string(to_string(e.code())), seconds_since(t0));
     throw;
   } catch (...) {
-    impl_->metrics.exec_done("foreground", "internal", seconds_since(t0));
+    metrics_.exec_done("foreground", "internal", seconds_since(t0));
     throw;
   }
 }
 
-ExecStatus Engine::exec_background(const std::string& id, const ExecRequest& request) {
+ExecStatus ExecService::start_background(const std::string& id, const ExecRequest& request) {
   auto t0 = std::chrono::steady_clock::now();
   try {
-    ExecStatus st = start_background(*impl_, id, request);
-    impl_->metrics.exec_done("background", "started", seconds_since(t0));
+    ExecStatus st = run_background(id, request);
+    metrics_.exec_done("background", "started", seconds_since(t0));
     return st;
   } catch (const Error& e) {
-    impl_->metrics.exec_done("background", std::string(to_string(e.code())), seconds_since(t0));
+    metrics_.exec_done("background", std::string(to_string(e.code())), seconds_since(t0));
     throw;
   } catch (...) {
-    impl_->metrics.exec_done("background", "internal", seconds_since(t0));
+    metrics_.exec_done("background", "internal", seconds_since(t0));
     throw;
   }
 }
 
-void Engine::kill_exec(const std::string& id, const std::string& exec_id, int signal) {
-  auto sb = impl_->table.running(id);
+void ExecService::kill(const std::string& id, const std::string& exec_id, int signal) {
+  auto sb = table_.running(id);
   if (signal < 1 || signal > 64)
     throw Error(Errc::invalid_argument, "signal must be between 1 and 64", "signal");
   uint32_t stream = 0;
@@ -488,33 +426,39 @@ void Engine::kill_exec(const std::string& id, const std::string& exec_id, int si
   try {
     r = channel::kill_job(*sb->channel, exec_id, signal, Clock::now() + kJsonOpTimeout);
   } catch (const channel::GuestReplyError&) {
-    impl_->journal.append(id, "exec_kill", record);  // the guest took the signal
+    journal_.append(id, "exec_kill", record);  // the guest took the signal
     throw;
   } catch (const Error& e) {
     if (e.code() == Errc::not_found)
       throw Error(Errc::not_found, "no exec " + exec_id + " in sandbox " + id, "exec_id");
-    rethrow_for(*sb, e);
+    rethrow_guest_failure(*sb, e);
   }
-  impl_->journal.append(id, "exec_kill", record);
+  journal_.append(id, "exec_kill", record);
   // Nobody attached: collect its end here, so the journal records it as an
   // attach would (an attached client receives the end itself).
-  if (r.collect) collect_detached_end(*this, id, exec_id, r.end);
+  if (r.collect) collect_detached_end(id, exec_id, r.end);
 }
 
-std::vector<ExecStatus> Engine::list_execs(const std::string& id) {
+std::vector<ExecStatus> ExecService::list(const std::string& id) {
+  auto sb = table_.running(id);
+  ActivityGuard active(*sb);
   std::vector<channel::Job> jobs;
-  impl_->guest_op(id, {}, nullptr, [&](channel::GuestChannel& ch, channel::Deadline d) {
-    jobs = channel::jobs(ch, d);
-  });
+  try {
+    jobs = channel::jobs(*sb->channel, Clock::now() + kJsonOpTimeout);
+  } catch (const channel::GuestReplyError&) {
+    throw;
+  } catch (const Error& e) {
+    rethrow_guest_failure(*sb, e);
+  }
   std::vector<ExecStatus> out;
   for (const auto& j : jobs) out.push_back(status_of(j));
   return out;
 }
 
-ExecStatus Engine::wait_exec(const std::string& id, const std::string& exec_id, double timeout_s) {
+ExecStatus ExecService::wait(const std::string& id, const std::string& exec_id, double timeout_s) {
   if (!(timeout_s >= 0) || timeout_s > 3600)
     throw Error(Errc::invalid_argument, "wait must be between 0 and 3600 seconds", "wait");
-  auto sb = impl_->table.running(id);
+  auto sb = table_.running(id);
   ActivityGuard active(*sb);
   auto ms = static_cast<int64_t>(timeout_s * 1000);
   channel::Job job;
@@ -527,114 +471,9 @@ ExecStatus Engine::wait_exec(const std::string& id, const std::string& exec_id, 
     if (e.code() == Errc::not_found)
       throw Error(Errc::not_found, "no background exec " + exec_id + " in sandbox " + id,
                   "exec_id");
-    rethrow_for(*sb, e);
+    rethrow_guest_failure(*sb, e);
   }
   return status_of(job);
 }
 
-uint64_t Engine::write_file(const std::string& id, const std::string& path, uint32_t mode,
-                            const ChunkSource& source) {
-  return write_file_as(id, path, mode, source, {});
-}
-
-uint64_t Engine::write_file_as(const std::string& id, const std::string& path, uint32_t mode,
-                               const ChunkSource& source, const std::string& owner) {
-  auto sb = impl_->table.running(id);
-  ActivityGuard active(*sb);
-  validate_guest_path(path);
-  if (mode > 07777) throw Error(Errc::invalid_argument, "mode must be at most 07777", "mode");
-  if (owner.size() > 64 || owner.find('\0') != std::string::npos)
-    throw Error(Errc::invalid_argument, "user must be a name or uid of at most 64 bytes", "user");
-  uint64_t n;
-  // Hashed as the bytes go to the guest: the journal names what was written.
-  Sha256 hash;
-  ChunkSource hashed = [&]() -> std::optional<std::string> {
-    auto chunk = source();
-    if (chunk) hash.update(*chunk);
-    return chunk;
-  };
-  try {
-    n = sb->channel->write_file(path, mode, /*parents=*/true, hashed, transfer_deadline(*sb),
-                                owner);
-  } catch (const Error& e) {
-    impl_->journal.append(id, "file", {{"op", "write"}, {"path", path}, {"error", e.what()}});
-    rethrow_for(*sb, e);
-  }
-  impl_->journal.append(id, "file",
-                        {{"op", "write"},
-                         {"path", path},
-                         {"bytes", n},
-                         {"size", n},
-                         {"mode", mode},
-                         {"sha256", hash.hex()}});
-  return n;
-}
-
-uint64_t Engine::read_file(const std::string& id, const std::string& path, const ChunkSink& sink) {
-  auto sb = impl_->table.running(id);
-  ActivityGuard active(*sb);
-  validate_guest_path(path);
-  uint64_t n;
-  try {
-    n = sb->channel->read_file(path, sink, transfer_deadline(*sb));
-  } catch (const Error& e) {
-    impl_->journal.append(id, "file", {{"op", "read"}, {"path", path}, {"error", e.what()}});
-    rethrow_for(*sb, e);
-  }
-  impl_->journal.append(id, "file", {{"op", "read"}, {"path", path}, {"bytes", n}});
-  return n;
-}
-
-void Engine::Impl::guest_op(const std::string& id, const std::optional<std::string>& path,
-                            const nlohmann::json* audit, const GuestOp& op) {
-  auto sb = table.running(id);
-  ActivityGuard active(*sb);
-  if (path) validate_guest_path(*path);
-  try {
-    op(*sb->channel, Clock::now() + kJsonOpTimeout);
-  } catch (const channel::GuestReplyError&) {
-    // The guest did it; only its answer is unusable.
-    if (audit) journal.append(id, "file", *audit);
-    throw;
-  } catch (const Error& e) {
-    if (audit) {
-      nlohmann::json failed = *audit;
-      failed["error"] = e.what();
-      journal.append(id, "file", failed);
-    }
-    rethrow_for(*sb, e);
-  }
-  if (audit) journal.append(id, "file", *audit);
-}
-
-nlohmann::json Engine::list_files(const std::string& id, const std::string& path) {
-  return list_files(id, path, 1);
-}
-
-// The journal records these as "file" events: {"op": "mkdir"|"remove",
-// "path", "parents"|"recursive"}, with "error" if the guest refused.
-void Engine::make_dir(const std::string& id, const std::string& path, bool parents) {
-  const nlohmann::json audit{{"op", "mkdir"}, {"path", path}, {"parents", parents}};
-  impl_->guest_op(id, path, &audit, [&](channel::GuestChannel& ch, channel::Deadline d) {
-    channel::mkdir(ch, path, parents, /*owner=*/"", d);
-  });
-}
-
-void Engine::remove_file(const std::string& id, const std::string& path, bool recursive) {
-  const nlohmann::json audit{{"op", "remove"}, {"path", path}, {"recursive", recursive}};
-  impl_->guest_op(id, path, &audit, [&](channel::GuestChannel& ch, channel::Deadline d) {
-    channel::remove(ch, path, recursive, d);
-  });
-}
-
-nlohmann::json Engine::guest_info(const std::string& id) {
-  // The guest's facts go to the API as the guest sent them (GuestInfo in
-  // api/openapi.yaml takes any properties): the engine reads none of them.
-  nlohmann::json info;
-  impl_->guest_op(id, {}, nullptr, [&](channel::GuestChannel& ch, channel::Deadline d) {
-    info = channel::info(ch, d);
-  });
-  return info;
-}
-
-}  // namespace airlock::engine
+}  // namespace airlock::engine::exec

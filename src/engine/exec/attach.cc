@@ -1,13 +1,11 @@
-// Engine::attach_exec: a client resumes a foreground exec that outlived its
-// first client (the daemon was killed and restarted) from an offset of its
-// output. The guest keeps running such execs, detached, with their last
-// Config::exec_buffer_bytes of output in a log (api/guest-protocol.md §5,
-// "Detach and attach"). Journal (docs/design.md, "Daemon restarts lose no
-// output"): every attach that got going writes an `exec_attach` record with
-// the SHA-256 of exactly the bytes IT delivered and their offsets; the
-// exec's `exec` record is written once, by the attach that sees it end, and
-// carries no output hash (no daemon saw all of the output: the one that
-// died took its running hash with it).
+// ExecService::attach_exec (Engine::attach_exec): a client resumes a foreground exec that outlived
+// its first client (the daemon was killed and restarted) from an offset of its output. The guest
+// keeps running such execs, detached, with their last Config::exec_buffer_bytes of output in a log
+// (api/guest-protocol.md §5, "Detach and attach"). Journal (docs/design.md, "Daemon restarts lose
+// no output"): every attach that got going writes an `exec_attach` record with the SHA-256 of
+// exactly the bytes IT delivered and their offsets; the exec's `exec` record is written once, by
+// the attach that sees it end, and carries no output hash (no daemon saw all of the output: the one
+// that died took its running hash with it).
 #include <spdlog/spdlog.h>
 
 #include <regex>
@@ -15,16 +13,18 @@
 #include "common/error.h"
 #include "engine/audit/chain.h"
 #include "engine/channel/guest_client.h"
-#include "engine/engine.h"
-#include "engine/engine_impl.h"
+#include "engine/exec/outcome.h"
+#include "engine/exec/service.h"
 #include "engine/types_json.h"
 
-namespace airlock::engine {
+namespace airlock::engine::exec {
 
 namespace {
 
 // How long the guest gets to answer the attach request itself.
 constexpr auto kAttachAnswer = std::chrono::seconds(30);
+// How long a kill of a detached exec waits for its end (collect_detached_end).
+constexpr auto kKillCollect = std::chrono::seconds(10);
 
 // The shape of the host's exec ids (random_id("ex-"), and the guest's
 // limit): anything else names no exec.
@@ -58,10 +58,48 @@ struct Delivered {
 
 }  // namespace
 
-std::optional<ExecResult> Engine::attach_exec(const std::string& id, const std::string& exec_id,
-                                              uint64_t offset, const AttachCallbacks& callbacks) {
-  auto& impl = *impl_;
-  auto sb = impl.table.running(id);
+namespace {
+
+// The `exec` record of an exec of a previous daemon, written once: by the
+// attach that saw its end. (A second client finds nothing to attach to: the
+// guest forgets an exec once its end was delivered.)
+void journal_reattached_end(AuditJournal& journal, Sandbox& sb, const std::string& exec_id,
+                            const channel::ExecOutcome& outcome, const ExecResult& result) {
+  std::optional<nlohmann::json> start;
+  {
+    std::lock_guard lock(sb.mu);
+    if (auto it = sb.detached_execs.find(exec_id); it != sb.detached_execs.end()) {
+      start = std::move(it->second);
+      sb.detached_execs.erase(it);
+    }
+  }
+  if (start) {
+    // The byte counts are the guest's (untrusted, and no host saw them
+    // all), so there is no stdout/stderr hash here: the exec_attach records
+    // before this one hash what was delivered, with offsets.
+    nlohmann::json audit{{"exec_id", exec_id},
+                         {"argv", start->value("argv", nlohmann::json::array())},
+                         {"cwd", start->value("cwd", nlohmann::json("~"))},
+                         {"user", start->value("user", nlohmann::json("root"))},
+                         {"env_keys", start->value("env_keys", nlohmann::json::array())},
+                         {"reattached", true},
+                         {"output_end", outcome.output_end},
+                         {"output_lost", outcome.output_lost}};
+    audit.update(to_json(result));
+    try {
+      journal.append(sb.id(), "exec", audit);
+    } catch (const std::exception& e) {
+      spdlog::error("sandbox {}: audit: {}", sb.id(), e.what());
+    }
+  }
+}
+
+}  // namespace
+
+std::optional<ExecResult> ExecService::attach_exec(const std::string& id,
+                                                   const std::string& exec_id, uint64_t offset,
+                                                   const AttachCallbacks& callbacks) {
+  auto sb = table_.running(id);
   ActivityGuard active(*sb);
   auto no_such = [&] {
     return Error(Errc::not_found,
@@ -82,7 +120,7 @@ std::optional<ExecResult> Engine::attach_exec(const std::string& id, const std::
   auto journal_delivered = [&] {
     if (!got.attached) return;
     try {
-      impl.journal.append(id, "exec_attach", got.record(exec_id, ended_by));
+      journal_.append(id, "exec_attach", got.record(exec_id, ended_by));
     } catch (const std::exception& e) {
       spdlog::error("sandbox {}: audit: {}", id, e.what());
     }
@@ -127,7 +165,7 @@ std::optional<ExecResult> Engine::attach_exec(const std::string& id, const std::
     if (e.code() == Errc::invalid_argument) throw Error(Errc::invalid_argument, e.what(), "offset");
     if (e.code() == Errc::conflict)
       throw Error(Errc::conflict, "exec " + exec_id + " already has a client attached");
-    rethrow_exec_error(*sb, e);
+    rethrow_guest_failure(*sb, e);
   } catch (...) {
     journal_delivered();
     throw;
@@ -149,41 +187,12 @@ std::optional<ExecResult> Engine::attach_exec(const std::string& id, const std::
   result.stderr_bytes = r.outcome.stderr_bytes;
   result.stdin_bytes = r.outcome.stdin_bytes;
 
-  // Written once: by the attach that saw the end of an exec of a previous
-  // daemon. (A second client finds nothing to attach to: the guest forgets
-  // an exec once its end was delivered.)
-  std::optional<nlohmann::json> start;
-  {
-    std::lock_guard lock(sb->mu);
-    if (auto it = sb->detached_execs.find(exec_id); it != sb->detached_execs.end()) {
-      start = std::move(it->second);
-      sb->detached_execs.erase(it);
-    }
-  }
-  if (start) {
-    // The byte counts are the guest's (untrusted, and no host saw them
-    // all), so there is no stdout/stderr hash here: the exec_attach records
-    // before this one hash what was delivered, with offsets.
-    nlohmann::json audit{{"exec_id", exec_id},
-                         {"argv", start->value("argv", nlohmann::json::array())},
-                         {"cwd", start->value("cwd", nlohmann::json("~"))},
-                         {"user", start->value("user", nlohmann::json("root"))},
-                         {"env_keys", start->value("env_keys", nlohmann::json::array())},
-                         {"reattached", true},
-                         {"output_end", r.outcome.output_end},
-                         {"output_lost", r.outcome.output_lost}};
-    audit.update(to_json(result));
-    try {
-      impl.journal.append(id, "exec", audit);
-    } catch (const std::exception& e) {
-      spdlog::error("sandbox {}: audit: {}", id, e.what());
-    }
-  }
+  journal_reattached_end(journal_, *sb, exec_id, r.outcome, result);
   return result;
 }
 
-void collect_detached_end(Engine& engine, const std::string& id, const std::string& exec_id,
-                          uint64_t end) {
+void ExecService::collect_detached_end(const std::string& id, const std::string& exec_id,
+                                       uint64_t end) {
   const auto give_up = std::chrono::steady_clock::now() + kKillCollect;
   AttachCallbacks cb;
   // The output after `end` goes to nobody (its exec_attach record still
@@ -191,7 +200,7 @@ void collect_detached_end(Engine& engine, const std::string& id, const std::stri
   cb.on_output = [&](int, std::string_view) { return std::chrono::steady_clock::now() < give_up; };
   cb.cancelled = [&] { return std::chrono::steady_clock::now() >= give_up; };
   try {
-    engine.attach_exec(id, exec_id, end, cb);
+    attach_exec(id, exec_id, end, cb);
   } catch (const Error& e) {
     // Collected or attached by someone else meanwhile: they record the end.
     if (e.code() != Errc::not_found && e.code() != Errc::conflict)
@@ -199,4 +208,4 @@ void collect_detached_end(Engine& engine, const std::string& id, const std::stri
   }
 }
 
-}  // namespace airlock::engine
+}  // namespace airlock::engine::exec

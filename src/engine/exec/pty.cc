@@ -3,11 +3,10 @@
 // thread; these are called from another thread (the daemon's websocket
 // reader) and find its guest stream by exec id.
 #include "common/error.h"
-#include "engine/engine.h"
-#include "engine/engine_impl.h"
+#include "engine/exec/service.h"
 #include "engine/validate.h"
 
-namespace airlock::engine {
+namespace airlock::engine::exec {
 
 namespace {
 
@@ -23,18 +22,20 @@ uint32_t pty_stream(Sandbox& sb, const std::string& id, const std::string& exec_
 
 }  // namespace
 
-void Engine::pty_input(const std::string& id, const std::string& exec_id, std::string_view bytes) {
-  auto sb = impl_->table.running(id);
+void ExecService::pty_input(const std::string& id, const std::string& exec_id,
+                            std::string_view bytes) {
+  auto sb = table_.running(id);
   ActivityGuard active(*sb);
   uint32_t stream = pty_stream(*sb, id, exec_id);
   if (!sb->channel->send_input(stream, bytes))
     throw Error(Errc::not_found, "exec " + exec_id + " in sandbox " + id + " has ended", "exec_id");
 }
 
-void Engine::pty_resize(const std::string& id, const std::string& exec_id, int cols, int rows) {
+void ExecService::pty_resize(const std::string& id, const std::string& exec_id, int cols,
+                             int rows) {
   validate_pty_size(cols, rows);
-  auto sb = impl_->table.running(id);
+  auto sb = table_.running(id);
   sb->channel->resize(pty_stream(*sb, id, exec_id), cols, rows);
 }
 
-}  // namespace airlock::engine
+}  // namespace airlock::engine::exec
