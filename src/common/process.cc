@@ -7,11 +7,25 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <thread>
 
 namespace airlock {
+
+std::optional<std::string> find_in_path(const std::string& binary) {
+  if (binary.find('/') != std::string::npos) return binary;
+  const char* path = std::getenv("PATH");
+  std::stringstream ss(path ? path : "/usr/local/bin:/usr/bin:/bin");
+  std::string dir;
+  while (std::getline(ss, dir, ':')) {
+    std::filesystem::path cand = std::filesystem::path(dir.empty() ? "." : dir) / binary;
+    if (::access(cand.c_str(), X_OK) == 0) return cand.string();
+  }
+  return std::nullopt;
+}
 
 int open_regular_nofollow(const std::filesystem::path& path) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);

@@ -11,10 +11,17 @@
 #include <chrono>
 #include <cstddef>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
 namespace airlock {
+
+// The absolute path of `binary` in PATH (as given if it has a '/'; PATH
+// unset: /usr/local/bin:/usr/bin:/bin), nullopt if no executable is found.
+// Resolved before a fork: execvp's own search allocates, which is not safe
+// in the child of a threaded process.
+std::optional<std::string> find_in_path(const std::string& binary);
 
 // Up to `cap` bytes of a file; "" if it cannot be read. Never follows a
 // symlink at the last component and reads only regular files (no FIFO can

@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <thread>
 
 namespace airlock {
@@ -69,6 +70,26 @@ TEST(Process, ZombieLeaderWithALiveThreadIsNotGone) {
   ASSERT_EQ(proc_state(g), 'Z');                               // the leader has exited...
   EXPECT_FALSE(wait_gone(g, std::chrono::milliseconds(100)));  // ...its thread has not
   EXPECT_TRUE(wait_gone(g, std::chrono::seconds(5)));
+}
+
+// QEMU (vmm) and the templates' version stamp resolve their binaries the
+// same way; the search is done before a fork, never by execvp in the child.
+TEST(Process, FindsAnExecutableInPathOrSaysItIsNot) {
+  const char* saved = std::getenv("PATH");
+  std::string old = saved ? saved : "";
+  ASSERT_EQ(::setenv("PATH", "/nonexistent-dir:/bin:/usr/bin", 1), 0);
+  auto sh = find_in_path("sh");
+  ASSERT_TRUE(sh.has_value());
+  EXPECT_EQ(sh->front(), '/');
+  EXPECT_EQ(::access(sh->c_str(), X_OK), 0);
+  EXPECT_EQ(find_in_path("./relative/x"), "./relative/x");  // a path is taken as given
+  EXPECT_FALSE(find_in_path("airlock-no-such-binary-here").has_value());
+  ASSERT_EQ(::setenv("PATH", "/nonexistent-dir", 1), 0);
+  EXPECT_FALSE(find_in_path("sh").has_value());
+  if (saved)
+    ::setenv("PATH", old.c_str(), 1);
+  else
+    ::unsetenv("PATH");
 }
 
 TEST(Process, MissingFileReadsEmpty) {

@@ -141,7 +141,7 @@ int64_t Engine::Impl::disk_free_mb() const {
 std::vector<fs::path> Engine::Impl::disk_roots() const {
   std::vector<fs::path> roots{cfg.image_dir};
   if (auto* t = templates.store()) roots.push_back(t->root());
-  if (snaps) roots.push_back(snaps->root());
+  if (snaps) roots.push_back(snaps->store().root());
   return roots;
 }
 

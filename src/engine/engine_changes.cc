@@ -60,7 +60,7 @@ nlohmann::json Engine::changes(const std::string& id, const std::string& since, 
   std::optional<snapshots::Snapshot> snap;
   if (since != "start") {
     snapshots::check_name(since, "since");
-    snap = impl_->snaps->find(since);
+    snap = impl_->snaps->store().find(since);
     // A tenant's sandbox is compared only with that tenant's snapshots;
     // another's is answered exactly like a name that does not exist.
     if (snap) {

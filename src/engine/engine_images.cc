@@ -11,8 +11,8 @@
 #include "common/error.h"
 #include "engine/engine.h"
 #include "engine/engine_impl.h"
-#include "engine/storage/layer_cache.h"
 #include "engine/storage/image_name.h"
+#include "engine/storage/layer_cache.h"
 #include "engine/storage/oci_import.h"
 #include "engine/types_json.h"
 
@@ -55,7 +55,7 @@ std::vector<std::string> Engine::image_users(const std::string& name) {
       if (t.image == name) who.push_back("template:" + t.key);
   }
   if (impl_->snaps) {
-    for (const auto& s : impl_->snaps->list())
+    for (const auto& s : impl_->snaps->store().list())
       if (s.image == name) who.push_back("snapshot:" + s.name);
   }
   return who;
@@ -153,7 +153,7 @@ nlohmann::json Engine::prune(bool dry_run) {
   // A snapshot's layer is backed by its parent's layer, its own base.qcow2
   // (a clone's frozen template disk) or an image version: that version stays.
   if (impl.snaps)
-    for (const auto& s : impl.snaps->list()) note(s.layer());
+    for (const auto& s : impl.snaps->store().list()) note(s.layer());
   nlohmann::json removed = nlohmann::json::array();
   uint64_t freed = 0;
   // Templates no live sandbox was cloned from (a clone's overlay is backed

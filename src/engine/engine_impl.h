@@ -33,7 +33,7 @@
 #include "engine/registry/registry.h"
 #include "engine/sandbox/sandbox.h"
 #include "engine/sandbox/table.h"
-#include "engine/snapshots/snapshot_store.h"
+#include "engine/snapshots/service.h"
 #include "engine/storage/image_store.h"
 #include "engine/templates/service.h"
 #include "engine/trace.h"
@@ -200,24 +200,19 @@ struct Engine::Impl {
                                   const vmm::AccelVerdict& accel, bool pooled,
                                   const snapshots::Snapshot* from = nullptr);
 
-  // Snapshots, fork, pause (engine_snapshots.cc, engine_pause.cc).
-  std::optional<snapshots::SnapshotStore> snaps;
-  // Snapshots being restored right now (by name): not deletable meanwhile.
-  std::mutex snap_mu;
-  std::map<std::string, int> snap_restoring;
-  // A fork's RAM split out of its source's stream (vmm/ram_split.h), by the
-  // fork's internal snapshot name, held while its forks start. Each fork's
-  // QEMU keeps its own fd of the sealed memfd, so the pages live exactly as
-  // long as their last user; never on disk.
-  std::map<std::string, std::shared_ptr<vmm::SealedRam>> fork_ram;
+  // Snapshots: the store, their readers and forks' RAM
+  // (snapshots/service.h); fork and pause are engine_snapshots.cc and
+  // engine_pause.cc.
+  std::optional<snapshots::SnapshotService> snaps;
   std::filesystem::path paused_dir(const std::string& id) const {
     return cfg.data_dir / "paused" / id;
   }
   // Who uses snapshot `name`: "sandbox sb-..." / "snapshot x" entries.
   std::vector<std::string> snapshot_users(const std::string& name, const std::string& except_id);
   // A checked spec for a create --from (image, shape taken from the
-  // snapshot) and the verified snapshot; Error(field "from").
-  snapshots::Snapshot prepare_from(SandboxSpec& checked);
+  // snapshot) and the verified snapshot, held (not deletable) until the
+  // caller lets go; Error(field "from").
+  snapshots::SnapshotService::Held prepare_from(SandboxSpec& checked);
   // Takes snapshot `name` of sb (held op_mu; running or paused).
   // With `split_ram` (fork), the RAM comes back there as a sealed memfd and
   // the snapshot holds dev.state (the stream without it) instead of

@@ -81,11 +81,7 @@ std::shared_ptr<vmm::SealedRam> prepare_disk(Engine::Impl& impl, vmm::VmConfig& 
       vc.ram_block = from->ram_block;
       if (from->files.contains("dev.state")) {
         // A fork: the source's RAM mapped copy-on-write, device state only.
-        {
-          std::lock_guard lock(impl.snap_mu);
-          if (auto it = impl.fork_ram.find(from->name); it != impl.fork_ram.end())
-            sealed = it->second;
-        }
+        sealed = impl.snaps->fork_ram(from->name);
         if (!sealed)
           throw Error(Errc::unavailable, "the memory of fork snapshot " + from->name + " is gone");
         vc.memory_fd = sealed->fd();
@@ -231,15 +227,8 @@ namespace {
 // create --from: the snapshot decides image and shape (engine_snapshots.cc);
 // it cannot be deleted while the sandbox starts from it.
 SandboxInfo create_from_snapshot(Engine::Impl& impl, SandboxSpec& checked) {
-  snapshots::Snapshot snap = impl.prepare_from(checked);
-  struct Restoring {
-    Engine::Impl& impl;
-    std::string name;
-    ~Restoring() {
-      std::lock_guard lock(impl.snap_mu);
-      if (--impl.snap_restoring[name] == 0) impl.snap_restoring.erase(name);
-    }
-  } restoring{impl, snap.name};
+  auto held = impl.prepare_from(checked);
+  const snapshots::Snapshot& snap = held.snapshot;
   auto simg = impl.images.find(checked.image);
   if (!simg)
     throw Error(Errc::unavailable,

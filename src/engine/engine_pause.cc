@@ -19,16 +19,6 @@ namespace airlock::engine {
 
 namespace fs = std::filesystem;
 
-namespace {
-
-int64_t ms_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() -
-                                                               t0)
-      .count();
-}
-
-}  // namespace
-
 void Engine::Impl::kill_foreground_execs(Sandbox& sb, std::chrono::milliseconds wait) {
   std::vector<uint32_t> streams;
   {
@@ -185,7 +175,7 @@ SandboxInfo Engine::resume(const std::string& id) {
   const SandboxInfo info = sb->info();
   auto img = impl.images.find(info.spec.image);
   if (!img && !info.spec.from.empty()) {
-    if (auto snap = impl.snaps->find(info.spec.from)) img = impl.images.find(snap->image);
+    if (auto snap = impl.snaps->store().find(info.spec.from)) img = impl.images.find(snap->image);
   }
   if (!img)
     throw Error(Errc::unavailable, "sandbox " + id + ": image " + info.spec.image + " is gone");

@@ -31,16 +31,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-int64_t ms_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() -
-                                                               t0)
-      .count();
-}
-
-}  // namespace
-
-namespace {
-
 // Copies `from` to `to` (new file); a full disk is Error(unavailable)
 // naming it, anything else Error(internal). The partial file is removed.
 void copy_or_throw(const fs::path& from, const fs::path& to) {
@@ -67,73 +57,61 @@ std::vector<std::string> Engine::Impl::snapshot_users(const std::string& name,
   for (const auto& rec : registry.list(/*all=*/false))
     if (rec.info.spec.from == name && rec.info.id != except_id && !is_terminal(rec.info.state))
       users.push_back("sandbox " + rec.info.id);
-  for (const auto& s : snaps->list())
+  for (const auto& s : snaps->store().list())
     if (s.parent == name) users.push_back("snapshot " + s.name);
-  std::lock_guard lock(snap_mu);
-  if (auto it = snap_restoring.find(name); it != snap_restoring.end() && it->second > 0)
-    users.push_back(std::to_string(it->second) + " create(s) restoring it now");
+  if (int n = snaps->readers(name); n > 0)
+    users.push_back(std::to_string(n) + " create(s) restoring it now");
   return users;
 }
 
 void Engine::Impl::release_internal_snapshot(const std::string& name,
                                              const std::string& except_id) noexcept {
   try {
-    auto s = snaps->find(name);
+    auto s = snaps->store().find(name);
     if (!s || !s->internal) return;
     if (!snapshot_users(name, except_id).empty()) return;
-    snaps->remove(name);
+    snaps->store().remove(name);
     spdlog::info("fork snapshot {} removed: nothing uses it any more", name);
   } catch (const std::exception& e) {
     spdlog::warn("fork snapshot {}: {}", name, e.what());
   }
 }
 
-snapshots::Snapshot Engine::Impl::prepare_from(SandboxSpec& checked) {
+snapshots::SnapshotService::Held Engine::Impl::prepare_from(SandboxSpec& checked) {
   snapshots::check_name(checked.from, "from");
-  std::optional<snapshots::Snapshot> snap;
-  {
-    std::lock_guard lock(snap_mu);
-    snap = snaps->find(checked.from);
-    // A tenant restores only its own snapshots; another's (the operator's
-    // too) is answered exactly like a name that does not exist.
-    if (snap && !checked.tenant.empty() && snap->tenant != checked.tenant) snap.reset();
-    if (!snap)
-      throw Error(Errc::invalid_argument, "unknown snapshot '" + checked.from + "'", "from");
-    ++snap_restoring[snap->name];
+  // A tenant restores only its own snapshots; another's (the operator's
+  // too) is answered exactly like a name that does not exist.
+  auto held = snaps->hold(checked.from, [&](const snapshots::Snapshot& s) {
+    return checked.tenant.empty() || s.tenant == checked.tenant;
+  });
+  if (!held) throw Error(Errc::invalid_argument, "unknown snapshot '" + checked.from + "'", "from");
+  const snapshots::Snapshot* snap = &held->snapshot;
+  checked.image = snap->image;
+  checked.disk_mb = std::max(checked.disk_mb, snap->disk_mb);
+  if (snap->memory) {
+    // The saved VM decides its own shape and devices.
+    checked.cpus = snap->cpus;
+    checked.memory_mb = snap->memory_mb;
+    if (nethost::enabled(checked.network) != snap->networked)
+      throw Error(Errc::invalid_argument,
+                  std::string("snapshot '") + snap->name + "' was taken of a sandbox " +
+                      (snap->networked ? "with" : "without") +
+                      " a network; a restore of its memory must be the same (network.mode)",
+                  "network");
   }
-  try {
-    checked.image = snap->image;
-    checked.disk_mb = std::max(checked.disk_mb, snap->disk_mb);
-    if (snap->memory) {
-      // The saved VM decides its own shape and devices.
-      checked.cpus = snap->cpus;
-      checked.memory_mb = snap->memory_mb;
-      if (nethost::enabled(checked.network) != snap->networked)
-        throw Error(Errc::invalid_argument,
-                    std::string("snapshot '") + snap->name + "' was taken of a sandbox " +
-                        (snap->networked ? "with" : "without") +
-                        " a network; a restore of its memory must be the same (network.mode)",
-                    "network");
-    }
-    Phases ph("verify " + snap->name);
-    if (snap->memory && snap->files.contains("dev.state")) {
-      std::lock_guard lock(snap_mu);
-      // Its RAM lived only in the sealed memfd its forks map; no retry can
-      // bring it back, so this is the snapshot's state (409), not a shortage.
-      if (!fork_ram.count(snap->name))
-        throw Error(Errc::conflict,
-                    "snapshot '" + snap->name +
-                        "' is a fork's internal snapshot: its memory was kept only while its "
-                        "forks started; snapshot one of the forks instead",
-                    "from");
-    }
-    snaps->verify(*snap);  // size + SHA-256 of every file, parents too
-    return *snap;
-  } catch (...) {
-    std::lock_guard lock(snap_mu);
-    if (--snap_restoring[snap->name] == 0) snap_restoring.erase(snap->name);
-    throw;
+  Phases ph("verify " + snap->name);
+  // Its RAM lived only in the sealed memfd its forks map; no retry can
+  // bring it back, so this is the snapshot's state (409), not a shortage.
+  if (snap->memory && snap->files.contains("dev.state")) {
+    if (!snaps->fork_ram(snap->name))
+      throw Error(Errc::conflict,
+                  "snapshot '" + snap->name +
+                      "' is a fork's internal snapshot: its memory was kept only while its "
+                      "forks started; snapshot one of the forks instead",
+                  "from");
   }
+  snaps->store().verify(*snap);  // size + SHA-256 of every file, parents too
+  return std::move(*held);
 }
 
 namespace {
@@ -264,8 +242,8 @@ snapshots::Snapshot Engine::Impl::take_snapshot(Sandbox& sb, const std::string& 
   auto t0 = std::chrono::steady_clock::now();
   Phases ph("snapshot " + name + " of " + id);
   uint64_t prefaulted = settle_guest(sb, from, memory, ph);
-  snapshots::Staging st = snaps->stage(name);  // conflict if the name is taken
-  ScopeGuard drop([&] { snaps->abandon(st); });
+  snapshots::Staging st = snaps->store().stage(name);  // conflict if the name is taken
+  ScopeGuard drop([&] { snaps->store().abandon(st); });
   sb.transition(from, State::snapshotting,
                 {.event = "snapshotting", .details = {{"name", name}, {"memory", memory}}});
   bool stopped = false;
@@ -343,7 +321,7 @@ snapshots::Snapshot Engine::Impl::take_snapshot(Sandbox& sb, const std::string& 
   meta.took_ms = ms_since(t0);
   meta.paused_ms = paused_ms;
   ph.mark("resume+rebase");
-  snapshots::Snapshot done = snaps->commit(st, meta);  // removes the staging dir on error
+  snapshots::Snapshot done = snaps->store().commit(st, meta);  // removes the staging dir on error
   drop.dismiss();
   ph.mark("commit (hash)");
   try {
@@ -373,41 +351,33 @@ nlohmann::json Engine::snapshot(const std::string& id, const std::string& name, 
 
 nlohmann::json Engine::list_snapshots() {
   nlohmann::json arr = nlohmann::json::array();
-  for (const auto& s : impl_->snaps->list()) arr.push_back(snapshots::to_json(s));
+  for (const auto& s : impl_->snaps->store().list()) arr.push_back(snapshots::to_json(s));
   return arr;
 }
 
 nlohmann::json Engine::get_snapshot(const std::string& name) {
-  return snapshots::to_json(impl_->snaps->get(name));
+  return snapshots::to_json(impl_->snaps->store().get(name));
 }
 
 void Engine::delete_snapshot(const std::string& name) {
   auto& impl = *impl_;
-  impl.snaps->get(name);        // not_found
-  impl.reclaimer.settle_all();  // a fork deleted just before is no user any more
+  impl.snaps->store().get(name);  // not_found
+  impl.reclaimer.settle_all();    // a fork deleted just before is no user any more
   auto users = impl.snapshot_users(name, "");
   if (!users.empty()) {
     std::string who;
     for (const auto& u : users) who += (who.empty() ? "" : ", ") + u;
     throw Error(Errc::conflict, "snapshot " + name + " is in use by " + who, "name");
   }
-  impl.snaps->remove(name);
+  impl.snaps->store().remove(name);
 }
 
 nlohmann::json Engine::save_snapshot_image(const std::string& snapshot, const std::string& name) {
   auto& impl = *impl_;
   snapshots::check_name(snapshot, "snapshot");
-  std::optional<snapshots::Snapshot> snap;
-  {
-    std::lock_guard lock(impl.snap_mu);
-    snap = impl.snaps->find(snapshot);
-    if (!snap) throw Error(Errc::not_found, "no snapshot '" + snapshot + "'", "snapshot");
-    ++impl.snap_restoring[snap->name];  // not deletable while it is read
-  }
-  ScopeGuard release([&] {
-    std::lock_guard lock(impl.snap_mu);
-    if (--impl.snap_restoring[snap->name] == 0) impl.snap_restoring.erase(snap->name);
-  });
+  auto held = impl.snaps->hold(snapshot);  // not deletable while it is read
+  if (!held) throw Error(Errc::not_found, "no snapshot '" + snapshot + "'", "snapshot");
+  const snapshots::Snapshot* snap = &held->snapshot;
   std::optional<storage::Image> existing;
   try {
     existing = impl.images.find(name);
@@ -416,7 +386,7 @@ nlohmann::json Engine::save_snapshot_image(const std::string& snapshot, const st
   }
   if (existing)
     throw Error(Errc::conflict, "image '" + name + "' already exists (remove it first)", "name");
-  impl.snaps->verify(*snap);  // size + SHA-256 of every layer, parents too
+  impl.snaps->store().verify(*snap);  // size + SHA-256 of every layer, parents too
 
   // Only files airlock itself keeps (snapshots, templates, images) may be
   // in the layer's chain, and qemu-img is given exactly those files.
@@ -502,14 +472,8 @@ std::vector<SandboxInfo> Engine::fork(const std::string& id, int count) {
     paused_ms = impl.take_snapshot(*sb, name, true, true, &ram).paused_ms;
     spec = sb->info().spec;
   }
-  if (ram) {
-    std::lock_guard lock(impl.snap_mu);
-    impl.fork_ram[name] = ram;
-  }
-  ScopeGuard drop_ram([&] {
-    std::lock_guard lock(impl.snap_mu);
-    impl.fork_ram.erase(name);
-  });
+  if (ram) impl.snaps->keep_fork_ram(name, ram);
+  ScopeGuard drop_ram([&] { impl.snaps->drop_fork_ram(name); });
   ph.mark("snapshot");
   spec.from = name;
   spec.metadata.erase(kPoolMarker);

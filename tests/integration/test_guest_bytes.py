@@ -270,6 +270,11 @@ class ConfinedParsers(DaemonTestCase):
         self.delete_quietly("/v1/images/conf-img")  # a left-over of an interrupted run
         sid = self.api.create(timeout=600)["id"]
         self.api.put_file(sid, "/root/saved", b"kept\n")
+        # Enough written blocks that qemu-img's conversion of the layer lasts
+        # long enough for the sampler to see it (a near-empty layer converts
+        # in about a millisecond, which a loaded host's sampler can miss).
+        _, err, ex = self.api.exec(sid, cmd="head -c 33554432 /dev/urandom > /root/bulk && sync")
+        self.assertEqual(ex["exit_code"], 0, err)
         self.api.call("POST", f"/v1/sandboxes/{sid}/snapshots", {"name": "conf-snap"})
         self.api.delete(sid)
         self.addCleanup(self.delete_quietly, "/v1/images/conf-img")

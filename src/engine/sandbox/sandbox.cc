@@ -18,6 +18,12 @@ int64_t steady_ms() {
       .count();
 }
 
+int64_t ms_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() -
+                                                               t0)
+      .count();
+}
+
 namespace {
 
 // The closed set of moves. Who triggers each is in docs/design.md ("State

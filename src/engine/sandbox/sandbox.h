@@ -12,6 +12,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -41,6 +42,8 @@ class EventReader;  // net/host/events.h: the helper's checked event stream
 // (lifetime, idle, ping, closed grace) is decided on this clock, so a step
 // of the wall clock changes none of them.
 int64_t steady_ms();
+// Whole milliseconds from `t0` to now on the same clock.
+int64_t ms_since(std::chrono::steady_clock::time_point t0);
 
 // Whether `from` -> `to` is in the table (design.md has it with who may
 // trigger each move).

@@ -8,6 +8,7 @@
 #include <fstream>
 
 #include "common/error.h"
+#include "engine/snapshots/service.h"
 #include "engine/storage/image_store.h"
 
 namespace airlock::snapshots {
@@ -41,6 +42,47 @@ class SnapshotStoreTest : public ::testing::Test {
   }
   fs::path root_, base_;
 };
+
+// A reader holds a snapshot from the lookup on, so a delete that asks
+// readers() between the two cannot slip in; the hold ends with its scope,
+// moved or not, and a snapshot the caller may not see is not held at all.
+TEST_F(SnapshotStoreTest, AHoldCountsAsAReaderUntilItGoes) {
+  SnapshotService svc(root_ / "snaps");
+  publish(svc.store(), "base", false, "team-a");
+  EXPECT_FALSE(svc.hold("nope").has_value());
+  EXPECT_FALSE(svc.hold("base", [](const Snapshot& s) { return s.tenant == "team-b"; }));
+  EXPECT_EQ(svc.readers("base"), 0);
+  {
+    auto a = svc.hold("base");
+    ASSERT_TRUE(a.has_value());
+    EXPECT_EQ(a->snapshot.tenant, "team-a");
+    auto b = svc.hold("base", [](const Snapshot& s) { return s.tenant == "team-a"; });
+    EXPECT_EQ(svc.readers("base"), 2);
+    SnapshotService::Held moved = std::move(*b);  // what prepare_from returns
+    b.reset();
+    EXPECT_EQ(svc.readers("base"), 2);
+  }
+  EXPECT_EQ(svc.readers("base"), 0);
+}
+
+TEST_F(SnapshotStoreTest, AForksRamIsKeptUntilDropped) {
+  SnapshotService svc(root_ / "snaps");
+  EXPECT_EQ(svc.fork_ram("fork-1"), nullptr);
+  std::ofstream(root_ / "ram", std::ios::binary) << std::string(4096, 'r');
+  std::weak_ptr<vmm::SealedRam> seen;
+  {
+    auto ram = vmm::SealedRam::copy_of(root_ / "ram");
+    seen = ram;
+    svc.keep_fork_ram("fork-1", ram);
+  }
+  ASSERT_NE(svc.fork_ram("fork-1"), nullptr);  // the forks still start from it
+  EXPECT_EQ(svc.fork_ram("fork-1")->size(), 4096u);
+  EXPECT_EQ(svc.fork_ram("fork-2"), nullptr);
+  svc.drop_fork_ram("fork-1");
+  svc.drop_fork_ram("never-kept");  // no error
+  EXPECT_EQ(svc.fork_ram("fork-1"), nullptr);
+  EXPECT_TRUE(seen.expired());  // the service held the last reference
+}
 
 TEST_F(SnapshotStoreTest, NamesNameTheFieldAndWhatIsWrong) {
   for (const char* bad : {"", "a/b", "..", "a..b", "-x", ".hidden", "sp ace"}) {

@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "common/error.h"
+#include "common/process.h"
 #include "engine/storage/digest.h"
 #include "engine/storage/image_store.h"
 #include "engine/vmm/accel.h"
@@ -70,18 +71,6 @@ void write_json_atomic(const fs::path& p, const json& j) {
   std::error_code ec;
   fs::rename(tmp, p, ec);
   if (ec) throw Error(Errc::internal, "cannot write " + p.string() + ": " + ec.message());
-}
-
-std::string resolve_in_path(const std::string& binary) {
-  if (binary.find('/') != std::string::npos) return binary;
-  const char* path = std::getenv("PATH");
-  std::stringstream ss(path ? path : "/usr/local/bin:/usr/bin:/bin");
-  std::string dir;
-  while (std::getline(ss, dir, ':')) {
-    fs::path cand = fs::path(dir.empty() ? "." : dir) / binary;
-    if (::access(cand.c_str(), X_OK) == 0) return cand.string();
-  }
-  return binary;
 }
 
 }  // namespace
@@ -163,7 +152,7 @@ std::string TemplateStore::key_for(const std::string& image_key, const Shape& sh
 std::string TemplateStore::qemu_identity(const std::string& binary) {
   static std::mutex mu;
   static std::map<std::string, std::string> cache;
-  std::string path = resolve_in_path(binary);
+  std::string path = find_in_path(binary).value_or(binary);
   struct stat st {};
   std::string stamp = ::stat(path.c_str(), &st) == 0
                           ? std::to_string(st.st_size) + "/" + std::to_string(ns_of(st.st_mtim))

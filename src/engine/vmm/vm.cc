@@ -75,17 +75,9 @@ void remove_runtime_files(const fs::path& run_dir) {
     fs::remove(run_dir / name, ec);
 }
 
-// Absolute path of `binary` searched in PATH (done before fork: execvp's
-// search allocates, which is not safe in the child of a threaded process).
+// Absolute path of `binary` searched in PATH (common/process.h: before fork).
 std::string resolve_binary(const std::string& binary) {
-  if (binary.find('/') != std::string::npos) return binary;
-  const char* path = std::getenv("PATH");
-  std::stringstream ss(path ? path : "/usr/local/bin:/usr/bin:/bin");
-  std::string dir;
-  while (std::getline(ss, dir, ':')) {
-    fs::path cand = fs::path(dir.empty() ? "." : dir) / binary;
-    if (::access(cand.c_str(), X_OK) == 0) return cand.string();
-  }
+  if (auto found = find_in_path(binary)) return *found;
   throw Error(Errc::unavailable, "QEMU binary not found in PATH: " + binary, "qemu_binary");
 }
 
