@@ -283,12 +283,13 @@ var ptyCodec = websocket.Codec{
 }
 
 type ptyStart struct {
-	Argv []string          `json:"argv"`
-	Cols uint32            `json:"cols"`
-	Rows uint32            `json:"rows"`
-	Env  map[string]string `json:"env,omitempty"`
-	Cwd  string            `json:"cwd,omitempty"`
-	User *uint32           `json:"user,omitempty"`
+	Argv   []string          `json:"argv"`
+	Cols   uint32            `json:"cols"`
+	Rows   uint32            `json:"rows"`
+	Env    map[string]string `json:"env,omitempty"`
+	Cwd    string            `json:"cwd,omitempty"`
+	User   *uint32           `json:"user,omitempty"`
+	Limits *execLimits       `json:"limits,omitempty"`
 }
 
 // pty opens the sandbox's terminal WebSocket and sends the start frame.

@@ -17,7 +17,8 @@ const limitField = "linux.resources.memory.limit (CRI memory_limit_in_bytes)"
 // memoryLimit is the container's limit as airlock's exec limits (nil: no
 // limit), or an InvalidArgument error naming the field when airlock cannot
 // honour it: below the guest agent's minimum of 1 MiB, more than the pod's
-// VM has (vmMB), or on a terminal (airlockd's PTY sessions take no limits).
+// VM has (vmMB). A terminal process gets it too (airlockd's PTY start
+// takes the exec limits).
 func memoryLimit(spec *specs.Spec, vmMB int) (*execLimits, error) {
 	if spec.Linux == nil || spec.Linux.Resources == nil || spec.Linux.Resources.Memory == nil ||
 		spec.Linux.Resources.Memory.Limit == nil || *spec.Linux.Resources.Memory.Limit <= 0 {
@@ -34,11 +35,6 @@ func memoryLimit(spec *specs.Spec, vmMB int) (*execLimits, error) {
 		return nil, errdefs.ToGRPCf(errdefs.ErrInvalidArgument,
 			"%s: %d MiB is more than the pod's VM has (%d MiB; give the pod more with the annotation "+
 				"airlock.dev/memory_mb)", limitField, mb, vmMB)
-	}
-	if spec.Process != nil && spec.Process.Terminal {
-		return nil, errdefs.ToGRPCf(errdefs.ErrInvalidArgument,
-			"%s: airlock's terminal sessions take no memory limit; run the container without tty or "+
-				"without a memory limit", limitField)
 	}
 	return &execLimits{MemoryMB: mb}, nil
 }

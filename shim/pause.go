@@ -77,7 +77,7 @@ func (s *service) setFrozen(ctx context.Context, c *container, procs []*process,
 		_, pid, _, _ := p.state()
 		if pid == 0 {
 			return errdefs.ToGRPCf(errdefs.ErrFailedPrecondition,
-				"container %s: a process has no guest pid (a terminal's) to pause by", c.id)
+				"container %s: a process has no guest pid yet to pause by", c.id)
 		}
 		argv = append(argv, strconv.FormatUint(uint64(pid), 10))
 	}

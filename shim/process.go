@@ -281,7 +281,7 @@ func (p *process) startPty(ctx context.Context, a *airlock, sid string, onExit f
 		cols, rows = uint32(p.spec.ConsoleSize.Width), uint32(p.spec.ConsoleSize.Height)
 	}
 	ws, err := a.pty(ctx, sid, &ptyStart{Argv: p.spec.Args, Cols: cols, Rows: rows, Env: envMap(p.spec.Env),
-		Cwd: p.spec.Cwd, User: userOf(p.spec)})
+		Cwd: p.spec.Cwd, User: userOf(p.spec), Limits: p.limits})
 	if err != nil {
 		stdout.Close()
 		return err
@@ -309,7 +309,9 @@ func (p *process) startPty(ctx context.Context, a *airlock, sid string, onExit f
 	var sendMu sync.Mutex
 	send := func(f ptyFrame) error { sendMu.Lock(); defer sendMu.Unlock(); return ptyCodec.Send(ws, f) }
 	p.mu.Lock()
-	p.status, p.execID, p.wsSend = task.StatusRunning, first.ExecID, send
+	// The start event's pid is the terminal process's in the guest (Pause
+	// freezes its cgroup by it).
+	p.status, p.pid, p.execID, p.wsSend = task.StatusRunning, first.Pid, first.ExecID, send
 	p.mu.Unlock()
 	if p.stdinFifo != nil {
 		// A terminal has no EOF of its own: closing stdin sends ^D, as a tty would.

@@ -477,14 +477,7 @@ func (s *service) Exec(ctx context.Context, r *taskAPI.ExecProcessRequest) (*pty
 		spec = inPod(c.guestDir, spec)
 	}
 	p := newProcess(r.ExecID, spec, r.Stdin, r.Stdout, r.Stderr, r.Terminal)
-	if !r.Terminal {
-		p.limits = c.limits
-	} else if c.limits != nil {
-		// airlockd's PTY sessions take no limits; refusing would end
-		// `kubectl exec -it` into every limited container. The VM's memory
-		// still bounds it.
-		log.G(ctx).Warnf("exec %s of %s: a terminal exec runs without the container's memory limit", r.ExecID, r.ID)
-	}
+	p.limits = c.limits // a terminal's too: airlockd's PTY start takes the exec limits
 	c.execs[r.ExecID] = p
 	s.mu.Unlock()
 	s.send(&eventstypes.TaskExecAdded{ContainerID: c.id, ExecID: r.ExecID})

@@ -61,8 +61,9 @@ json parse_text(const std::string& text) {
 engine::ExecRequest parse_pty_start(const std::string& text) {
   json j = parse_text(text);
   for (auto& [k, v] : j.items())
-    if (k != "argv" && k != "cols" && k != "rows" && k != "env" && k != "cwd" && k != "user")
-      bad("unknown field " + k + " (argv, cols, rows, env, cwd, user)", k);
+    if (k != "argv" && k != "cols" && k != "rows" && k != "env" && k != "cwd" && k != "user" &&
+        k != "limits")
+      bad("unknown field " + k + " (argv, cols, rows, env, cwd, user, limits)", k);
   int cols = size_field(j, "cols", ""), rows = size_field(j, "rows", "");
   json body = j;
   body.erase("cols");
@@ -360,15 +361,17 @@ void Session::start_exec(engine::ExecRequest req) {
   input_thread_ = std::thread([this] { input_loop(); });
   exec_thread_ = std::thread([this, req = std::move(req)] {
     engine::ExecCallbacks cb;
-    cb.on_start = [this](const std::string& exec_id, int) {
+    cb.on_start = [this](const std::string& exec_id, int pid) {
       {
         std::lock_guard lock(mu_);
         if (!exec_id_.empty()) return;  // a repeated start from the guest
         exec_id_ = exec_id;
       }
       cv_.notify_all();
-      net::post(io_, [this, exec_id] {
-        send(true, json{{"type", "start"}, {"exec_id", exec_id}}.dump());
+      // The guest pid, as an exec's start gives it: a client that manages
+      // the process (the containerd shim's pause) names it by it.
+      net::post(io_, [this, exec_id, pid] {
+        send(true, json{{"type", "start"}, {"exec_id", exec_id}, {"pid", pid}}.dump());
       });
     };
     cb.on_output = [this](int, std::string_view bytes) { return forward_output(bytes); };

@@ -45,6 +45,13 @@ TEST(PtyParse, StartMessage) {
   EXPECT_EQ(r.env.at("TERM"), "screen");
   EXPECT_EQ(r.cwd, "/tmp");
   EXPECT_EQ(r.user, "nobody");
+  EXPECT_EQ(r.limits.memory_mb, 0);  // none given: none
+  // A terminal's process tree in a cgroup of its own, as an exec's.
+  auto limited = parse_pty_start(
+      R"({"cols":80,"rows":24,"limits":{"memory_mb":64,"pids":32,"cpu_seconds":5}})");
+  EXPECT_EQ(limited.limits.memory_mb, 64);
+  EXPECT_EQ(limited.limits.pids, 32);
+  EXPECT_EQ(limited.limits.cpu_seconds, 5);
   // No argv: the login shell (an empty argv the guest fills in).
   auto shell = parse_pty_start(R"({"cols":80,"rows":24})");
   EXPECT_TRUE(shell.argv.empty());
@@ -59,6 +66,10 @@ TEST(PtyParse, StartMessageErrorsNameTheField) {
   EXPECT_EQ(field_of([] { parse_pty_start(R"({"cols":80,"rows":24,"tty":1})"); }), "tty");
   EXPECT_EQ(field_of([] { parse_pty_start(R"({"cols":80,"rows":24,"argv":[]})"); }), "argv");
   EXPECT_EQ(field_of([] { parse_pty_start(R"({"cols":80,"rows":24,"cwd":"rel"})"); }), "cwd");
+  EXPECT_EQ(field_of([] { parse_pty_start(R"({"cols":80,"rows":24,"limits":{"memory_mb":0}})"); }),
+            "limits.memory_mb");
+  EXPECT_EQ(field_of([] { parse_pty_start(R"({"cols":80,"rows":24,"limits":{"swap":1}})"); }),
+            "swap");
   EXPECT_EQ(field_of([] { parse_pty_start("[1]"); }), "body");
   EXPECT_EQ(field_of([] { parse_pty_start("not json"); }), "body");
 }

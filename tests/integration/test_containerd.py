@@ -318,6 +318,34 @@ disabled_plugins = ["io.containerd.grpc.v1.cri"]
                                             "sh", "-c", wait_size], cols=90, rows=20)
         self.assertEqual(code, 6, out)
         self.assertIn("20 90", out)
+        # A terminal exec is paused with the rest: its guest pid comes with
+        # the PTY's start event.
+        master, slave = pty.openpty()
+        tick = "i=0; while :; do i=$((i+1)); echo $i > /tmp/tp; sleep 0.1; done"
+        tp = subprocess.Popen(["ctr", "--address", self.ctd_sock, "--namespace", NS, "task", "exec", "-t",
+                               "--exec-id", "tp", "tty2", "sh", "-c", tick],
+                              stdin=slave, stdout=slave, stderr=slave, start_new_session=True)
+        os.close(slave)
+        try:
+            reads = iter(range(1000))
+
+            def ticks():
+                e = self.ctr("task", "exec", "--exec-id", f"r{next(reads)}", "tty2", "cat", "/tmp/tp")
+                return int(e.stdout) if e.returncode == 0 and e.stdout.strip() else 0
+            self.wait_for("the terminal exec to tick", lambda: ticks() > 2)
+            r = self.ctr("task", "pause", "tty2")
+            self.assertEqual(r.returncode, 0, r.stderr)
+            frozen = ticks()
+            time.sleep(1)
+            self.assertEqual(ticks(), frozen, "a paused terminal process ran on")
+            self.assertEqual(self.ctr("task", "resume", "tty2").returncode, 0)
+            self.wait_for("the terminal exec to run on", lambda: ticks() > frozen + 3)
+        finally:
+            self.ctr("task", "kill", "-s", "SIGKILL", "tty2")
+            try:
+                tp.wait(timeout=30)
+            finally:
+                os.close(master)
         self.ctr("task", "kill", "-s", "SIGKILL", "tty2")
         self.wait_for("the task to stop", lambda: "STOPPED" in self.ctr("task", "ls").stdout)
         self.assertEqual(self.ctr("task", "rm", "tty2").returncode, 0)

@@ -164,12 +164,13 @@ class PodsTests(test_cri.CriFixture):
         self.assertAllGone()
 
     def test_limits_airlock_cannot_honour_are_refused(self):
-        """Under airlock, a memory limit below the guest agent's 1 MiB, above
-        the pod VM's memory (256 MiB by default), or on a terminal is refused
-        at StartContainer naming the field, with nothing made in the VM. runc
+        """Under airlock, a memory limit below the guest agent's 1 MiB or above
+        the pod VM's memory (256 MiB by default) is refused at StartContainer
+        naming the field, with nothing made in the VM; a terminal container
+        runs with its limit (airlockd's PTY start takes the exec limits). runc
         refuses the tiny one too (below what its init already uses, with
         containerd's code Unknown) and runs the other two (a cgroup limit, no
-        VM, and its terminals take limits)."""
+        VM)."""
         pb = self.pb
         config = self.pod_config("strict")
         pod = self.run_pod(config)
@@ -182,10 +183,17 @@ class PodsTests(test_cri.CriFixture):
                     self.cri.call("StartContainer", container_id=cid)
                 self.assertEqual(e.exception.code(), self.cri.grpc.StatusCode.UNKNOWN, e.exception.details())
                 self.assertIn("unable to set memory limit to 524288", e.exception.details())
-            elif self.HANDLER == "runc":
+            elif self.HANDLER == "runc" or name == "tty":
                 self.cri.call("StartContainer", container_id=cid)
                 self.assertEqual(self.cri.call("ContainerStatus", container_id=cid).status.state,
                                  pb.CONTAINER_RUNNING, name)
+                if self.HANDLER == "airlock":
+                    # The terminal's process, seen from the VM: its cgroup's memory.max.
+                    [sb] = self.api.call("GET", "/v1/sandboxes")
+                    find = ('for d in /proc/[0-9]*; do [ "$(tr "\\0" " " < $d/cmdline)" = "sleep 600 " ] && '
+                            'cat /sys/fs/cgroup$(cut -d: -f3 $d/cgroup)/memory.max; done')
+                    out, err, _ = self.api.exec(sb["id"], argv=["sh", "-c", find])
+                    self.assertEqual(out.split(), [str(64 << 20).encode()], err)
                 self.cri.call("StopContainer", container_id=cid, timeout=0)
             else:
                 with self.assertRaises(self.cri.grpc.RpcError) as e:
@@ -193,12 +201,12 @@ class PodsTests(test_cri.CriFixture):
                 self.assertEqual(e.exception.code(), self.cri.grpc.StatusCode.INVALID_ARGUMENT,
                                  e.exception.details())
                 self.assertIn("memory_limit_in_bytes", e.exception.details())
+                # Refused before the shim made anything in the pod's VM (the
+                # refused cases come before the terminal one, which runs).
+                [sb] = self.api.call("GET", "/v1/sandboxes")
+                _, _, exit_event = self.api.exec(sb["id"], argv=["ls", "/.airlock-ctr"])
+                self.assertNotEqual(exit_event["exit_code"], 0, name)
             self.cri.call("RemoveContainer", container_id=cid)
-        if self.HANDLER == "airlock":
-            # Refused before the shim made anything in the pod's VM.
-            [sb] = self.api.call("GET", "/v1/sandboxes")
-            _, _, exit_event = self.api.exec(sb["id"], argv=["ls", "/.airlock-ctr"])
-            self.assertNotEqual(exit_event["exit_code"], 0)
         # The pod is fine: a container within the limits runs.
         ok = self.start_container(pod, config, "ok", command=["sleep", "600"], memory=64 << 20)
         self.assertEqual(self.cri.call("ContainerStatus", container_id=ok).status.state, pb.CONTAINER_RUNNING)

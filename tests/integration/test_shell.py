@@ -228,6 +228,12 @@ class ShellTest(DaemonTestCase):
     def ws_first_reply(self, first):
         """Opens the pty WebSocket, sends `first` (a text frame) and returns
         the server's first text frame, parsed."""
+        return self.ws_frames(first, until_text=1)[0][0]
+
+    def ws_frames(self, first, until_text=None):
+        """Opens the pty WebSocket and sends `first`; returns the server's text
+        frames (parsed) and the terminal bytes of its binary frames, read until
+        an exit or error frame (or `until_text` text frames) arrives."""
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         s.settimeout(60)
         try:
@@ -242,22 +248,54 @@ class ShellTest(DaemonTestCase):
             head, buf = buf.split(b"\r\n\r\n", 1)
             self.assertTrue(head.startswith(b"HTTP/1.1 101"), head)
             payload, mask = json.dumps(first).encode(), os.urandom(4)
-            assert len(payload) < 126
-            s.sendall(bytes([0x81, 0x80 | len(payload)]) + mask +
+            assert len(payload) < 65536
+            size = (bytes([0x80 | len(payload)]) if len(payload) < 126
+                    else bytes([0x80 | 126]) + struct.pack(">H", len(payload)))
+            s.sendall(bytes([0x81]) + size + mask +
                       bytes(b ^ mask[i % 4] for i, b in enumerate(payload)))
-            while True:  # server frames are unmasked; the first text frame
+            texts, data = [], b""
+            while True:  # server frames are unmasked
                 while len(buf) < 2 or len(buf) < 2 + (buf[1] & 0x7f if buf[1] & 0x7f < 126 else 2):
-                    buf += s.recv(4096)
+                    got = s.recv(4096)
+                    if not got:
+                        return texts, data
+                    buf += got
                 n, at = buf[1] & 0x7f, 2
                 if n == 126:
                     n, at = struct.unpack(">H", buf[2:4])[0], 4
                 while len(buf) < at + n:
                     buf += s.recv(4096)
-                if buf[0] & 0x0f == 1:
-                    return json.loads(buf[at:at + n])
-                buf = buf[at + n:]
+                op, body, buf = buf[0] & 0x0f, buf[at:at + n], buf[at + n:]
+                if op == 1:
+                    texts.append(json.loads(body))
+                    if texts[-1].get("type") in ("exit", "error") or len(texts) == until_text:
+                        return texts, data
+                elif op == 2:
+                    data += body
+                elif op == 8:
+                    return texts, data
         finally:
             s.close()
+
+    def test_pty_limits_and_the_start_events_pid(self):
+        # A terminal's process tree gets the exec limits in a cgroup of its
+        # own, and the start event names its guest pid (the containerd
+        # shim pauses a terminal container's process by it).
+        script = ("cat /sys/fs/cgroup$(cut -d: -f3 /proc/self/cgroup)/memory.max "
+                  "/sys/fs/cgroup$(cut -d: -f3 /proc/self/cgroup)/pids.max; echo pid=$$")
+        texts, data = self.ws_frames({"argv": ["sh", "-c", script], "cols": 80, "rows": 24,
+                                      "limits": {"memory_mb": 48, "pids": 40}})
+        start, end = texts[0], texts[-1]
+        self.assertEqual(start["type"], "start", texts)
+        self.assertEqual((end["type"], end.get("exit_code")), ("exit", 0), (texts, data))
+        out = data.decode(errors="replace")
+        self.assertIn(str(48 << 20), out)
+        self.assertIn("40", out.split())
+        self.assertGreater(start["pid"], 1)
+        self.assertIn(f"pid={start['pid']}", out)
+        # Out of range: an error frame naming the field, nothing started.
+        ev = self.ws_first_reply({"cols": 80, "rows": 24, "limits": {"memory_mb": 0}})
+        self.assertEqual((ev["type"], ev["error"]["field"]), ("error", "limits.memory_mb"), ev)
 
     def test_pty_attach_answers_bad_input(self):
         # The attach form of the first message (a pty exec of a previous
