@@ -371,36 +371,35 @@ ExecStatus ExecService::run_background(const std::string& id, const ExecRequest&
 }
 
 // run() and start_background() are counted by outcome and timed for GET
-// /metrics; run_foreground and run_background do the work.
-ExecResult ExecService::run(const std::string& id, const ExecRequest& request,
-                            const ExecCallbacks& callbacks) {
+// /metrics; run_foreground and run_background do the work. `outcome` names
+// a success; an Error counts as its code, anything else as "internal".
+template <class Run, class Outcome>
+auto ExecService::counted(const char* kind, Run&& run, Outcome&& outcome) {
   auto t0 = std::chrono::steady_clock::now();
   try {
-    ExecResult r = run_foreground(id, request, callbacks);
-    metrics_.exec_done("foreground", r.reason.empty() ? "exited" : r.reason, seconds_since(t0));
+    auto r = run();
+    metrics_.exec_done(kind, outcome(r), seconds_since(t0));
     return r;
   } catch (const Error& e) {
-    metrics_.exec_done("foreground", std::string(to_string(e.code())), seconds_since(t0));
+    metrics_.exec_done(kind, std::string(to_string(e.code())), seconds_since(t0));
     throw;
   } catch (...) {
-    metrics_.exec_done("foreground", "internal", seconds_since(t0));
+    metrics_.exec_done(kind, "internal", seconds_since(t0));
     throw;
   }
 }
 
+ExecResult ExecService::run(const std::string& id, const ExecRequest& request,
+                            const ExecCallbacks& callbacks) {
+  return counted(
+      "foreground", [&] { return run_foreground(id, request, callbacks); },
+      [](const ExecResult& r) { return r.reason.empty() ? std::string("exited") : r.reason; });
+}
+
 ExecStatus ExecService::start_background(const std::string& id, const ExecRequest& request) {
-  auto t0 = std::chrono::steady_clock::now();
-  try {
-    ExecStatus st = run_background(id, request);
-    metrics_.exec_done("background", "started", seconds_since(t0));
-    return st;
-  } catch (const Error& e) {
-    metrics_.exec_done("background", std::string(to_string(e.code())), seconds_since(t0));
-    throw;
-  } catch (...) {
-    metrics_.exec_done("background", "internal", seconds_since(t0));
-    throw;
-  }
+  return counted(
+      "background", [&] { return run_background(id, request); },
+      [](const ExecStatus&) { return std::string("started"); });
 }
 
 void ExecService::kill(const std::string& id, const std::string& exec_id, int signal) {

@@ -59,6 +59,9 @@ class ExecService {
   ExecResult run_foreground(const std::string& id, const ExecRequest& given,
                             const ExecCallbacks& callbacks);
   ExecStatus run_background(const std::string& id, const ExecRequest& given);
+  // Runs `run`, counting its outcome and time in the metrics (service.cc).
+  template <class Run, class Outcome>
+  auto counted(const char* kind, Run&& run, Outcome&& outcome);
   // After a detached exec (nobody attached) was signalled, attaches from
   // `end` (its output so far) and waits up to kKillCollect for its end, so
   // its `exec` record is written as an attach writes it. Not ending in time
